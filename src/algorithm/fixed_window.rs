@@ -1,0 +1,61 @@
+//! Fixed window counter: a counter per aligned window `floor(now / W)`.
+//!
+//! Accept iff `count + cost <= L`. Up to `2L` units may pass in a `W`-long span that
+//! straddles a window boundary (`L` at the end of one window, `L` at the start of the next).
+
+use super::Params;
+use crate::Decision;
+
+/// The window index and the units accepted in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FixedWindow {
+    /// `floor(t / W)` of the window the count belongs to.
+    pub window: u64,
+    /// Units accepted in that window.
+    pub count: u64,
+}
+
+impl FixedWindow {
+    fn count_at(&self, w: u64) -> u64 {
+        if self.window == w {
+            self.count
+        } else {
+            0
+        }
+    }
+
+    /// Decides without changing anything.
+    #[must_use]
+    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+        let (l, period, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
+        let w = now / period;
+        let count = self.count_at(w);
+        let window_end = (w + 1) * period - now;
+        if count + c <= l {
+            return Decision::allow(l, l - count - c, window_end);
+        }
+        let reset = if count == 0 { 0 } else { window_end };
+        let retry = (c <= l).then_some(window_end);
+        Decision::reject(l, l.saturating_sub(count), reset, retry)
+    }
+
+    /// Applies an accepted request.
+    pub fn commit(&mut self, p: &Params, now: u64) {
+        let w = now / p.quota.period_micros();
+        self.count = self.count_at(w) + p.cost;
+        self.window = w;
+    }
+
+    /// Gives back units taken in the current window.
+    pub fn refund(&mut self, p: &Params, now: u64) {
+        if self.window == now / p.quota.period_micros() {
+            self.count = self.count.saturating_sub(p.cost);
+        }
+    }
+
+    /// The end of the stored window.
+    #[must_use]
+    pub fn expires_at(&self, p: &Params) -> u64 {
+        (self.window + 1) * p.quota.period_micros()
+    }
+}

@@ -1,0 +1,61 @@
+//! Leaky bucket as a shaper (nginx `limit_req` with `burst`, without `nodelay`).
+//!
+//! Requests leave at a constant rate, one every `T = ceil(W / L)`. An accepted request of
+//! cost `c` takes the next free slot `max(now, next)` and the `c - 1` slots after it; the
+//! middleware waits until its slot (`Decision::delay`) before forwarding. `B` counts the
+//! requests that may wait besides the one leaving now: a request is rejected when its
+//! last unit would wait more than `B·T`, or when its own delay would exceed `max_delay`.
+//! A cost above `B + 1` is never accepted.
+
+use std::time::Duration;
+
+use super::Params;
+use crate::Decision;
+
+/// The next free slot, µs since the epoch (0: never seen).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeakyBucket {
+    /// Next free slot.
+    pub next: u64,
+}
+
+impl LeakyBucket {
+    /// Decides without changing anything.
+    #[must_use]
+    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+        let (l, b, t, c) = (p.quota.limit(), p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
+        let slot = self.next.max(now);
+        let delay = slot - now;
+        // The queue holds B waiting requests plus the one leaving: (B + 1)·T of slots.
+        let room = (b + 1) * t;
+        if c <= b + 1 && delay + (c - 1) * t <= b * t && delay <= p.max_delay_us {
+            let queued = delay + c * t;
+            let mut d = Decision::allow(l, room.saturating_sub(queued) / t, queued);
+            d.delay = Duration::from_micros(delay);
+            return d;
+        }
+        let retry = (c <= b + 1).then(|| {
+            // Earliest t' with next - t' + (c-1)·T <= B·T and next - t' <= max_delay.
+            let by_queue = (slot + (c - 1) * t).saturating_sub(b * t);
+            let by_delay = slot.saturating_sub(p.max_delay_us);
+            by_queue.max(by_delay).saturating_sub(now)
+        });
+        Decision::reject(l, room.saturating_sub(delay) / t, delay, retry)
+    }
+
+    /// Applies an accepted request.
+    pub fn commit(&mut self, p: &Params, now: u64) {
+        self.next = self.next.max(now) + p.cost * p.quota.emission_interval_micros();
+    }
+
+    /// Gives back slots (only those not yet reached).
+    pub fn refund(&mut self, p: &Params, now: u64) {
+        self.next = self.next.saturating_sub(p.cost * p.quota.emission_interval_micros()).max(now);
+    }
+
+    /// When the queue is empty.
+    #[must_use]
+    pub fn expires_at(&self, _p: &Params) -> u64 {
+        self.next
+    }
+}

@@ -1,0 +1,228 @@
+//! The six algorithms, as pure functions of (state, quota, cost, now) with no I/O.
+//!
+//! Each algorithm has a state type whose `Default` is "never seen", and two functions:
+//! `decide(&state, …) -> Decision` reads, and `commit(&mut state, …)` applies an accepted
+//! request. They are separate so that a request checked against several rules changes
+//! nothing unless every rule accepts it. Rejected requests change no state.
+//!
+//! All times are integer microseconds since the Unix epoch. The Redis scripts implement
+//! the same accept rules and return the state they read, from which the same `decide`
+//! computes the [`Decision`]: every store decides bit for bit alike.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{BuildError, Decision, Quota};
+
+pub mod fixed_window;
+pub mod gcra;
+pub mod leaky_bucket;
+pub mod sliding_window_counter;
+pub mod sliding_window_log;
+pub mod token_bucket;
+
+/// Which algorithm a rule uses. See the README's "Choosing an algorithm".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Counter per aligned window. Cheapest; up to `2L` in a span straddling a boundary.
+    FixedWindow,
+    /// Timestamps of accepted units in the last period. Exact; memory grows with the limit.
+    SlidingWindowLog,
+    /// Two counters, the previous window weighted by its overlap. Close to exact, O(1).
+    #[default]
+    SlidingWindowCounter,
+    /// Continuous refill of `limit` tokens per period into a bucket of `burst`.
+    TokenBucket,
+    /// Shaping: requests wait for their slot, one every `period / limit`.
+    LeakyBucket,
+    /// Generic cell rate algorithm: one timestamp per key; same decisions as the token bucket.
+    Gcra,
+}
+
+impl Algorithm {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ];
+
+    /// The short name used in configuration and store keys (`fixed_window`, `gcra`, …).
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    /// A short tag used inside store keys.
+    pub(crate) const fn tag(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fw",
+            Algorithm::SlidingWindowLog => "swl",
+            Algorithm::SlidingWindowCounter => "swc",
+            Algorithm::TokenBucket => "tb",
+            Algorithm::LeakyBucket => "lb",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = BuildError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let norm = s.trim().to_ascii_lowercase().replace(['-', ' '], "_");
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == norm)
+            .ok_or_else(|| {
+                BuildError::InvalidQuota(format!(
+                    "unknown algorithm {s:?}: use one of fixed_window, sliding_window_log, \
+                     sliding_window_counter, token_bucket, leaky_bucket, gcra"
+                ))
+            })
+    }
+}
+
+/// The parameters of one check: the quota, the cost and, for the leaky bucket, the
+/// longest a request may be delayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// The quota.
+    pub quota: Quota,
+    /// Units this request consumes (at least 1).
+    pub cost: u64,
+    /// Leaky bucket: the longest delay, in µs.
+    pub max_delay_us: u64,
+}
+
+impl Params {
+    /// Parameters with cost 1 and the default 10 s max delay.
+    #[must_use]
+    pub const fn new(quota: Quota) -> Self {
+        Self { quota, cost: 1, max_delay_us: 10_000_000 }
+    }
+
+    /// With this cost (0 is taken as 1).
+    #[must_use]
+    pub const fn cost(mut self, cost: u64) -> Self {
+        self.cost = if cost == 0 { 1 } else { cost };
+        self
+    }
+}
+
+/// The state of one (rule, key) for any algorithm: what `MemoryStore` keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// [`fixed_window`]
+    FixedWindow(fixed_window::FixedWindow),
+    /// [`sliding_window_log`]
+    SlidingWindowLog(sliding_window_log::SlidingWindowLog),
+    /// [`sliding_window_counter`]
+    SlidingWindowCounter(sliding_window_counter::SlidingWindowCounter),
+    /// [`token_bucket`]
+    TokenBucket(token_bucket::TokenBucket),
+    /// [`leaky_bucket`]
+    LeakyBucket(leaky_bucket::LeakyBucket),
+    /// [`gcra`]
+    Gcra(gcra::Gcra),
+}
+
+impl State {
+    /// The "never seen" state of an algorithm.
+    #[must_use]
+    pub fn new(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow => State::FixedWindow(Default::default()),
+            Algorithm::SlidingWindowLog => State::SlidingWindowLog(Default::default()),
+            Algorithm::SlidingWindowCounter => State::SlidingWindowCounter(Default::default()),
+            Algorithm::TokenBucket => State::TokenBucket(Default::default()),
+            Algorithm::LeakyBucket => State::LeakyBucket(Default::default()),
+            Algorithm::Gcra => State::Gcra(Default::default()),
+        }
+    }
+
+    /// Which algorithm this state belongs to.
+    #[must_use]
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            State::FixedWindow(_) => Algorithm::FixedWindow,
+            State::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
+            State::SlidingWindowCounter(_) => Algorithm::SlidingWindowCounter,
+            State::TokenBucket(_) => Algorithm::TokenBucket,
+            State::LeakyBucket(_) => Algorithm::LeakyBucket,
+            State::Gcra(_) => Algorithm::Gcra,
+        }
+    }
+
+    /// Decides without changing anything.
+    #[must_use]
+    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+        match self {
+            State::FixedWindow(s) => s.decide(p, now),
+            State::SlidingWindowLog(s) => s.decide(p, now),
+            State::SlidingWindowCounter(s) => s.decide(p, now),
+            State::TokenBucket(s) => s.decide(p, now),
+            State::LeakyBucket(s) => s.decide(p, now),
+            State::Gcra(s) => s.decide(p, now),
+        }
+    }
+
+    /// Applies an accepted request (call only after `decide` allowed it).
+    pub fn commit(&mut self, p: &Params, now: u64) {
+        match self {
+            State::FixedWindow(s) => s.commit(p, now),
+            State::SlidingWindowLog(s) => s.commit(p, now),
+            State::SlidingWindowCounter(s) => s.commit(p, now),
+            State::TokenBucket(s) => s.commit(p, now),
+            State::LeakyBucket(s) => s.commit(p, now),
+            State::Gcra(s) => s.commit(p, now),
+        }
+    }
+
+    /// Gives back `cost` units taken by an earlier commit (count-by-outcome refunds, and
+    /// multi-slot checks where another rule rejected). Never gives back more than was taken.
+    pub fn refund(&mut self, p: &Params, now: u64) {
+        match self {
+            State::FixedWindow(s) => s.refund(p, now),
+            State::SlidingWindowLog(s) => s.refund(p, now),
+            State::SlidingWindowCounter(s) => s.refund(p, now),
+            State::TokenBucket(s) => s.refund(p, now),
+            State::LeakyBucket(s) => s.refund(p, now),
+            State::Gcra(s) => s.refund(p, now),
+        }
+    }
+
+    /// The time (µs since the epoch) from which this state is the same as "never seen":
+    /// the store may forget it then (memory eviction, Redis TTL).
+    #[must_use]
+    pub fn expires_at(&self, p: &Params) -> u64 {
+        match self {
+            State::FixedWindow(s) => s.expires_at(p),
+            State::SlidingWindowLog(s) => s.expires_at(p),
+            State::SlidingWindowCounter(s) => s.expires_at(p),
+            State::TokenBucket(s) => s.expires_at(p),
+            State::LeakyBucket(s) => s.expires_at(p),
+            State::Gcra(s) => s.expires_at(p),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

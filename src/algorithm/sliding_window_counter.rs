@@ -1,0 +1,123 @@
+//! Sliding window counter: counters for the current and the previous aligned window.
+//!
+//! With `e` the µs elapsed in the current window, the estimate is
+//! `prev · (W - e) / W + curr`, evaluated in IEEE-754 doubles in exactly that order (the
+//! Redis script does the same operations, so both round alike); accept iff
+//! `estimate + c <= L`. Examples: `L = 100`, prev 84, curr 15, a quarter into the window
+//! → 78, accepted; prev 9, curr 5, 15 s into a 60 s window → 11.75.
+
+use super::Params;
+use crate::Decision;
+
+/// The current window's index and the counts of it and of the window before.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlidingWindowCounter {
+    /// `floor(t / W)` of the window `curr` counts.
+    pub window: u64,
+    /// Units accepted in window `window - 1`.
+    pub prev: u64,
+    /// Units accepted in window `window`.
+    pub curr: u64,
+}
+
+/// `prev · (W - e) / W + curr`, in this order, in doubles.
+#[must_use]
+#[allow(clippy::cast_precision_loss)]
+pub fn estimate(prev: u64, curr: u64, elapsed: u64, period: u64) -> f64 {
+    prev as f64 * (period - elapsed) as f64 / period as f64 + curr as f64
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn fits(prev: u64, curr: u64, elapsed: u64, period: u64, cost: u64, limit: u64) -> bool {
+    estimate(prev, curr, elapsed, period) + cost as f64 <= limit as f64
+}
+
+impl SlidingWindowCounter {
+    /// `(prev, curr)` as seen from window `w`.
+    fn counts_at(&self, w: u64) -> (u64, u64) {
+        if self.window == w {
+            (self.prev, self.curr)
+        } else if self.window + 1 == w {
+            (self.curr, 0)
+        } else {
+            (0, 0)
+        }
+    }
+
+    /// Decides without changing anything.
+    #[must_use]
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+        let (l, period, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
+        let w = now / period;
+        let e = now - w * period;
+        let (prev, curr) = self.counts_at(w);
+        let est = estimate(prev, curr, e, period);
+        let remaining = |est: f64| (l as f64 - est).max(0.0).floor() as u64;
+        if fits(prev, curr, e, period, c, l) {
+            // Fully restored when this window's count has left the next window too.
+            return Decision::allow(l, remaining(est + c as f64), 2 * period - e);
+        }
+        let reset = if curr > 0 {
+            2 * period - e
+        } else if prev > 0 {
+            period - e
+        } else {
+            0
+        };
+        let retry = (c <= l).then(|| {
+            if curr + c <= l {
+                // Later in this window, as the previous window's weight fades.
+                period - e - first_fit(prev, curr, c, l, period, e)
+            } else {
+                // In the next window, where this window's count becomes `prev`.
+                period - e + (period - first_fit(curr, 0, c, l, period, 0))
+            }
+        });
+        Decision::reject(l, remaining(est), reset, retry)
+    }
+
+    /// Applies an accepted request.
+    pub fn commit(&mut self, p: &Params, now: u64) {
+        let w = now / p.quota.period_micros();
+        let (prev, curr) = self.counts_at(w);
+        *self = Self { window: w, prev, curr: curr + p.cost };
+    }
+
+    /// Gives back units taken in the current window.
+    pub fn refund(&mut self, p: &Params, now: u64) {
+        if self.window + 1 >= now / p.quota.period_micros() {
+            self.curr = self.curr.saturating_sub(p.cost);
+        }
+    }
+
+    /// When both counts have left the window.
+    #[must_use]
+    pub fn expires_at(&self, p: &Params) -> u64 {
+        (self.window + 2) * p.quota.period_micros()
+    }
+}
+
+/// The remaining time `W - e'` at the earliest elapsed `e' >= from` of a window at which
+/// `prev·(W - e')/W + curr + c <= L` holds (the caller knows it holds at `e' = W`).
+/// Starts from the exact rational answer and steps to where the double predicate flips.
+fn first_fit(prev: u64, curr: u64, c: u64, l: u64, period: u64, from: u64) -> u64 {
+    let fits_at = |e: u64| fits(prev, curr, e, period, c, l);
+    let room = u128::from(l - curr - c);
+    // Exact: W - e' <= room·W/prev.
+    let mut e = if prev == 0 {
+        from
+    } else {
+        let max_left = (room * u128::from(period) / u128::from(prev)).min(u128::from(period));
+        #[allow(clippy::cast_possible_truncation)]
+        let left = max_left as u64;
+        (period - left).max(from)
+    };
+    while e < period && !fits_at(e) {
+        e += 1;
+    }
+    while e > from && fits_at(e - 1) {
+        e -= 1;
+    }
+    period - e
+}

@@ -1,0 +1,288 @@
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const MIN: u64 = 60_000_000;
+const SEC: u64 = 1_000_000;
+const MS: u64 = 1_000;
+/// An arbitrary epoch-aligned start (a multiple of every window used here).
+const T0: u64 = 1_700_000_040_000_000 - (1_700_000_040_000_000 % (86_400 * SEC));
+
+/// Parameters whose leaky-bucket `max_delay` does not bind (slow quotas queue for minutes).
+fn unbounded(q: Quota) -> Params {
+    Params { max_delay_us: u64::MAX / 4, ..Params::new(q) }
+}
+
+fn run(state: &mut State, p: &Params, now: u64) -> Decision {
+    let d = state.decide(p, now);
+    if d.allowed {
+        state.commit(p, now);
+    }
+    d
+}
+
+#[test]
+fn fixed_window_boundary_example_lets_five_through_in_one_minute() {
+    // 000: 3 per minute; requests at 0.4, 0.7, 0.8 and 1.4, 1.5, 1.6 minutes.
+    let p = Params::new(Quota::per_minute(3));
+    let mut s = State::new(Algorithm::FixedWindow);
+    let times: Vec<u64> = [4, 7, 8, 14, 15, 16].iter().map(|t| T0 + t * MIN / 10).collect();
+    for &t in &times {
+        assert!(run(&mut s, &p, t).allowed, "at {t}");
+    }
+    // Five of them fall in [0.7, 1.7): the known weakness.
+    let in_span = times.iter().filter(|&&t| t >= T0 + 7 * MIN / 10 && t < T0 + 17 * MIN / 10).count();
+    assert_eq!(in_span, 5);
+    // A fourth request in the second window is refused until that window ends.
+    let d = run(&mut s, &p, T0 + 17 * MIN / 10);
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Some(Duration::from_secs(18)));
+    assert_eq!(d.remaining, 0);
+}
+
+#[test]
+fn sliding_window_log_examples() {
+    // 003: 5 per minute, requests at 10..50 s; at 65 s the one at 10 s has left.
+    let p = Params::new(Quota::per_minute(5));
+    let mut s = State::new(Algorithm::SlidingWindowLog);
+    for t in [10, 20, 30, 40, 50] {
+        assert!(run(&mut s, &p, T0 + t * SEC).allowed);
+    }
+    let d = run(&mut s, &p, T0 + 60 * SEC);
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Some(Duration::from_secs(10)), "the 10 s entry leaves at 70 s");
+    assert!(run(&mut s, &p, T0 + 70 * SEC).allowed);
+
+    // 000: 3 per minute at 1, 2, 3, 60, 61, 63 s. Rejected requests are not recorded, so
+    // #5 at 61 s passes (only #2 and #3 are in (1, 61]) — the seed's flaw is absent.
+    let p = Params::new(Quota::per_minute(3));
+    let mut s = State::new(Algorithm::SlidingWindowLog);
+    let got: Vec<bool> = [1, 2, 3, 60, 61, 63].iter().map(|t| run(&mut s, &p, T0 + t * SEC).allowed).collect();
+    assert_eq!(got, [true, true, true, false, true, true]);
+}
+
+#[test]
+fn sliding_window_counter_vectors() {
+    let est = sliding_window_counter::estimate;
+    assert_eq!(est(84, 15, 15 * SEC, MIN), 78.0);
+    assert_eq!(est(9, 5, 15 * SEC, MIN), 11.75);
+
+    let at = |prev, curr| {
+        State::SlidingWindowCounter(sliding_window_counter::SlidingWindowCounter { window: T0 / MIN, prev, curr })
+    };
+    // 84/15 at 25 %: 78 + 1 <= 100, accepted with 21 left.
+    let d = at(84, 15).decide(&Params::new(Quota::per_minute(100)), T0 + 15 * SEC);
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 21);
+    // 9/5 at 15 s: 11.75 + 1 > 12, rejected; fits under 13.
+    let now = T0 + 15 * SEC;
+    let d = at(9, 5).decide(&Params::new(Quota::per_minute(12)), now);
+    assert!(!d.allowed);
+    // It fits once 9·(60 - e)/60 <= 6, i.e. e >= 20 s: 5 s from now.
+    assert_eq!(d.retry_after, Some(Duration::from_secs(5)));
+    assert!(at(9, 5).decide(&Params::new(Quota::per_minute(13)), now).allowed);
+    // 001: 4 per minute, prev 3, curr 2 at 25 %: 4.25 > 4, rejected.
+    assert!(!at(3, 2).decide(&Params::new(Quota::per_minute(4)), now).allowed);
+}
+
+#[test]
+fn gcra_burst_example() {
+    // 100/s with B = 6 (the seed's "burst 5" on top of one per interval).
+    let p = Params::new(Quota::per_second(100).burst(6));
+    for algo in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let mut s = State::new(algo);
+        for i in 0..6 {
+            let d = run(&mut s, &p, T0);
+            assert!(d.allowed, "{algo} request {i}");
+            assert_eq!(d.remaining, 5 - i, "{algo}");
+        }
+        let d = run(&mut s, &p, T0);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_millis(10)), "{algo}");
+        assert_eq!(d.reset_after, Duration::from_millis(60), "{algo}");
+        assert!(!run(&mut s, &p, T0 + 10 * MS - 1).allowed, "{algo}");
+        assert!(run(&mut s, &p, T0 + 10 * MS).allowed, "{algo}");
+    }
+}
+
+#[test]
+fn leaky_bucket_shapes_the_design_example() {
+    // 5/s, B = 3, six at once: delays 0, 200, 400, 600 ms; the last two rejected.
+    let p = Params::new(Quota::per_second(5).burst(3));
+    let mut s = State::new(Algorithm::LeakyBucket);
+    let ds: Vec<Decision> = (0..6).map(|_| run(&mut s, &p, T0)).collect();
+    let delays: Vec<u64> = ds.iter().filter(|d| d.allowed).map(|d| d.delay.as_millis() as u64).collect();
+    assert_eq!(delays, [0, 200, 400, 600]);
+    assert_eq!(ds.iter().map(|d| d.remaining).collect::<Vec<_>>(), [3, 2, 1, 0, 0, 0]);
+    for d in &ds[4..] {
+        assert!(!d.allowed);
+        // The queue has room again when the first waiting request has left: 200 ms.
+        assert_eq!(d.retry_after, Some(Duration::from_millis(200)));
+    }
+    // max_delay caps the wait below B·T.
+    let p = Params { max_delay_us: 250 * MS, ..Params::new(Quota::per_second(5).burst(3)) };
+    let mut s = State::new(Algorithm::LeakyBucket);
+    let allowed = (0..6).filter(|_| run(&mut s, &p, T0).allowed).count();
+    assert_eq!(allowed, 2);
+}
+
+#[test]
+fn costs_above_one_and_above_capacity() {
+    let q = Quota::per_minute(10);
+    for algo in Algorithm::ALL {
+        // The leaky bucket holds B waiting requests plus the one leaving: B + 1.
+        let extra = u64::from(algo == Algorithm::LeakyBucket);
+        let mut s = State::new(algo);
+        let d = run(&mut s, &unbounded(q).cost(4), T0);
+        assert!(d.allowed, "{algo}");
+        assert_eq!(d.remaining, 6 + extra, "{algo}");
+        // Cost above the capacity: rejected with no retry, and nothing changes.
+        let cap = 11 + extra;
+        let before = s.clone();
+        let d = run(&mut s, &unbounded(q).cost(cap), T0);
+        assert!(!d.allowed, "{algo}");
+        assert_eq!(d.retry_after, None, "{algo}");
+        assert_eq!(s, before, "{algo}: a rejection changed the state");
+        // Cost 7 more does not fit now (only 6 left), 6 does.
+        assert!(!run(&mut s, &unbounded(q).cost(7 + extra), T0).allowed, "{algo}");
+        assert!(run(&mut s, &unbounded(q).cost(6 + extra), T0).allowed, "{algo}");
+        assert!(!run(&mut s, &unbounded(q), T0).allowed, "{algo}");
+    }
+}
+
+#[test]
+fn refunds_give_back_what_was_taken() {
+    let p = unbounded(Quota::per_minute(3));
+    for algo in Algorithm::ALL {
+        let mut s = State::new(algo);
+        let taken = (0..10).take_while(|_| run(&mut s, &p, T0).allowed).count();
+        assert!((3..=4).contains(&taken), "{algo}: {taken}");
+        s.refund(&p, T0);
+        assert!(run(&mut s, &p, T0).allowed, "{algo}: the refund did not free a unit");
+    }
+}
+
+#[test]
+fn expired_state_is_the_same_as_new() {
+    let p = Params::new(Quota::per_minute(5).burst(5)).cost(2);
+    for algo in Algorithm::ALL {
+        let mut s = State::new(algo);
+        run(&mut s, &p, T0 + 7 * SEC);
+        run(&mut s, &p, T0 + 9 * SEC);
+        let at = s.expires_at(&p);
+        assert!(at > T0, "{algo}");
+        let fresh = State::new(algo);
+        for dt in [0, 1, SEC, MIN] {
+            assert_eq!(s.decide(&p, at + dt), fresh.decide(&p, at + dt), "{algo} at expiry + {dt}");
+        }
+    }
+}
+
+fn quota_strategy() -> impl Strategy<Value = Quota> {
+    (1u64..8, prop_oneof![Just(SEC), Just(10 * SEC), Just(MIN), Just(7 * MS + 3)], 1u64..10)
+        .prop_map(|(l, w, b)| Quota::new(l, Duration::from_micros(w)).burst(b))
+}
+
+/// Increasing times with small, often-zero gaps, and costs mostly 1.
+fn trace_strategy() -> impl Strategy<Value = Vec<(u64, u64)>> {
+    prop::collection::vec((prop_oneof![Just(0u64), 0..200 * MS, 0..3 * SEC], prop_oneof![4 => Just(1u64), 1 => 1u64..4]), 1..120)
+        .prop_map(|v| {
+            let mut t = T0 + 123_457;
+            v.into_iter()
+                .map(|(gap, c)| {
+                    t += gap;
+                    (t, c)
+                })
+                .collect()
+        })
+}
+
+/// The accepted (time, units) of a trace.
+fn accepted(algo: Algorithm, q: Quota, trace: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut s = State::new(algo);
+    trace.iter().filter(|&&(t, c)| run(&mut s, &Params::new(q).cost(c), t).allowed).copied().collect()
+}
+
+/// The most units accepted in any window `(t - W, t]`.
+fn worst_window(acc: &[(u64, u64)], w: u64) -> u64 {
+    acc.iter()
+        .map(|&(t, _)| acc.iter().filter(|&&(u, _)| u + w > t && u <= t).map(|&(_, c)| c).sum())
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #[test]
+    fn sliding_log_never_exceeds_the_limit_in_any_window(q in quota_strategy(), trace in trace_strategy()) {
+        let acc = accepted(Algorithm::SlidingWindowLog, q, &trace);
+        prop_assert!(worst_window(&acc, q.period_micros()) <= q.limit());
+    }
+
+    #[test]
+    fn sliding_log_admits_whatever_the_exact_rule_allows(q in quota_strategy(), trace in trace_strategy()) {
+        // The brute-force reference: accept iff the window ending now, with this request,
+        // stays within L. The log must decide exactly the same.
+        let mut acc: Vec<(u64, u64)> = Vec::new();
+        let mut s = State::new(Algorithm::SlidingWindowLog);
+        for &(t, c) in &trace {
+            let in_window: u64 = acc.iter().filter(|&&(u, _)| u + q.period_micros() > t).map(|&(_, c)| c).sum();
+            let reference = in_window + c <= q.limit();
+            prop_assert_eq!(run(&mut s, &Params::new(q).cost(c), t).allowed, reference);
+            if reference { acc.push((t, c)); }
+        }
+    }
+
+    #[test]
+    fn fixed_window_never_exceeds_twice_the_limit(q in quota_strategy(), trace in trace_strategy()) {
+        let acc = accepted(Algorithm::FixedWindow, q, &trace);
+        prop_assert!(worst_window(&acc, q.period_micros()) <= 2 * q.limit());
+    }
+
+    #[test]
+    fn token_bucket_and_gcra_decide_alike(q in quota_strategy(), trace in trace_strategy()) {
+        let (mut a, mut b) = (State::new(Algorithm::TokenBucket), State::new(Algorithm::Gcra));
+        for &(t, c) in &trace {
+            let p = Params::new(q).cost(c);
+            prop_assert_eq!(run(&mut a, &p, t), run(&mut b, &p, t));
+        }
+    }
+
+    #[test]
+    fn leaky_bucket_spaces_forwarded_requests(q in quota_strategy(), trace in trace_strategy()) {
+        let t_us = q.emission_interval_micros();
+        let mut s = State::new(Algorithm::LeakyBucket);
+        let mut last: Option<(u64, u64)> = None;
+        for &(t, c) in &trace {
+            let d = run(&mut s, &Params::new(q).cost(c), t);
+            if d.allowed {
+                let leaves = t + d.delay.as_micros() as u64;
+                if let Some((prev, prev_cost)) = last {
+                    prop_assert!(leaves >= prev + prev_cost * t_us, "{leaves} after {prev}");
+                }
+                prop_assert!(d.delay.as_micros() as u64 <= q.burst_size() * t_us);
+                last = Some((leaves, c));
+            }
+        }
+    }
+
+    #[test]
+    fn retry_after_is_exact(algo in prop::sample::select(Algorithm::ALL.to_vec()), q in quota_strategy(), trace in trace_strategy()) {
+        let mut s = State::new(algo);
+        for &(t, c) in &trace {
+            let p = Params::new(q).cost(c);
+            let d = s.decide(&p, t);
+            if d.allowed {
+                s.commit(&p, t);
+                prop_assert!(d.remaining <= q.limit().max(q.burst_size()) + 1);
+            } else if let Some(r) = d.retry_after {
+                let r = r.as_micros() as u64;
+                prop_assert!(s.decide(&p, t + r).allowed, "{} not allowed after retry_after {}", algo, r);
+                if r > 1 {
+                    prop_assert!(!s.decide(&p, t + r - 1).allowed, "{} allowed before retry_after {}", algo, r);
+                }
+            }
+        }
+    }
+}

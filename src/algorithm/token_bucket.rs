@@ -1,0 +1,63 @@
+//! Token bucket: capacity `B`, refilled continuously at `L` tokens per `W`, lazily from
+//! the stored `(level, last)` — no background refiller.
+//!
+//! To stay in exact integers the level is kept in microseconds of refill: one token is
+//! `T = ceil(W / L)` µs, the capacity is `B·T`, and the level grows by one per elapsed µs.
+//! Accept iff the level holds `c·T`. (Same decisions as GCRA, by construction.)
+
+use super::Params;
+use crate::Decision;
+
+/// The bucket's level (in µs of refill, `tokens × T`) at time `last`.
+///
+/// The default (`level 0` at `last 0`) refills to a full bucket at any real time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenBucket {
+    /// Tokens × T at `last`.
+    pub level: u64,
+    /// When the level was last updated (µs since the epoch).
+    pub last: u64,
+}
+
+impl TokenBucket {
+    fn level_at(&self, capacity: u64, now: u64) -> u64 {
+        self.level.saturating_add(now.saturating_sub(self.last)).min(capacity)
+    }
+
+    /// Decides without changing anything.
+    #[must_use]
+    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+        let (l, b, t, c) = (p.quota.limit(), p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
+        let capacity = b * t;
+        let level = self.level_at(capacity, now);
+        if c <= b && level >= c * t {
+            let left = level - c * t;
+            return Decision::allow(l, left / t, capacity - left);
+        }
+        let retry = (c <= b).then(|| c * t - level);
+        Decision::reject(l, level / t, capacity - level, retry)
+    }
+
+    /// Applies an accepted request.
+    pub fn commit(&mut self, p: &Params, now: u64) {
+        let t = p.quota.emission_interval_micros();
+        let capacity = p.quota.burst_size() * t;
+        self.level = self.level_at(capacity, now) - p.cost * t;
+        self.last = self.last.max(now);
+    }
+
+    /// Gives back tokens.
+    pub fn refund(&mut self, p: &Params, now: u64) {
+        let t = p.quota.emission_interval_micros();
+        let capacity = p.quota.burst_size() * t;
+        self.level = (self.level_at(capacity, now) + p.cost * t).min(capacity);
+        self.last = self.last.max(now);
+    }
+
+    /// When the bucket is full again.
+    #[must_use]
+    pub fn expires_at(&self, p: &Params) -> u64 {
+        let capacity = p.quota.burst_size() * p.quota.emission_interval_micros();
+        self.last + (capacity - self.level.min(capacity))
+    }
+}

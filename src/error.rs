@@ -1,0 +1,59 @@
+//! [`BuildError`] (configuration) and [`StoreError`] (a store that could not decide).
+
+use std::time::Duration;
+
+/// A layer, quota or store that cannot be built as configured. Returned at start-up,
+/// never at request time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The quota is not usable (zero limit, zero period, …).
+    #[error("invalid quota: {0}")]
+    InvalidQuota(String),
+    /// Two rules of one layer have the same name.
+    #[error("duplicate rule name {0:?}: every rule of a layer needs its own name")]
+    DuplicateRule(String),
+    /// A rule name is empty, too long, or otherwise unusable.
+    #[error("invalid rule name {name:?}: {why}")]
+    InvalidRuleName {
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A store could not be configured (bad URL, bad prefix, …).
+    #[error("invalid store configuration: {0}")]
+    InvalidStore(String),
+    /// A configuration entry is wrong; names the rule and the field.
+    #[error("rule {rule:?}, field `{field}`: {why}")]
+    InvalidConfig {
+        /// The rule's name (or its index when it has none).
+        rule: String,
+        /// The field.
+        field: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+/// A store that could not decide. Never becomes the service's error: it goes through
+/// [`FailMode`](crate::FailMode).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store did not answer within the deadline.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store could not be reached or the connection broke.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// Too many store calls were already in flight; this one was not queued.
+    #[error("store overloaded: {0} calls already in flight")]
+    Overloaded(usize),
+    /// The circuit breaker is open after repeated failures; the store was not called.
+    #[error("circuit open: the store failed repeatedly and is not called until {0:?} from now")]
+    CircuitOpen(Duration),
+    /// The store answered with an error (a script error, a wrong type, …).
+    #[error("store error: {0}")]
+    Backend(String),
+}

@@ -1,0 +1,159 @@
+//! Rate-limit response headers: which ones ([`HeaderStyle`]) and how a [`Decision`]
+//! becomes them.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+
+use crate::{Decision, Quota};
+
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix epoch
+    /// seconds, as GitHub sends them); with several rules also `X-RateLimit-Rule`.
+    #[default]
+    Legacy,
+    /// The IETF draft (draft-ietf-httpapi-ratelimit-headers): `RateLimit-Policy` listing
+    /// every rule, `RateLimit` for the most restrictive one.
+    Ietf,
+    /// Both.
+    Both,
+    /// None (a rejection still carries `Retry-After`).
+    None,
+}
+
+/// `X-RateLimit-Limit`
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `X-RateLimit-Rule`: the rule the other legacy headers describe.
+pub const X_RATELIMIT_RULE: HeaderName = HeaderName::from_static("x-ratelimit-rule");
+/// `RateLimit`
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `RateLimit-Policy`
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// One rule's outcome as the headers see it.
+pub(crate) struct Outcome<'a> {
+    pub(crate) rule: &'a str,
+    pub(crate) quota: Quota,
+    pub(crate) decision: &'a Decision,
+}
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// `Retry-After` in delta seconds, rounded up, at least 1.
+pub(crate) fn retry_after(headers: &mut HeaderMap, d: Duration) {
+    headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(d).max(1)));
+}
+
+/// Adds the headers of `style` describing `most` (the most restrictive rule) and, for the
+/// IETF policy, every rule in `all`.
+pub(crate) fn apply(headers: &mut HeaderMap, style: HeaderStyle, most: &Outcome<'_>, all: &[Outcome<'_>]) {
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        let d = most.decision;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
+        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
+        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(now + ceil_secs(d.reset_after)));
+        if all.len() > 1 {
+            if let Ok(v) = HeaderValue::from_str(most.rule) {
+                headers.insert(X_RATELIMIT_RULE, v);
+            }
+        }
+    }
+    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        let mut policy = String::with_capacity(32 * all.len());
+        for (i, o) in all.iter().enumerate() {
+            if i > 0 {
+                policy.push_str(", ");
+            }
+            let w = ceil_secs(o.quota.period()).max(1);
+            let _ = write!(policy, "{};q={};w={w}", sf_string(o.rule), o.quota.limit());
+        }
+        let d = most.decision;
+        let limit = format!("{};r={};t={}", sf_string(most.rule), d.remaining, ceil_secs(d.reset_after));
+        if let Ok(v) = HeaderValue::from_str(&policy) {
+            headers.insert(RATELIMIT_POLICY, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&limit) {
+            headers.insert(RATELIMIT, v);
+        }
+    }
+}
+
+/// A structured-field string: `"…"` with `\` and `"` escaped, non-printable bytes dropped.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars().filter(|c| (' '..='~').contains(c)) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(remaining: u64, reset_ms: u64) -> Decision {
+        Decision {
+            allowed: true,
+            limit: 100,
+            remaining,
+            reset_after: Duration::from_millis(reset_ms),
+            retry_after: None,
+            delay: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn ietf_headers_list_every_policy() {
+        let (a, b) = (decision(45, 29_001), decision(900, 3_600_000));
+        let all = [
+            Outcome { rule: "per-min", quota: Quota::per_minute(100), decision: &a },
+            Outcome { rule: "say \"hi\"", quota: Quota::per_day(1000), decision: &b },
+        ];
+        let mut h = HeaderMap::new();
+        apply(&mut h, HeaderStyle::Ietf, &all[0], &all);
+        assert_eq!(h[&RATELIMIT_POLICY], r#""per-min";q=100;w=60, "say \"hi\"";q=1000;w=86400"#);
+        assert_eq!(h[&RATELIMIT], r#""per-min";r=45;t=30"#);
+        assert!(h.get(X_RATELIMIT_LIMIT).is_none());
+    }
+
+    #[test]
+    fn legacy_headers() {
+        let a = decision(7, 1_500);
+        let all = [Outcome { rule: "r", quota: Quota::per_minute(100), decision: &a }];
+        let mut h = HeaderMap::new();
+        apply(&mut h, HeaderStyle::Legacy, &all[0], &all);
+        assert_eq!(h[&X_RATELIMIT_LIMIT], "100");
+        assert_eq!(h[&X_RATELIMIT_REMAINING], "7");
+        let reset: u64 = h[&X_RATELIMIT_RESET].to_str().unwrap().parse().unwrap();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        assert!((now + 1..=now + 3).contains(&reset), "{reset} vs {now}");
+        assert!(h.get(X_RATELIMIT_RULE).is_none());
+        assert!(h.get(RATELIMIT).is_none());
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_at_least_one() {
+        for (d, want) in [(Duration::from_micros(1), "1"), (Duration::from_millis(1001), "2"), (Duration::from_secs(30), "30")] {
+            let mut h = HeaderMap::new();
+            retry_after(&mut h, d);
+            assert_eq!(h[RETRY_AFTER], want);
+        }
+    }
+}

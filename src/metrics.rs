@@ -1,0 +1,67 @@
+//! Metric emission through the `metrics` facade (feature `metrics`); no-ops without it.
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `tollgate_decisions_total` | counter | `rule`, `outcome` = `allowed` / `rejected` / `shadow_rejected` / `local_rejected` |
+//! | `tollgate_store_errors_total` | counter | `kind` = `timeout` / `unavailable` / `overloaded` / `circuit_open` / `backend` |
+//! | `tollgate_store_latency_seconds` | histogram | — |
+//! | `tollgate_fail_open_total` | counter | — (requests passed because the store failed) |
+//! | `tollgate_fail_closed_total` | counter | — (requests answered 503 because the store failed) |
+//! | `tollgate_fallback_decisions_total` | counter | `outcome` |
+//! | `tollgate_circuit_open` | gauge | — (1 while the breaker is open) |
+//! | `tollgate_peer_unknown_total` | counter | — (IP extractors that found no connection info) |
+
+#![allow(unused_variables)]
+
+use std::time::Duration;
+
+use crate::StoreError;
+
+pub(crate) fn decision(rule: &str, outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_decisions_total", "rule" => rule.to_owned(), "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn store_error(err: &StoreError) {
+    #[cfg(feature = "metrics")]
+    {
+        let kind = match err {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Overloaded(_) => "overloaded",
+            StoreError::CircuitOpen(_) => "circuit_open",
+            StoreError::Backend(_) => "backend",
+        };
+        metrics::counter!("tollgate_store_errors_total", "kind" => kind).increment(1);
+    }
+}
+
+pub(crate) fn store_latency(d: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("tollgate_store_latency_seconds").record(d.as_secs_f64());
+}
+
+pub(crate) fn fail_open() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_fail_open_total").increment(1);
+}
+
+pub(crate) fn fail_closed() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_fail_closed_total").increment(1);
+}
+
+pub(crate) fn fallback(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_fallback_decisions_total", "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn circuit_open(open: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tollgate_circuit_open").set(if open { 1.0 } else { 0.0 });
+}
+
+pub(crate) fn peer_unknown() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_peer_unknown_total").increment(1);
+}

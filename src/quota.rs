@@ -1,0 +1,340 @@
+//! [`Quota`]: how many units per period, and how many at once.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::BuildError;
+
+/// `limit` units per `period`, with a `burst` capacity (defaults to `limit`).
+///
+/// `Quota::per_minute(100)` means 100 a minute, always: it is a rate, never "one every n".
+/// How a burst is treated belongs to the [`Algorithm`](crate::Algorithm): window algorithms
+/// cap a window at `limit`; the token bucket and GCRA let `burst` units through at once and
+/// then the rate.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::Quota;
+///
+/// let q = Quota::per_minute(100);
+/// assert_eq!(q.limit(), 100);
+/// assert_eq!(q.period(), Duration::from_secs(60));
+/// assert_eq!("100/min".parse::<Quota>().unwrap(), q);
+/// assert_eq!("5/30s".parse::<Quota>().unwrap(), Quota::new(5, Duration::from_secs(30)));
+/// assert!(Quota::try_new(0, Duration::from_secs(1)).is_err());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    limit: u64,
+    period_us: u64,
+    burst: u64,
+}
+
+/// Longest period a quota may have: 366 days. Keeps every product of the algorithms
+/// exact in 64-bit integers and in Lua's doubles.
+const MAX_PERIOD_US: u64 = 366 * 86_400 * 1_000_000;
+/// Largest limit or burst: 2^32 units per period.
+const MAX_UNITS: u64 = 1 << 32;
+
+impl Quota {
+    /// `limit` units per `period`.
+    ///
+    /// # Panics
+    ///
+    /// When `limit` is 0, above 2^32, or `period` is shorter than 1 µs or longer than
+    /// 366 days. Use [`Quota::try_new`] for values that come from configuration.
+    #[must_use]
+    pub const fn new(limit: u64, period: Duration) -> Self {
+        match Self::check(limit, period) {
+            Ok(q) => q,
+            Err(_) => panic!("invalid quota: the limit must be 1..=2^32 and the period 1 µs..=366 days"),
+        }
+    }
+
+    /// `limit` units per `period`, or an error that says what is wrong.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidQuota`] when `limit` is 0 or above 2^32, or when `period` is
+    /// shorter than 1 µs or longer than 366 days.
+    pub fn try_new(limit: u64, period: Duration) -> Result<Self, BuildError> {
+        Self::check(limit, period).map_err(|why| BuildError::InvalidQuota(why.to_owned()))
+    }
+
+    const fn check(limit: u64, period: Duration) -> Result<Self, &'static str> {
+        if limit == 0 {
+            return Err("the limit is 0: a quota must allow at least 1 unit per period");
+        }
+        if limit > MAX_UNITS {
+            return Err("the limit is above 2^32 units per period");
+        }
+        let secs = period.as_secs();
+        if secs > MAX_PERIOD_US / 1_000_000 {
+            return Err("the period is longer than 366 days");
+        }
+        let period_us = secs * 1_000_000 + period.subsec_micros() as u64;
+        if period_us == 0 {
+            return Err("the period is 0: it must be at least 1 µs");
+        }
+        if period_us > MAX_PERIOD_US {
+            return Err("the period is longer than 366 days");
+        }
+        Ok(Self { limit, period_us, burst: limit })
+    }
+
+    /// `n` per second.
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0 or above 2^32.
+    #[must_use]
+    pub const fn per_second(n: u64) -> Self {
+        Self::new(n, Duration::from_secs(1))
+    }
+
+    /// `n` per minute.
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0 or above 2^32.
+    #[must_use]
+    pub const fn per_minute(n: u64) -> Self {
+        Self::new(n, Duration::from_secs(60))
+    }
+
+    /// `n` per hour.
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0 or above 2^32.
+    #[must_use]
+    pub const fn per_hour(n: u64) -> Self {
+        Self::new(n, Duration::from_secs(3600))
+    }
+
+    /// `n` per day.
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0 or above 2^32.
+    #[must_use]
+    pub const fn per_day(n: u64) -> Self {
+        Self::new(n, Duration::from_secs(86_400))
+    }
+
+    /// The burst: how many units may pass at one instant (token bucket, GCRA) or wait in
+    /// the queue besides the one leaving (leaky bucket). Defaults to the limit.
+    ///
+    /// # Panics
+    ///
+    /// When `burst` is 0 or above 2^32; see [`Quota::try_burst`].
+    #[must_use]
+    pub const fn burst(mut self, burst: u64) -> Self {
+        assert!(burst != 0 && burst <= MAX_UNITS, "invalid burst: it must be 1..=2^32");
+        self.burst = burst;
+        self
+    }
+
+    /// Like [`Quota::burst`], with an error instead of a panic.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidQuota`] when `burst` is 0 or above 2^32.
+    pub fn try_burst(mut self, burst: u64) -> Result<Self, BuildError> {
+        if burst == 0 {
+            return Err(BuildError::InvalidQuota("the burst is 0: it must be at least 1".into()));
+        }
+        if burst > MAX_UNITS {
+            return Err(BuildError::InvalidQuota("the burst is above 2^32 units".into()));
+        }
+        self.burst = burst;
+        Ok(self)
+    }
+
+    /// Units per period.
+    #[must_use]
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period.
+    #[must_use]
+    pub const fn period(&self) -> Duration {
+        Duration::from_micros(self.period_us)
+    }
+
+    /// The period in microseconds.
+    #[must_use]
+    pub const fn period_micros(&self) -> u64 {
+        self.period_us
+    }
+
+    /// The burst (defaults to the limit).
+    #[must_use]
+    pub const fn burst_size(&self) -> u64 {
+        self.burst
+    }
+
+    /// The emission interval `T = ceil(period / limit)` in µs, at least 1: the spacing of
+    /// the bucket algorithms and GCRA.
+    #[must_use]
+    pub const fn emission_interval_micros(&self) -> u64 {
+        let t = self.period_us.div_ceil(self.limit);
+        if t == 0 {
+            1
+        } else {
+            t
+        }
+    }
+}
+
+impl fmt::Debug for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Quota")
+            .field("limit", &self.limit)
+            .field("period", &self.period())
+            .field("burst", &self.burst)
+            .finish()
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = self.period_us;
+        match p {
+            1_000_000 => write!(f, "{}/s", self.limit)?,
+            60_000_000 => write!(f, "{}/min", self.limit)?,
+            3_600_000_000 => write!(f, "{}/h", self.limit)?,
+            86_400_000_000 => write!(f, "{}/day", self.limit)?,
+            _ if p % 1_000_000 == 0 => write!(f, "{}/{}s", self.limit, p / 1_000_000)?,
+            _ if p % 1_000 == 0 => write!(f, "{}/{}ms", self.limit, p / 1_000)?,
+            _ => write!(f, "{}/{}us", self.limit, p)?,
+        }
+        if self.burst != self.limit {
+            write!(f, " burst {}", self.burst)?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Quota {
+    type Err = BuildError;
+
+    /// Parses `"<limit>/<period>"`: `100/s`, `100/sec`, `100/second`, `100/m`, `100/min`,
+    /// `100/minute`, `100/h`, `100/hour`, `100/d`, `100/day`, and a count of units such as
+    /// `100/30s`, `10/5min`, `1/250ms`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |why: &str| BuildError::InvalidQuota(format!("{s:?}: {why}"));
+        let (limit, period) = s
+            .trim()
+            .split_once('/')
+            .ok_or_else(|| bad("expected <limit>/<period>, e.g. 100/min or 10/30s"))?;
+        let limit: u64 = limit
+            .trim()
+            .parse()
+            .map_err(|_| bad("the limit is not a whole number"))?;
+        let period = period.trim();
+        let digits = period.find(|c: char| !c.is_ascii_digit()).unwrap_or(period.len());
+        let (count, unit) = period.split_at(digits);
+        let count: u64 = if count.is_empty() {
+            1
+        } else {
+            count.parse().map_err(|_| bad("the period count is not a whole number"))?
+        };
+        let unit_us: u64 = match unit.trim() {
+            "us" | "µs" => 1,
+            "ms" => 1_000,
+            "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000,
+            "h" | "hr" | "hour" | "hours" => 3_600_000_000,
+            "d" | "day" | "days" => 86_400_000_000,
+            "" => return Err(bad("the period has no unit (s, min, h, day)")),
+            _ => return Err(bad("unknown period unit (use s, min, h or day)")),
+        };
+        let period_us = count
+            .checked_mul(unit_us)
+            .ok_or_else(|| bad("the period is longer than 366 days"))?;
+        Self::check(limit, Duration::from_micros(period_us)).map_err(|why| bad(why))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shorthands_are_rates() {
+        assert_eq!(Quota::per_second(5).period(), Duration::from_secs(1));
+        assert_eq!(Quota::per_minute(100).limit(), 100);
+        assert_eq!(Quota::per_hour(7).period_micros(), 3_600_000_000);
+        assert_eq!(Quota::per_day(1000).period(), Duration::from_secs(86_400));
+        assert_eq!(Quota::per_minute(100).burst_size(), 100);
+        assert_eq!(Quota::per_minute(100).burst(5).burst_size(), 5);
+    }
+
+    #[test]
+    fn parses_every_unit() {
+        for (s, limit, secs) in [
+            ("100/s", 100, 1),
+            ("100/sec", 100, 1),
+            ("100/second", 100, 1),
+            ("100/m", 100, 60),
+            ("100/min", 100, 60),
+            ("100/minute", 100, 60),
+            ("100/h", 100, 3600),
+            ("100/hour", 100, 3600),
+            ("100/d", 100, 86_400),
+            ("100/day", 100, 86_400),
+            ("100/30s", 100, 30),
+            (" 7 / 5min ", 7, 300),
+        ] {
+            let q: Quota = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert_eq!((q.limit(), q.period()), (limit, Duration::from_secs(secs)), "{s}");
+        }
+        assert_eq!("1/250ms".parse::<Quota>().unwrap().period_micros(), 250_000);
+    }
+
+    #[test]
+    fn bad_quotas_say_why() {
+        for (s, needle) in [
+            ("0/min", "limit is 0"),
+            ("100", "expected <limit>/<period>"),
+            ("x/min", "not a whole number"),
+            ("100/fortnight", "unknown period unit"),
+            ("100/0s", "period is 0"),
+            ("100/400d", "longer than 366 days"),
+            ("100/30", "no unit"),
+        ] {
+            let err = s.parse::<Quota>().unwrap_err().to_string();
+            assert!(err.contains(needle), "{s}: {err}");
+        }
+        assert!(Quota::try_new(0, Duration::from_secs(1))
+            .unwrap_err()
+            .to_string()
+            .contains("limit is 0"));
+        assert!(Quota::try_new(1, Duration::ZERO).is_err());
+        assert!(Quota::per_minute(1).try_burst(0).is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "invalid quota")]
+    fn zero_shorthand_panics() {
+        let _ = Quota::per_minute(0);
+    }
+
+    #[test]
+    fn emission_interval_rounds_up() {
+        assert_eq!(Quota::per_second(100).emission_interval_micros(), 10_000);
+        assert_eq!(Quota::per_minute(7).emission_interval_micros(), 8_571_429);
+        assert_eq!(Quota::new(10, Duration::from_micros(3)).emission_interval_micros(), 1);
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in ["100/min", "5/s", "3/30s", "1/250ms", "9/day"] {
+            let q: Quota = s.parse().unwrap();
+            assert_eq!(q.to_string().parse::<Quota>().unwrap(), q);
+        }
+    }
+}

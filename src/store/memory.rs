@@ -1,0 +1,338 @@
+//! [`MemoryStore`]: in-process state, sharded, with idle keys dropped automatically.
+
+use std::fmt;
+use std::future::{ready, Future};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashbrown::HashTable;
+
+use super::{Check, Store};
+use crate::algorithm::State;
+use crate::clock::SharedClock;
+use crate::key::Key;
+use crate::{Algorithm, Clock, Decision, StoreError};
+
+/// In-process limiter state: no setup, no I/O.
+///
+/// Concurrent: keys are spread over independent shards (no global lock), and the rules
+/// of one request are decided under the locks of their shards, so a multi-rule request is
+/// atomic. Memory stays bounded with no help: a shard drops the keys whose state has
+/// expired whenever it has doubled in size since it last looked. Clones share the state.
+///
+/// Limits hold per process: use `RedisStore` to share them between servers.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: std::hash::RandomState,
+    clock: SharedClock,
+}
+
+struct Entry {
+    rule: Arc<str>,
+    algorithm: Algorithm,
+    key: Key,
+    state: State,
+    expires_at: u64,
+}
+
+struct Shard {
+    table: HashTable<Entry>,
+    /// Sweep expired entries when the table reaches this size.
+    sweep_at: usize,
+}
+
+const MIN_SWEEP: usize = 64;
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore").field("shards", &self.inner.shards.len()).field("keys", &self.len()).finish()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::build(SharedClock::system())
+    }
+
+    /// A store whose time comes from `clock` (tests: `ManualClock`, feature `test-util`).
+    #[must_use]
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self::build(SharedClock(Arc::new(clock)))
+    }
+
+    fn build(clock: SharedClock) -> Self {
+        let n = std::thread::available_parallelism().map_or(4, usize::from);
+        let shards = (n * 16).next_power_of_two().max(16);
+        Self {
+            inner: Arc::new(Inner {
+                shards: (0..shards)
+                    .map(|_| Mutex::new(Shard { table: HashTable::new(), sweep_at: MIN_SWEEP }))
+                    .collect(),
+                hasher: std::hash::RandomState::new(),
+                clock,
+            }),
+        }
+    }
+
+    /// How many (rule, key) states are held, expired ones not yet dropped included.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
+    }
+
+    /// Whether no state is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The current time of this store's clock, µs since the epoch.
+    #[must_use]
+    pub fn now_micros(&self) -> u64 {
+        self.inner.clock.now()
+    }
+
+    fn hash(&self, rule: &str, algorithm: Algorithm, key: &Key) -> u64 {
+        self.inner.hasher.hash_one((rule, algorithm, key))
+    }
+
+    /// Decides synchronously at `now` (the `Store` impl calls this with the clock's time).
+    pub fn check_at(&self, checks: &[Check], now: u64) -> Vec<Decision> {
+        let hashes: Vec<u64> = checks.iter().map(|c| self.hash(&c.rule, c.algorithm, &c.key)).collect();
+        let mask = self.inner.shards.len() - 1;
+        #[allow(clippy::cast_possible_truncation)]
+        let shard_of = |h: u64| (h as usize) & mask;
+        if let [check] = checks {
+            let mut shard = lock(&self.inner.shards[shard_of(hashes[0])]);
+            let entry = shard.entry(hashes[0], check, now, &self.inner.hasher);
+            let d = entry.state.decide(&check.params, now);
+            if d.allowed {
+                entry.state.commit(&check.params, now);
+                entry.expires_at = entry.state.expires_at(&check.params);
+            }
+            return vec![d];
+        }
+        // Several rules: lock their shards in ascending order (no deadlock), decide all,
+        // commit only if all pass.
+        let mut order: Vec<usize> = hashes.iter().map(|&h| shard_of(h)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+            order.iter().map(|&i| (i, lock(&self.inner.shards[i]))).collect();
+        let decisions: Vec<Decision> = checks
+            .iter()
+            .zip(&hashes)
+            .map(|(c, &h)| {
+                let shard = guard_for(&mut guards, shard_of(h));
+                shard.entry(h, c, now, &self.inner.hasher).state.decide(&c.params, now)
+            })
+            .collect();
+        if decisions.iter().all(|d| d.allowed) {
+            for (c, &h) in checks.iter().zip(&hashes) {
+                let e = guard_for(&mut guards, shard_of(h)).entry(h, c, now, &self.inner.hasher);
+                e.state.commit(&c.params, now);
+                e.expires_at = e.state.expires_at(&c.params);
+            }
+        }
+        decisions
+    }
+
+    fn with_existing<R>(&self, rule: &str, algorithm: Algorithm, key: &Key, f: impl FnOnce(&mut HashTable<Entry>, u64) -> R) -> R {
+        let h = self.hash(rule, algorithm, key);
+        #[allow(clippy::cast_possible_truncation)]
+        let i = (h as usize) & (self.inner.shards.len() - 1);
+        f(&mut lock(&self.inner.shards[i]).table, h)
+    }
+}
+
+fn guard_for<'a, 'g>(guards: &'a mut [(usize, MutexGuard<'g, Shard>)], i: usize) -> &'a mut Shard {
+    let pos = guards.iter().position(|(j, _)| *j == i).expect("shard locked");
+    &mut guards[pos].1
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding a shard cannot leave an entry half-written: recover.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn matches(e: &Entry, rule: &str, algorithm: Algorithm, key: &Key) -> bool {
+    e.algorithm == algorithm && &*e.rule == rule && e.key == *key
+}
+
+impl Shard {
+    /// The live entry for `check`, created (or reset, when expired) as needed.
+    fn entry(&mut self, hash: u64, check: &Check, now: u64, hasher: &std::hash::RandomState) -> &mut Entry {
+        let found = self.table.find(hash, |e| matches(e, &check.rule, check.algorithm, &check.key)).is_some();
+        if !found {
+            if self.table.len() >= self.sweep_at {
+                self.table.retain(|e| e.expires_at > now);
+                self.sweep_at = (self.table.len() * 2).max(MIN_SWEEP);
+            }
+            let entry = Entry {
+                rule: check.rule.clone(),
+                algorithm: check.algorithm,
+                key: check.key.clone(),
+                state: State::new(check.algorithm),
+                expires_at: 0,
+            };
+            self.table.insert_unique(hash, entry, |e| hasher.hash_one((&*e.rule, e.algorithm, &e.key)));
+        }
+        let e = self
+            .table
+            .find_mut(hash, |e| matches(e, &check.rule, check.algorithm, &check.key))
+            .expect("entry present");
+        if e.expires_at <= now && e.expires_at != 0 {
+            e.state = State::new(check.algorithm);
+            e.expires_at = 0;
+        }
+        e
+    }
+}
+
+impl Store for MemoryStore {
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        ready(Ok(self.check_at(checks, self.inner.clock.now())))
+    }
+
+    fn refund(&self, checks: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let now = self.inner.clock.now();
+        for c in checks {
+            self.with_existing(&c.rule, c.algorithm, &c.key, |t, h| {
+                if let Some(e) = t.find_mut(h, |e| matches(e, &c.rule, c.algorithm, &c.key)) {
+                    e.state.refund(&c.params, now);
+                }
+            });
+        }
+        ready(Ok(()))
+    }
+
+    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        let now = self.inner.clock.now();
+        let d = self.with_existing(&check.rule, check.algorithm, &check.key, |t, h| {
+            match t.find(h, |e| matches(e, &check.rule, check.algorithm, &check.key)) {
+                Some(e) if e.expires_at > now => e.state.decide(&check.params, now),
+                _ => State::new(check.algorithm).decide(&check.params, now),
+            }
+        });
+        ready(Ok(d))
+    }
+
+    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.with_existing(rule, algorithm, key, |t, h| {
+            if let Ok(e) = t.find_entry(h, |e| matches(e, rule, algorithm, key)) {
+                e.remove();
+            }
+        });
+        ready(Ok(()))
+    }
+
+    fn is_local(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::algorithm::Params;
+    use crate::{ManualClock, Quota};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
+        Check { rule: rule.into(), key: key.into(), algorithm, params: Params::new(quota) }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hammering_one_key_accepts_exactly_the_limit() {
+        for algorithm in Algorithm::ALL {
+            if algorithm == Algorithm::LeakyBucket {
+                continue; // shapes rather than counts; covered by the service tests
+            }
+            let clock = ManualClock::new(T0);
+            let store = MemoryStore::with_clock(clock.clone());
+            let c = check("r", "hot", algorithm, Quota::per_hour(100));
+            let tasks: Vec<_> = (0..16)
+                .map(|_| {
+                    let (store, c) = (store.clone(), c.clone());
+                    tokio::spawn(async move {
+                        let mut n = 0;
+                        for _ in 0..50 {
+                            if store.check(std::slice::from_ref(&c)).await.unwrap()[0].allowed {
+                                n += 1;
+                            }
+                            tokio::task::yield_now().await;
+                        }
+                        n
+                    })
+                })
+                .collect();
+            let mut total = 0;
+            for t in tasks {
+                total += t.await.unwrap();
+            }
+            assert_eq!(total, 100, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn idle_keys_are_dropped_without_help() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone());
+        let q = Quota::per_second(10);
+        for i in 0..20_000 {
+            store.check_at(&[check("r", &format!("k{i}"), Algorithm::Gcra, q)], clock.now_micros());
+        }
+        assert!(store.len() >= 20_000);
+        // Long after every state expired, new traffic sweeps the old keys out.
+        clock.advance(Duration::from_secs(5));
+        for i in 0..20_000 {
+            store.check_at(&[check("r", &format!("n{i}"), Algorithm::Gcra, q)], clock.now_micros());
+        }
+        let len = store.len();
+        assert!(len < 30_000, "expired keys were kept: {len}");
+    }
+
+    #[test]
+    fn a_rejected_rule_consumes_nothing_from_the_others() {
+        let store = MemoryStore::with_clock(ManualClock::new(T0));
+        let wide = check("wide", "k", Algorithm::SlidingWindowLog, Quota::per_minute(10));
+        let narrow = check("narrow", "k", Algorithm::FixedWindow, Quota::per_minute(2));
+        let both = [wide.clone(), narrow.clone()];
+        let got: Vec<bool> = (0..5).map(|_| store.check_at(&both, T0).iter().all(|d| d.allowed)).collect();
+        assert_eq!(got, [true, true, false, false, false]);
+        // Only the two accepted requests were taken from the wide rule.
+        assert_eq!(store.check_at(&[wide], T0)[0].remaining, 7);
+    }
+
+    #[tokio::test]
+    async fn peek_and_reset() {
+        let store = MemoryStore::with_clock(ManualClock::new(T0));
+        let c = check("r", "k", Algorithm::TokenBucket, Quota::per_minute(3));
+        for _ in 0..3 {
+            store.check(std::slice::from_ref(&c)).await.unwrap();
+        }
+        let d = store.peek(&c).await.unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert!(!store.peek(&c).await.unwrap().allowed, "peek consumed something");
+        store.reset("r", &c.key, c.algorithm).await.unwrap();
+        assert_eq!(store.peek(&c).await.unwrap().remaining, 2);
+        store.refund(std::slice::from_ref(&c)).await.unwrap();
+    }
+}

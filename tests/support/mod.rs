@@ -1,0 +1,4 @@
+//! Shared helpers for integration tests (`mod support;`).
+#![allow(dead_code, unreachable_pub)]
+
+pub mod redis;
