@@ -47,12 +47,7 @@ impl Decision {
         }
     }
 
-    pub(crate) fn reject(
-        limit: u64,
-        remaining: u64,
-        reset_after_us: u64,
-        retry_after_us: Option<u64>,
-    ) -> Self {
+    pub(crate) fn reject(limit: u64, remaining: u64, reset_after_us: u64, retry_after_us: Option<u64>) -> Self {
         Self {
             allowed: false,
             limit,

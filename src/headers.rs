@@ -150,7 +150,9 @@ mod tests {
 
     #[test]
     fn retry_after_rounds_up_to_at_least_one() {
-        for (d, want) in [(Duration::from_micros(1), "1"), (Duration::from_millis(1001), "2"), (Duration::from_secs(30), "30")] {
+        for (d, want) in
+            [(Duration::from_micros(1), "1"), (Duration::from_millis(1001), "2"), (Duration::from_secs(30), "30")]
+        {
             let mut h = HeaderMap::new();
             retry_after(&mut h, d);
             assert_eq!(h[RETRY_AFTER], want);

@@ -491,10 +491,7 @@ mod tests {
         assert_eq!(key_of(&PeerIp, &req_from("1.2.3.4:5", &[])), "1.2.3.4");
         assert_eq!(key_of(&PeerIp, &req_from("[::ffff:1.2.3.4]:5", &[])), "1.2.3.4");
         assert_eq!(key_of(&PeerIp, &req_from("[2001:db8:1:2:3:4:5:6]:5", &[])), "2001:db8:1:2::/64");
-        assert_eq!(
-            key_of(&PeerIp.ipv6_prefix(48), &req_from("[2001:db8:1:2:3:4:5:6]:5", &[])),
-            "2001:db8:1::/48"
-        );
+        assert_eq!(key_of(&PeerIp.ipv6_prefix(48), &req_from("[2001:db8:1:2:3:4:5:6]:5", &[])), "2001:db8:1::/48");
         assert_eq!(key_of(&PeerIp.ipv6_prefix(128), &req_from("[2001:db8::6]:5", &[])), "2001:db8::6");
     }
 
@@ -530,10 +527,8 @@ mod tests {
     #[test]
     fn trusted_proxy_reads_forwarded() {
         let k = TrustedProxyIp::new(["127.0.0.1", "::1"]).unwrap().header(ProxyHeader::Forwarded);
-        let req = req_from(
-            "[::1]:1",
-            &[("forwarded", "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https, for=127.0.0.1")],
-        );
+        let req =
+            req_from("[::1]:1", &[("forwarded", "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https, for=127.0.0.1")]);
         assert_eq!(key_of(&k, &req), "2001:db8::/64");
     }
 

@@ -454,12 +454,12 @@ impl<St, B> RateLimitLayerBuilder<St, B> {
     /// Adds a rule with default options.
     #[must_use]
     pub fn rule(self, name: impl Into<String>, quota: Quota, key: impl KeyExtractor<B>) -> Self {
-        self.add(Rule::new(name, quota, key))
+        self.add_rule(Rule::new(name, quota, key))
     }
 
     /// Adds a configured [`Rule`].
     #[must_use]
-    pub fn add(mut self, rule: Rule<B>) -> Self {
+    pub fn add_rule(mut self, rule: Rule<B>) -> Self {
         self.rules.push(rule);
         self
     }

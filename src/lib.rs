@@ -1,4 +1,78 @@
-//! tollgate (work in progress)
+//! Distributed rate limiting for Tower and axum.
+//!
+//! Put one [`RateLimitLayer`] in front of any Tower service — an axum router, a tonic
+//! server, a hyper service — pick a key (client IP, API key, account), a [`Quota`] and an
+//! [`Algorithm`], and every server of a cluster shares the limit through Redis
+//! (`RedisStore`, feature `redis`). On one machine, [`MemoryStore`] needs no setup.
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer};
+//!
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/api", axum::routing::get(|| async { "ok" }))
+//!     .layer(
+//!         RateLimitLayer::new(
+//!             Quota::per_minute(100),
+//!             // Annotate the request type: `&http::Request<axum::body::Body>` for axum,
+//!             // `&http::Request<tonic::body::Body>` for tonic.
+//!             |req: &http::Request<axum::body::Body>| {
+//!                 req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
+//!             },
+//!             MemoryStore::new(),
+//!         )
+//!         .algorithm(Algorithm::SlidingWindowCounter),
+//!     );
+//! // Serve with connect info so `key::PeerIp` can see client addresses:
+//! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+//! # let _ = app;
+//! ```
+//!
+//! A request over the limit gets `429 Too Many Requests` with `Retry-After` and rate-limit
+//! headers (legacy `X-RateLimit-*` by default, or the IETF draft `RateLimit` /
+//! `RateLimit-Policy`, see [`HeaderStyle`]); a gRPC request gets `RESOURCE_EXHAUSTED`
+//! instead. The inner service is not called. Allowed responses carry the headers too, and
+//! the handler finds the [`Decision`] in the request's extensions.
+//!
+//! # Several rules, tiers, cost
+//!
+//! A layer can hold several [`Rule`]s (per IP, per API key, per account; per minute and
+//! per day): all are decided in one store call, and a request rejected by one rule
+//! consumes nothing from the others. A rule's quota can be chosen per request
+//! ([`Rule::quota_fn`], for tiers), and a request can cost more than one unit
+//! ([`Rule::cost`]).
+//!
+//! # When the store fails
+//!
+//! A rate limiter must never be why a request fails or hangs. Every store call has a
+//! deadline (50 ms by default), the number of calls in flight is capped, a circuit
+//! breaker stops calling a store that keeps failing, and a store error lets the request
+//! through ([`FailMode::Open`], the default) or answers 503 ([`FailMode::Closed`]).
+//! [`RateLimitLayer::fallback`] limits approximately in-process during an outage.
+//!
+//! # Differences from `tower::limit::RateLimit`
+//!
+//! tower's `RateLimit` keeps one window per service instance, has no keys, and applies
+//! backpressure in `poll_ready`. This layer decides per key, shares its state between all
+//! clones (and, through Redis, all servers), never waits in `poll_ready`, and answers
+//! over-limit requests instead of queueing them (except the leaky bucket, which delays a
+//! request until its slot on purpose).
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `axum` | yes | `key::PeerIp` reads axum's `ConnectInfo<SocketAddr>` |
+//! | `memory` | yes | [`MemoryStore`] |
+//! | `redis` | no | `RedisStore`: standalone Redis and Redis Cluster via deadpool-redis |
+//! | `metrics` | no | counters and histograms through the `metrics` facade |
+//! | `tonic` | no | `key::PeerIp` reads tonic's `TcpConnectInfo` |
+//! | `test-util` | no | `ManualClock`, to test your own limits with controlled time |
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod algorithm;
 mod clock;
 mod decision;
@@ -13,18 +87,20 @@ mod runtime;
 mod service;
 pub mod store;
 pub use algorithm::Algorithm;
-pub use clock::{Clock, SystemClock};
 #[cfg(any(test, feature = "test-util"))]
 pub use clock::ManualClock;
+pub use clock::{Clock, SystemClock};
 pub use decision::Decision;
 pub use error::{BuildError, StoreError};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
-pub use layer::{DefaultRejection, MAX_RULE_NAME, FailMode, OnRejected, RateLimitLayer, RateLimitLayerBuilder, Rejection, Rule};
+pub use layer::{
+    DefaultRejection, FailMode, OnRejected, RateLimitLayer, RateLimitLayerBuilder, Rejection, Rule, MAX_RULE_NAME,
+};
 pub use quota::Quota;
 pub use service::RateLimit;
-pub use store::{Check, Store};
 #[cfg(feature = "memory")]
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
+pub use store::{Check, Store};

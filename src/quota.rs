@@ -207,8 +207,8 @@ impl fmt::Display for Quota {
             60_000_000 => write!(f, "{}/min", self.limit)?,
             3_600_000_000 => write!(f, "{}/h", self.limit)?,
             86_400_000_000 => write!(f, "{}/day", self.limit)?,
-            _ if p % 1_000_000 == 0 => write!(f, "{}/{}s", self.limit, p / 1_000_000)?,
-            _ if p % 1_000 == 0 => write!(f, "{}/{}ms", self.limit, p / 1_000)?,
+            _ if p.is_multiple_of(1_000_000) => write!(f, "{}/{}s", self.limit, p / 1_000_000)?,
+            _ if p.is_multiple_of(1_000) => write!(f, "{}/{}ms", self.limit, p / 1_000)?,
             _ => write!(f, "{}/{}us", self.limit, p)?,
         }
         if self.burst != self.limit {
@@ -226,14 +226,9 @@ impl FromStr for Quota {
     /// `100/30s`, `10/5min`, `1/250ms`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = |why: &str| BuildError::InvalidQuota(format!("{s:?}: {why}"));
-        let (limit, period) = s
-            .trim()
-            .split_once('/')
-            .ok_or_else(|| bad("expected <limit>/<period>, e.g. 100/min or 10/30s"))?;
-        let limit: u64 = limit
-            .trim()
-            .parse()
-            .map_err(|_| bad("the limit is not a whole number"))?;
+        let (limit, period) =
+            s.trim().split_once('/').ok_or_else(|| bad("expected <limit>/<period>, e.g. 100/min or 10/30s"))?;
+        let limit: u64 = limit.trim().parse().map_err(|_| bad("the limit is not a whole number"))?;
         let period = period.trim();
         let digits = period.find(|c: char| !c.is_ascii_digit()).unwrap_or(period.len());
         let (count, unit) = period.split_at(digits);
@@ -252,10 +247,8 @@ impl FromStr for Quota {
             "" => return Err(bad("the period has no unit (s, min, h, day)")),
             _ => return Err(bad("unknown period unit (use s, min, h or day)")),
         };
-        let period_us = count
-            .checked_mul(unit_us)
-            .ok_or_else(|| bad("the period is longer than 366 days"))?;
-        Self::check(limit, Duration::from_micros(period_us)).map_err(|why| bad(why))
+        let period_us = count.checked_mul(unit_us).ok_or_else(|| bad("the period is longer than 366 days"))?;
+        Self::check(limit, Duration::from_micros(period_us)).map_err(bad)
     }
 }
 
@@ -309,10 +302,7 @@ mod tests {
             let err = s.parse::<Quota>().unwrap_err().to_string();
             assert!(err.contains(needle), "{s}: {err}");
         }
-        assert!(Quota::try_new(0, Duration::from_secs(1))
-            .unwrap_err()
-            .to_string()
-            .contains("limit is 0"));
+        assert!(Quota::try_new(0, Duration::from_secs(1)).unwrap_err().to_string().contains("limit is 0"));
         assert!(Quota::try_new(1, Duration::ZERO).is_err());
         assert!(Quota::per_minute(1).try_burst(0).is_err());
     }

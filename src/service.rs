@@ -239,11 +239,8 @@ fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -
             None => rule.quota,
         };
         let cost = rule.cost.as_ref().map_or(1, |f| f(req).max(1));
-        let params = Params {
-            quota,
-            cost,
-            max_delay_us: u64::try_from(rule.max_delay.as_micros()).unwrap_or(u64::MAX),
-        };
+        let params =
+            Params { quota, cost, max_delay_us: u64::try_from(rule.max_delay.as_micros()).unwrap_or(u64::MAX) };
         let check = Check {
             rule: rule.name.clone(),
             key,
@@ -262,7 +259,10 @@ fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -
 
 /// One store call with the deadline, in-flight cap and circuit breaker; the fallback
 /// limiter when the store fails.
-async fn decide<St: Store, B, R>(layer: &RateLimitLayer<St, B, R>, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+async fn decide<St: Store, B, R>(
+    layer: &RateLimitLayer<St, B, R>,
+    checks: &[Check],
+) -> Result<Vec<Decision>, StoreError> {
     if layer.store.is_local() {
         return layer.store.check(checks).await;
     }
@@ -310,9 +310,7 @@ async fn decide<St: Store, B, R>(layer: &RateLimitLayer<St, B, R>, checks: &[Che
 }
 
 fn is_grpc<B>(req: &Request<B>) -> bool {
-    req.headers()
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    req.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 fn reject<St, B, R, ResBody>(

@@ -65,6 +65,7 @@ impl Algorithm {
     }
 
     /// A short tag used inside store keys.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) const fn tag(self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fw",
@@ -88,15 +89,12 @@ impl FromStr for Algorithm {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let norm = s.trim().to_ascii_lowercase().replace(['-', ' '], "_");
-        Algorithm::ALL
-            .into_iter()
-            .find(|a| a.name() == norm)
-            .ok_or_else(|| {
-                BuildError::InvalidQuota(format!(
-                    "unknown algorithm {s:?}: use one of fixed_window, sliding_window_log, \
+        Algorithm::ALL.into_iter().find(|a| a.name() == norm).ok_or_else(|| {
+            BuildError::InvalidQuota(format!(
+                "unknown algorithm {s:?}: use one of fixed_window, sliding_window_log, \
                      sliding_window_counter, token_bucket, leaky_bucket, gcra"
-                ))
-            })
+            ))
+        })
     }
 }
 

@@ -150,7 +150,13 @@ impl MemoryStore {
         decisions
     }
 
-    fn with_existing<R>(&self, rule: &str, algorithm: Algorithm, key: &Key, f: impl FnOnce(&mut HashTable<Entry>, u64) -> R) -> R {
+    fn with_existing<R>(
+        &self,
+        rule: &str,
+        algorithm: Algorithm,
+        key: &Key,
+        f: impl FnOnce(&mut HashTable<Entry>, u64) -> R,
+    ) -> R {
         let h = self.hash(rule, algorithm, key);
         #[allow(clippy::cast_possible_truncation)]
         let i = (h as usize) & (self.inner.shards.len() - 1);
@@ -190,10 +196,8 @@ impl Shard {
             };
             self.table.insert_unique(hash, entry, |e| hasher.hash_one((&*e.rule, e.algorithm, &e.key)));
         }
-        let e = self
-            .table
-            .find_mut(hash, |e| matches(e, &check.rule, check.algorithm, &check.key))
-            .expect("entry present");
+        let e =
+            self.table.find_mut(hash, |e| matches(e, &check.rule, check.algorithm, &check.key)).expect("entry present");
         if e.expires_at <= now && e.expires_at != 0 {
             e.state = State::new(check.algorithm);
             e.expires_at = 0;
@@ -230,7 +234,12 @@ impl Store for MemoryStore {
         ready(Ok(d))
     }
 
-    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn reset(
+        &self,
+        rule: &str,
+        key: &Key,
+        algorithm: Algorithm,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.with_existing(rule, algorithm, key, |t, h| {
             if let Ok(e) = t.find_entry(h, |e| matches(e, rule, algorithm, key)) {
                 e.remove();

@@ -1,4 +1,4 @@
-//! Where limiter state lives: the [`Store`] trait, [`MemoryStore`] and (feature `redis`)
+//! Where limiter state lives: the [`Store`] trait, [`MemoryStore`](crate::MemoryStore) and (feature `redis`)
 //! `RedisStore`.
 
 use std::future::Future;
@@ -42,7 +42,8 @@ pub trait Store: Send + Sync + 'static {
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
     /// Forgets the state of one (rule, key, algorithm): the key starts afresh.
-    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm)
+        -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Whether the store is in-process (no I/O): the layer then skips the deadline, the
     /// circuit breaker and the local blocked-key cache, which only pay off for a remote
@@ -62,7 +63,12 @@ impl<S: Store> Store for Arc<S> {
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).peek(check)
     }
-    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn reset(
+        &self,
+        rule: &str,
+        key: &Key,
+        algorithm: Algorithm,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).reset(rule, key, algorithm)
     }
     fn is_local(&self) -> bool {
