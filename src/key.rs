@@ -54,6 +54,39 @@ impl Key {
         }
     }
 
+    /// A key from anything `Display`, formatted without a heap allocation when it fits
+    /// the inline buffer (IP addresses always do).
+    #[must_use]
+    pub fn display(value: impl fmt::Display) -> Self {
+        struct Inline {
+            buf: [u8; INLINE],
+            len: usize,
+            spill: Option<String>,
+        }
+        impl fmt::Write for Inline {
+            fn write_str(&mut self, s: &str) -> fmt::Result {
+                if let Some(spill) = &mut self.spill {
+                    spill.push_str(s);
+                } else if self.len + s.len() <= INLINE {
+                    self.buf[self.len..self.len + s.len()].copy_from_slice(s.as_bytes());
+                    self.len += s.len();
+                } else {
+                    let mut spill = String::from_utf8_lossy(&self.buf[..self.len]).into_owned();
+                    spill.push_str(s);
+                    self.spill = Some(spill);
+                }
+                Ok(())
+            }
+        }
+        let mut w = Inline { buf: [0; INLINE], len: 0, spill: None };
+        let _ = fmt::write(&mut w, format_args!("{value}"));
+        match w.spill {
+            Some(s) => Self::new(s.as_bytes()),
+            #[allow(clippy::cast_possible_truncation)]
+            None => Self(Repr::Inline(w.len as u8, w.buf)),
+        }
+    }
+
     /// The key's bytes (for a hashed key: the 32 bytes of its digest).
     #[must_use]
     pub fn as_bytes(&self) -> &[u8] {
@@ -127,12 +160,12 @@ impl From<Vec<u8>> for Key {
 }
 impl From<u64> for Key {
     fn from(n: u64) -> Self {
-        Self::new(n.to_string().as_bytes())
+        Self::display(n)
     }
 }
 impl From<IpAddr> for Key {
     fn from(ip: IpAddr) -> Self {
-        Self::new(ip.to_string().as_bytes())
+        Self::display(ip)
     }
 }
 
@@ -273,7 +306,7 @@ fn mask128(bits: u8) -> u128 {
 fn ip_key(ip: IpAddr, v6_bits: u8) -> Key {
     let ip = canonical_ip(ip, v6_bits);
     match ip {
-        IpAddr::V6(_) if v6_bits < 128 => Key::new(format!("{ip}/{v6_bits}").as_bytes()),
+        IpAddr::V6(_) if v6_bits < 128 => Key::display(format_args!("{ip}/{v6_bits}")),
         _ => Key::from(ip),
     }
 }
@@ -484,6 +517,10 @@ mod tests {
         assert!(!exact.is_hashed());
         assert_eq!(exact.as_bytes().len(), MAX_KEY_LEN);
         assert_eq!(Key::from("abc").as_bytes(), b"abc");
+        assert_eq!(Key::display(42u64), Key::from("42"));
+        let long = "y".repeat(INLINE + 10);
+        assert_eq!(Key::display(&long), Key::from(long.as_str()));
+        assert_eq!(Key::display("z".repeat(MAX_KEY_LEN + 1)), Key::from("z".repeat(MAX_KEY_LEN + 1)));
     }
 
     #[test]

@@ -67,11 +67,18 @@ where
     }
 }
 
-/// One rule's check of this request.
-struct Planned {
-    rule: usize,
-    check: Check,
-    quota: Quota,
+/// The checks of one request for one kind of rule (enforced or shadow), with, for each,
+/// the index of its rule and its quota.
+#[derive(Default)]
+struct Plan {
+    checks: Vec<Check>,
+    rules: Vec<(usize, Quota)>,
+}
+
+impl Plan {
+    fn is_empty(&self) -> bool {
+        self.checks.is_empty()
+    }
 }
 
 async fn handle<S, St, B, R, ResBody>(
@@ -97,43 +104,42 @@ where
     // Local blocked-key cache: a key known to be rejected is rejected with no store call.
     if remote && rt.cache_enabled {
         let now = rt.mono_us();
-        for p in &enforced {
-            let cacheable = layer.rules[p.rule].count_if.is_none();
-            if let Some(left) = cacheable
-                .then(|| rt.cache.blocked(p.rule, &p.check.key, p.check.params.cost, p.quota.limit(), now))
-                .flatten()
-            {
-                crate::metrics::decision(&p.check.rule, "local_rejected");
+        for (check, &(rule, quota)) in enforced.checks.iter().zip(&enforced.rules) {
+            if layer.rules[rule].count_if.is_some() {
+                continue; // units may be given back: a rejection is not final
+            }
+            if let Some(left) = rt.cache.blocked(rule, &check.key, check.params.cost, quota.limit(), now) {
+                crate::metrics::decision(&check.rule, "local_rejected");
                 let decision = Decision {
                     allowed: false,
-                    limit: p.quota.limit(),
+                    limit: quota.limit(),
                     remaining: 0,
                     reset_after: left,
                     retry_after: Some(left),
                     delay: Duration::ZERO,
                 };
-                let all = [Outcome { rule: &p.check.rule, quota: p.quota, decision: &decision }];
+                let all = [Outcome { rule: &check.rule, quota, decision: &decision }];
                 return Ok(reject(&layer, &all[0], &all, grpc));
             }
         }
     }
 
-    let checks: Vec<Check> = enforced.iter().map(|p| p.check.clone()).collect();
-    let shadow_checks: Vec<Check> = shadow.iter().map(|p| p.check.clone()).collect();
-    let (result, shadow_result) = if shadow_checks.is_empty() {
-        (decide(&layer, &checks).await, Ok(Vec::new()))
-    } else if checks.is_empty() {
-        (Ok(Vec::new()), decide(&layer, &shadow_checks).await)
+    let started = Instant::now();
+    let (result, shadow_result) = if shadow.is_empty() {
+        (decide(&layer, &enforced.checks).await, Ok(Vec::new()))
+    } else if enforced.is_empty() {
+        (Ok(Vec::new()), decide(&layer, &shadow.checks).await)
     } else {
-        tokio::join!(decide(&layer, &checks), decide(&layer, &shadow_checks))
+        tokio::join!(decide(&layer, &enforced.checks), decide(&layer, &shadow.checks))
     };
+    let store_latency = started.elapsed();
 
     if let Ok(ds) = &shadow_result {
-        for (p, d) in shadow.iter().zip(ds) {
+        for (check, d) in shadow.checks.iter().zip(ds) {
             let outcome = if d.allowed { "allowed" } else { "shadow_rejected" };
-            crate::metrics::decision(&p.check.rule, outcome);
+            crate::metrics::decision(&check.rule, outcome);
             if !d.allowed {
-                tracing::info!(rule = %p.check.rule, key = ?p.check.key, "tollgate: shadow rule would reject");
+                tracing::info!(rule = %check.rule, key = ?check.key, "tollgate: shadow rule would reject");
             }
         }
     }
@@ -143,8 +149,9 @@ where
         Err(err) => {
             crate::metrics::store_error(&err);
             let closed = enforced
+                .rules
                 .iter()
-                .any(|p| layer.rules[p.rule].fail_mode.unwrap_or(layer.options.fail_mode) == FailMode::Closed);
+                .any(|&(r, _)| layer.rules[r].fail_mode.unwrap_or(layer.options.fail_mode) == FailMode::Closed);
             rt.warn_store_failure(&err, !closed);
             if closed {
                 crate::metrics::fail_closed();
@@ -156,15 +163,18 @@ where
     };
 
     let outcomes: Vec<Outcome<'_>> = enforced
+        .checks
         .iter()
+        .zip(&enforced.rules)
         .zip(&decisions)
-        .map(|(p, d)| Outcome { rule: &p.check.rule, quota: p.quota, decision: d })
+        .map(|((c, &(_, quota)), d)| Outcome { rule: &c.rule, quota, decision: d })
         .collect();
     for o in &outcomes {
         tracing::debug!(
             rule = %o.rule,
             allowed = o.decision.allowed,
             remaining = o.decision.remaining,
+            store_latency_us = u64::try_from(store_latency.as_micros()).unwrap_or(u64::MAX),
             "tollgate decision"
         );
         crate::metrics::decision(o.rule, if o.decision.allowed { "allowed" } else { "rejected" });
@@ -179,9 +189,9 @@ where
             .expect("one rejected");
         if remote && rt.cache_enabled {
             let now = rt.mono_us();
-            for (p, d) in enforced.iter().zip(&decisions) {
-                if let (false, Some(retry), None) = (d.allowed, d.retry_after, &layer.rules[p.rule].count_if) {
-                    rt.cache.insert(p.rule, &p.check.key, p.check.params.cost, p.quota.limit(), now, retry);
+            for ((check, &(rule, quota)), d) in enforced.checks.iter().zip(&enforced.rules).zip(&decisions) {
+                if let (false, Some(retry), None) = (d.allowed, d.retry_after, &layer.rules[rule].count_if) {
+                    rt.cache.insert(rule, &check.key, check.params.cost, quota.limit(), now, retry);
                 }
             }
         }
@@ -205,10 +215,13 @@ where
     }
 
     // Count by outcome: give back the units of rules that do not count this status.
+    let status = res.status();
     let refunds: Vec<Check> = enforced
+        .checks
         .iter()
-        .filter(|p| layer.rules[p.rule].count_if.as_ref().is_some_and(|f| !f(res.status())))
-        .map(|p| p.check.clone())
+        .zip(&enforced.rules)
+        .filter(|(_, &(rule, _))| layer.rules[rule].count_if.as_ref().is_some_and(|f| !f(status)))
+        .map(|(c, _)| c.clone())
         .collect();
     if !refunds.is_empty() {
         drop(outcomes);
@@ -223,9 +236,10 @@ where
 }
 
 /// The checks of `req`: (enforced, shadow).
-fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -> (Vec<Planned>, Vec<Planned>) {
-    let mut enforced = Vec::with_capacity(layer.rules.len());
-    let mut shadow = Vec::new();
+fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -> (Plan, Plan) {
+    let mut enforced =
+        Plan { checks: Vec::with_capacity(layer.rules.len()), rules: Vec::with_capacity(layer.rules.len()) };
+    let mut shadow = Plan::default();
     for (i, rule) in layer.rules.iter().enumerate() {
         if rule.bypass.as_ref().is_some_and(|f| f(req)) {
             continue;
@@ -247,12 +261,9 @@ fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -
             algorithm: rule.algorithm.unwrap_or(layer.options.algorithm),
             params,
         };
-        let planned = Planned { rule: i, check, quota };
-        if rule.shadow {
-            shadow.push(planned);
-        } else {
-            enforced.push(planned);
-        }
+        let into = if rule.shadow { &mut shadow } else { &mut enforced };
+        into.checks.push(check);
+        into.rules.push((i, quota));
     }
     (enforced, shadow)
 }
