@@ -1,0 +1,207 @@
+//! The Lua scripts, their arguments and their replies.
+//!
+//! A script returns the state it read; the pure functions of [`crate::algorithm`] decide
+//! from it, so every store decides alike. The script's own verdict must agree, or the
+//! check is an error.
+
+use std::sync::LazyLock;
+
+use redis::Value;
+
+use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::leaky_bucket::LeakyBucket;
+use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
+use crate::algorithm::sliding_window_log::Summary;
+use crate::algorithm::token_bucket::TokenBucket;
+use crate::{Algorithm, Check, Decision, StoreError};
+
+/// One script: its text (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
+pub(crate) struct Script {
+    pub(crate) text: &'static str,
+    pub(crate) sha: String,
+}
+
+impl Script {
+    fn new(text: &'static str) -> Self {
+        Self { text, sha: redis::Script::new(text).get_hash().to_owned() }
+    }
+}
+
+macro_rules! check_script {
+    ($($alg:literal),+) => {
+        concat!(
+            include_str!("scripts/lib.lua"),
+            $(include_str!(concat!("scripts/", $alg, ".lua")),)+
+            include_str!("scripts/check.lua")
+        )
+    };
+}
+
+/// Every script, hashed once.
+pub(crate) struct Scripts {
+    single: [Script; 6],
+    /// Any number of rules of any algorithms, all or nothing.
+    pub(crate) multi: Script,
+    /// `State::refund` for any number of rules of any algorithms.
+    pub(crate) refund: Script,
+}
+
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    single: [
+        Script::new(check_script!("fixed_window")),
+        Script::new(check_script!("sliding_window_log")),
+        Script::new(check_script!("sliding_window_counter")),
+        Script::new(check_script!("token_bucket")),
+        Script::new(check_script!("leaky_bucket")),
+        Script::new(check_script!("gcra")),
+    ],
+    multi: Script::new(check_script!(
+        "fixed_window",
+        "sliding_window_log",
+        "sliding_window_counter",
+        "token_bucket",
+        "leaky_bucket",
+        "gcra"
+    )),
+    refund: Script::new(concat!(
+        include_str!("scripts/lib.lua"),
+        include_str!("scripts/fixed_window.lua"),
+        include_str!("scripts/sliding_window_log.lua"),
+        include_str!("scripts/sliding_window_counter.lua"),
+        include_str!("scripts/token_bucket.lua"),
+        include_str!("scripts/leaky_bucket.lua"),
+        include_str!("scripts/gcra.lua"),
+        include_str!("scripts/refund.lua"),
+    )),
+});
+
+impl Scripts {
+    /// The check script for these rules: the algorithm's own for one rule, else `multi`.
+    pub(crate) fn check_for(&self, checks: &[&Check]) -> &Script {
+        match checks {
+            [one] => &self.single[index(one.algorithm)],
+            _ => &self.multi,
+        }
+    }
+}
+
+fn index(algorithm: Algorithm) -> usize {
+    match algorithm {
+        Algorithm::FixedWindow => 0,
+        Algorithm::SlidingWindowLog => 1,
+        Algorithm::SlidingWindowCounter => 2,
+        Algorithm::TokenBucket => 3,
+        Algorithm::LeakyBucket => 4,
+        Algorithm::Gcra => 5,
+    }
+}
+
+/// Script mode: decide and commit when every rule accepts.
+pub(crate) const MODE_CHECK: &str = "c";
+/// Script mode: decide only, never write.
+pub(crate) const MODE_PEEK: &str = "p";
+
+/// Every number a script handles must stay exact in a Lua double.
+const EXACT: u128 = 1 << 52;
+/// Costs are capped at this before they reach Lua: any cost above 2^32 (the largest
+/// limit and burst) is rejected by every algorithm and refunds saturate, so the cap
+/// changes no outcome and keeps `c·T` finite and ordered.
+const MAX_COST: u64 = 1 << 40;
+
+/// Appends the 7 script arguments of one rule (see `scripts/lib.lua`).
+///
+/// # Errors
+///
+/// [`StoreError::Backend`] when the quota's numbers cannot be computed exactly in Lua.
+pub(crate) fn push_rule_args(args: &mut Vec<String>, check: &Check) -> Result<(), StoreError> {
+    let q = &check.params.quota;
+    let (l, w, b, t) = (q.limit(), q.period_micros(), q.burst_size(), q.emission_interval_micros());
+    if u128::from(b + 1) * u128::from(t) > EXACT || u128::from(w) * 2 > EXACT {
+        return Err(StoreError::Backend(format!(
+            "rule {:?}: quota {q} with burst {b} spans more than 2^52 µs (burst × period / limit), \
+             which Redis's Lua cannot compute exactly; lower the burst",
+            check.rule
+        )));
+    }
+    args.push(check.algorithm.tag().to_owned());
+    args.push(l.to_string());
+    args.push(w.to_string());
+    args.push(b.to_string());
+    args.push(t.to_string());
+    args.push(check.params.cost.min(MAX_COST).to_string());
+    args.push(check.params.max_delay_us.min(1 << 53).to_string());
+    Ok(())
+}
+
+/// What a check script answered.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    /// The time the script decided at, µs since the epoch.
+    pub(crate) now: u64,
+    /// Whether every rule accepted (and, in check mode, the script committed).
+    pub(crate) all: bool,
+    /// The decisions, in the order of the rules.
+    pub(crate) decisions: Vec<Decision>,
+}
+
+fn bad_reply(what: &str, v: &Value) -> StoreError {
+    StoreError::Backend(format!("unexpected reply from the tollgate script ({what}): {v:?}"))
+}
+
+/// A number of a reply: every value a script returns is an integer in `0..=2^53`.
+fn int(v: &Value) -> Result<u64, StoreError> {
+    match v {
+        Value::Int(i) => u64::try_from(*i)
+            .ok()
+            .filter(|&n| u128::from(n) <= 2 * EXACT)
+            .ok_or_else(|| bad_reply("number out of range", v)),
+        _ => Err(bad_reply("not an integer", v)),
+    }
+}
+
+/// Decides from a check script's reply with the algorithms' pure functions, and checks
+/// that the script's verdicts agree.
+///
+/// # Errors
+///
+/// [`StoreError::Backend`] for a malformed reply or a script that disagrees with Rust.
+pub(crate) fn parse_check(reply: &Value, checks: &[&Check]) -> Result<Reply, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(bad_reply("not an array", reply));
+    };
+    if items.len() != 2 + 4 * checks.len() {
+        return Err(bad_reply("wrong length", reply));
+    }
+    let now = int(&items[0])?;
+    let all = int(&items[1])? == 1;
+    let mut decisions = Vec::with_capacity(checks.len());
+    for (check, fields) in checks.iter().zip(items[2..].chunks_exact(4)) {
+        let script_allowed = int(&fields[0])? == 1;
+        let (f1, f2, f3) = (int(&fields[1])?, int(&fields[2])?, int(&fields[3])?);
+        let p = &check.params;
+        let d = match check.algorithm {
+            Algorithm::FixedWindow => FixedWindow { window: f1, count: f2 }.decide(p, now),
+            Algorithm::SlidingWindowLog => Summary { in_window: f1, kth: f2, newest: f3 }.decide(p, now),
+            Algorithm::SlidingWindowCounter => SlidingWindowCounter { window: f1, prev: f2, curr: f3 }.decide(p, now),
+            Algorithm::TokenBucket => TokenBucket { level: f1, last: f2 }.decide(p, now),
+            Algorithm::LeakyBucket => LeakyBucket { next: f1 }.decide(p, now),
+            Algorithm::Gcra => Gcra { tat: f1 }.decide(p, now),
+        };
+        if d.allowed != script_allowed {
+            return Err(StoreError::Backend(format!(
+                "redis script and algorithm disagree on rule {:?} ({}): the script {} at {now} µs \
+                 from state {f1}:{f2}:{f3}, the algorithm {}",
+                check.rule,
+                check.algorithm,
+                if script_allowed { "accepted" } else { "rejected" },
+                if d.allowed { "accepts" } else { "rejects" },
+            )));
+        }
+        decisions.push(d);
+    }
+    if all != decisions.iter().all(|d| d.allowed) {
+        return Err(bad_reply("overall verdict does not match the rules'", reply));
+    }
+    Ok(Reply { now, all, decisions })
+}

@@ -1,0 +1,36 @@
+-- Fixed window counter (src/algorithm/fixed_window.rs). State 'window:count'.
+ALG.fw = {}
+
+local function fw_count_at(s, w)
+  if s[1] == w then return s[2] end
+  return 0
+end
+
+function ALG.fw.read(key)
+  return load(key)
+end
+
+function ALG.fw.default()
+  return { 0, 0 }
+end
+
+-- accept iff count + c <= L
+function ALG.fw.decide(s, p, now)
+  return fw_count_at(s, floordiv(now, p.W)) + p.c <= p.L
+end
+
+function ALG.fw.fields(s)
+  return s[1], s[2], 0
+end
+
+function ALG.fw.commit(key, s, p, now)
+  local w = floordiv(now, p.W)
+  local count = fw_count_at(s, w) + p.c
+  put(key, fmt(w) .. ':' .. fmt(count), (w + 1) * p.W, now)
+end
+
+function ALG.fw.refund(key, s, p, now)
+  if s[1] ~= floordiv(now, p.W) then return end
+  local count = max(s[2] - p.c, 0)
+  put(key, fmt(s[1]) .. ':' .. fmt(count), (s[1] + 1) * p.W, now)
+end

@@ -1,0 +1,31 @@
+-- Leaky bucket as a shaper (src/algorithm/leaky_bucket.rs). State 'next', the next free
+-- slot.
+ALG.lb = {}
+
+function ALG.lb.read(key)
+  return load(key)
+end
+
+function ALG.lb.default()
+  return { 0 }
+end
+
+-- accept iff c <= B + 1, the last unit waits at most B·T, and the delay <= max delay
+function ALG.lb.decide(s, p, now)
+  local delay = max(s[1], now) - now
+  return p.c <= p.B + 1 and delay + (p.c - 1) * p.T <= p.B * p.T and delay <= p.md
+end
+
+function ALG.lb.fields(s)
+  return s[1], 0, 0
+end
+
+function ALG.lb.commit(key, s, p, now)
+  local next = max(s[1], now) + p.c * p.T
+  put(key, fmt(next), next, now)
+end
+
+function ALG.lb.refund(key, s, p, now)
+  local next = max(s[1] - p.c * p.T, now)
+  put(key, fmt(next), next, now)
+end

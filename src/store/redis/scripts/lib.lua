@@ -1,0 +1,89 @@
+-- tollgate: helpers shared by every script. The scripts are this file, then the
+-- algorithms they need (each adds itself to ALG), then a main (check.lua or refund.lua).
+--
+-- ARGV[1]  now in µs since the epoch, or '' to read the server's TIME
+-- ARGV[2]  mode: 'c' check (commit when every rule accepts), 'p' peek (never writes)
+-- then 7 values per key, in KEYS order:
+--          algorithm tag, limit L, period W (µs), burst B, emission interval T (µs),
+--          cost c, leaky bucket max delay (µs)
+--
+-- All values are integers below 2^53 held in Lua doubles, so every operation below is
+-- exact (the sliding window counter's estimate is the one stated double computation).
+-- Numbers are written with '%.0f', never tostring (which gives 1.7e+15).
+
+local ALG = {}
+local NPARAMS = 7
+
+local function fmt(x)
+  return string.format('%.0f', x)
+end
+
+-- floor(a / b) for integers a >= 0, b >= 1, corrected for the rounding of a / b.
+local function floordiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function max(a, b)
+  if a > b then return a end
+  return b
+end
+
+local function min(a, b)
+  if a < b then return a end
+  return b
+end
+
+-- Milliseconds until `expires`, rounded up, plus one so that a key never disappears
+-- before its state is the same as never seen.
+local function ttl_ms(expires, now)
+  local ms = floordiv(expires - now + 999, 1000) + 1
+  if ms < 1 then ms = 1 end
+  return ms
+end
+
+-- Stores a packed string state that is "never seen" from `expires` on.
+local function put(key, value, expires, now)
+  if expires <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, value, 'PX', fmt(ttl_ms(expires, now)))
+  end
+end
+
+-- The packed fields of a string state ('a:b:c') as numbers, or nil when absent.
+local function load(key)
+  local v = redis.call('GET', key)
+  if not v then return nil end
+  local out = {}
+  for part in string.gmatch(v, '[^:]+') do
+    out[#out + 1] = tonumber(part)
+  end
+  return out
+end
+
+local function read_now(arg)
+  if arg ~= '' then return tonumber(arg) end
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- The parameters of the i-th key.
+local function params(i)
+  local b = 2 + (i - 1) * NPARAMS
+  return {
+    alg = ARGV[b + 1],
+    L = tonumber(ARGV[b + 2]),
+    W = tonumber(ARGV[b + 3]),
+    B = tonumber(ARGV[b + 4]),
+    T = tonumber(ARGV[b + 5]),
+    c = tonumber(ARGV[b + 6]),
+    md = tonumber(ARGV[b + 7]),
+  }
+end

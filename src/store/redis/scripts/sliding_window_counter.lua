@@ -1,0 +1,45 @@
+-- Sliding window counter (src/algorithm/sliding_window_counter.rs). State
+-- 'window:prev:curr'.
+ALG.swc = {}
+
+local function swc_counts_at(s, w)
+  if s[1] == w then
+    return s[2], s[3]
+  elseif s[1] + 1 == w then
+    return s[3], 0
+  end
+  return 0, 0
+end
+
+function ALG.swc.read(key)
+  return load(key)
+end
+
+function ALG.swc.default()
+  return { 0, 0, 0 }
+end
+
+-- accept iff prev * (W - e) / W + curr + c <= L, in doubles, in exactly this order
+function ALG.swc.decide(s, p, now)
+  local w = floordiv(now, p.W)
+  local e = now - w * p.W
+  local prev, curr = swc_counts_at(s, w)
+  local estimate = prev * (p.W - e) / p.W + curr
+  return estimate + p.c <= p.L
+end
+
+function ALG.swc.fields(s)
+  return s[1], s[2], s[3]
+end
+
+function ALG.swc.commit(key, s, p, now)
+  local w = floordiv(now, p.W)
+  local prev, curr = swc_counts_at(s, w)
+  put(key, fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(curr + p.c), (w + 2) * p.W, now)
+end
+
+function ALG.swc.refund(key, s, p, now)
+  if s[1] + 1 < floordiv(now, p.W) then return end
+  local curr = max(s[3] - p.c, 0)
+  put(key, fmt(s[1]) .. ':' .. fmt(s[2]) .. ':' .. fmt(curr), (s[1] + 2) * p.W, now)
+end

@@ -1,0 +1,40 @@
+-- Token bucket (src/algorithm/token_bucket.rs). State 'level:last', the level in µs of
+-- refill (tokens × T).
+ALG.tb = {}
+
+local function tb_level_at(s, capacity, now)
+  return min(s[1] + max(now - s[2], 0), capacity)
+end
+
+function ALG.tb.read(key)
+  return load(key)
+end
+
+function ALG.tb.default()
+  return { 0, 0 }
+end
+
+-- accept iff c <= B and the level holds c·T
+function ALG.tb.decide(s, p, now)
+  return p.c <= p.B and tb_level_at(s, p.B * p.T, now) >= p.c * p.T
+end
+
+function ALG.tb.fields(s)
+  return s[1], s[2], 0
+end
+
+local function tb_put(key, level, last, capacity, now)
+  put(key, fmt(level) .. ':' .. fmt(last), last + (capacity - min(level, capacity)), now)
+end
+
+function ALG.tb.commit(key, s, p, now)
+  local capacity = p.B * p.T
+  local level = tb_level_at(s, capacity, now) - p.c * p.T
+  tb_put(key, level, max(s[2], now), capacity, now)
+end
+
+function ALG.tb.refund(key, s, p, now)
+  local capacity = p.B * p.T
+  local level = min(tb_level_at(s, capacity, now) + p.c * p.T, capacity)
+  tb_put(key, level, max(s[2], now), capacity, now)
+end

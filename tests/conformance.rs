@@ -1,0 +1,525 @@
+//! One table of scenarios run against every store — `MemoryStore`, Redis standalone and a
+//! real 3-node Redis Cluster — with time under the test's control: every store must give
+//! the identical sequence of decisions, and no store call may fail (a broken script,
+//! `CROSSSLOT` or `WRONGTYPE` is a failure here, never "allowed").
+//!
+//! Then, per algorithm, the Redis scripts on the server's own `TIME`.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use support::redis::{RedisCluster, RedisServer};
+use tollgate::algorithm::Params;
+use tollgate::key::Key;
+use tollgate::{Algorithm, Check, Decision, ManualClock, MemoryStore, Quota, RedisStore, Store};
+
+/// 2023-11-14T22:13:20Z, in µs.
+const T0: u64 = 1_700_000_000_000_000;
+const SEC: u64 = 1_000_000;
+const MIN: u64 = 60 * SEC;
+/// Generous: a slow CI machine must not turn into a store error.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+struct Rule {
+    name: &'static str,
+    key: &'static str,
+    algorithm: Algorithm,
+    quota: Quota,
+    max_delay_us: Option<u64>,
+}
+
+fn rule(name: &'static str, key: &'static str, algorithm: Algorithm, quota: Quota) -> Rule {
+    Rule { name, key, algorithm, quota, max_delay_us: None }
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// One request checked against these (rule index, cost).
+    Check(Vec<(usize, u64)>),
+    /// Refund these (rule index, cost).
+    Refund(Vec<(usize, u64)>),
+    Peek(usize, u64),
+    Reset(usize),
+    Advance(u64),
+}
+
+use Step::{Advance, Peek, Refund, Reset};
+
+/// One request on every rule, cost 1.
+fn all(rules: usize) -> Step {
+    Step::Check((0..rules).map(|i| (i, 1)).collect())
+}
+
+fn one(rule: usize, cost: u64) -> Step {
+    Step::Check(vec![(rule, cost)])
+}
+
+fn times(n: usize, step: Step) -> Vec<Step> {
+    vec![step; n]
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    name: String,
+    start: u64,
+    rules: Vec<Rule>,
+    steps: Vec<Step>,
+}
+
+fn scenario(name: impl Into<String>, start: u64, rules: Vec<Rule>, steps: Vec<Vec<Step>>) -> Scenario {
+    Scenario { name: name.into(), start, rules, steps: steps.into_iter().flatten().collect() }
+}
+
+/// The next multiple of `period` after `t`.
+fn boundary_after(t: u64, period: u64) -> u64 {
+    (t / period + 1) * period
+}
+
+/// The other algorithm used as the "wide" rule beside `a`.
+fn partner(a: Algorithm) -> Algorithm {
+    match a {
+        Algorithm::SlidingWindowLog => Algorithm::FixedWindow,
+        _ => Algorithm::SlidingWindowLog,
+    }
+}
+
+/// The table. Periods are minutes or longer: Redis TTLs run on real time, and a scenario
+/// finishes long before any key it wrote could expire for real.
+fn scenarios() -> Vec<Scenario> {
+    let mut out = Vec::new();
+    for a in Algorithm::ALL {
+        let q5 = Quota::per_minute(5);
+        out.push(scenario(
+            format!("{a}: cost 1, the limit, refill over time"),
+            T0,
+            vec![rule("r", "k", a, q5)],
+            vec![
+                times(7, one(0, 1)),
+                vec![Advance(SEC), one(0, 1), Advance(11 * SEC)],
+                times(2, one(0, 1)),
+                vec![Advance(30 * SEC)],
+                times(3, one(0, 1)),
+                vec![Advance(61 * SEC)],
+                times(6, one(0, 1)),
+                vec![Advance(10 * MIN)],
+                times(2, one(0, 1)),
+            ],
+        ));
+        out.push(scenario(
+            format!("{a}: cost > 1"),
+            T0 + 7 * SEC,
+            vec![rule("r", "k", a, q5)],
+            vec![
+                times(3, one(0, 2)),
+                vec![Advance(13 * SEC), one(0, 2), one(0, 1), Advance(47 * SEC), one(0, 3), one(0, 5)],
+                vec![Advance(2 * MIN), one(0, 5), one(0, 1), Advance(12 * SEC), one(0, 2), one(0, 1)],
+            ],
+        ));
+        out.push(scenario(
+            format!("{a}: cost above the capacity is rejected for good and consumes nothing"),
+            T0,
+            vec![rule("r", "k", a, q5)],
+            vec![vec![
+                one(0, 7),
+                one(0, 1),
+                one(0, 1 << 50),
+                one(0, u64::from(u32::MAX) + 10),
+                one(0, 4),
+                one(0, 6),
+                Advance(MIN),
+                one(0, 7),
+                one(0, 3),
+            ]],
+        ));
+        out.push(scenario(
+            format!("{a}: burst"),
+            T0,
+            vec![rule("r", "k", a, Quota::per_minute(10).burst(3))],
+            vec![
+                times(5, one(0, 1)),
+                vec![Advance(6 * SEC)],
+                times(2, one(0, 1)),
+                vec![Advance(30 * SEC)],
+                times(5, one(0, 1)),
+                vec![Advance(5 * MIN), one(0, 3), one(0, 1), one(0, 4)],
+            ],
+        ));
+        let edge = boundary_after(T0, MIN);
+        out.push(scenario(
+            format!("{a}: window boundaries"),
+            edge - 2 * SEC,
+            vec![rule("r", "k", a, q5)],
+            vec![
+                times(6, one(0, 1)),
+                // 1 µs before the boundary, at it, and just after.
+                vec![Advance(2 * SEC - 1), one(0, 1), Advance(1)],
+                times(6, one(0, 1)),
+                vec![Advance(1)],
+                times(2, one(0, 1)),
+                vec![Advance(15 * SEC)],
+                times(3, one(0, 1)),
+                vec![Advance(45 * SEC - 2)],
+                times(3, one(0, 1)),
+                vec![Advance(1)],
+                times(3, one(0, 1)),
+                vec![Advance(MIN + 30 * SEC)],
+                times(6, one(0, 1)),
+            ],
+        ));
+        // The sliding window counter's vectors (prev 84, curr 15, a quarter in; prev 9,
+        // curr 5, 15 s of 60), run on every algorithm.
+        out.push(scenario(
+            format!("{a}: large costs across windows"),
+            boundary_after(T0, MIN) + 50 * SEC,
+            vec![rule("r", "k", a, Quota::per_minute(100))],
+            vec![vec![
+                one(0, 84),
+                Advance(10 * SEC),
+                one(0, 15),
+                Advance(15 * SEC),
+                one(0, 1),
+                one(0, 2),
+                one(0, 20),
+                Advance(2 * MIN - 25 * SEC),
+                one(0, 9),
+                Advance(MIN),
+                one(0, 5),
+                Advance(15 * SEC),
+                one(0, 86),
+                one(0, 87),
+                one(0, 88),
+                Advance(7 * SEC + 333_333),
+                one(0, 88),
+                one(0, 1),
+            ]],
+        ));
+        // prev 920 of 1000, 9 s into the next minute: 920 · 51 / 60 = 782 exactly, and
+        // 782 + 218 = 1000 fits. Any other order of the double operations (e.g.
+        // `prev / W · (W − e)` = 782.0000000000001) rejects: this catches a script that
+        // drifts from the stated computation.
+        out.push(scenario(
+            format!("{a}: the estimate's double rounding at the limit"),
+            boundary_after(T0, MIN),
+            vec![rule("r", "k", a, Quota::per_minute(1000))],
+            vec![vec![
+                one(0, 920),
+                Advance(MIN + 9 * SEC),
+                one(0, 218),
+                one(0, 1),
+                Advance(MIN),
+                one(0, 1000),
+                one(0, 1001),
+            ]],
+        ));
+        out.push(scenario(
+            format!("{a}: refund, peek, reset"),
+            T0,
+            vec![rule("r", "k", a, q5)],
+            vec![
+                times(3, one(0, 1)),
+                vec![Peek(0, 1), Peek(0, 3), Refund(vec![(0, 1)]), Peek(0, 1)],
+                times(4, one(0, 1)),
+                vec![Peek(0, 1), Refund(vec![(0, 2)]), Peek(0, 2), Refund(vec![(0, 10)]), Peek(0, 5)],
+                vec![one(0, 5), Reset(0), Peek(0, 1), one(0, 2), Advance(20 * SEC), Refund(vec![(0, 1)])],
+                vec![Peek(0, 1), Advance(10 * MIN), Refund(vec![(0, 1)]), Peek(0, 1), one(0, 5)],
+                // Refund of a key never seen, and reset of one never seen.
+                vec![Reset(0), Refund(vec![(0, 3)]), Peek(0, 5), one(0, 5), one(0, 1)],
+                // Refunds never give back more than was taken.
+                vec![Refund(vec![(0, 5)]), Refund(vec![(0, 3)]), Peek(0, 5)],
+                times(7, one(0, 1)),
+            ],
+        ));
+        let b = partner(a);
+        out.push(scenario(
+            format!("{a}: two rules on one key, a rejected rule consumes nothing from the other"),
+            T0,
+            vec![rule("narrow", "k", a, Quota::per_minute(2)), rule("wide", "k", b, Quota::per_minute(10))],
+            vec![
+                times(5, all(2)),
+                vec![Peek(1, 1), one(1, 1), Advance(40 * SEC)],
+                times(4, all(2)),
+                vec![Step::Check(vec![(0, 1), (1, 20)]), Peek(0, 1)],
+                vec![Refund(vec![(0, 1), (1, 1)]), Peek(0, 1), Peek(1, 1)],
+            ],
+        ));
+        out.push(scenario(
+            format!("{a}: rules on different keys (different cluster slots)"),
+            T0,
+            vec![
+                rule("a", "alpha", a, Quota::per_minute(3)),
+                rule("b", "beta", Algorithm::Gcra, Quota::per_minute(10)),
+                rule("c", "gamma", b, Quota::per_minute(4)),
+            ],
+            vec![
+                times(6, all(3)),
+                vec![Peek(0, 1), Peek(1, 1), Peek(2, 1), Advance(61 * SEC)],
+                times(2, all(3)),
+                vec![Step::Check(vec![(0, 1), (1, 1), (2, 5)]), Peek(0, 1), Peek(1, 1)],
+                vec![Refund(vec![(0, 1), (1, 1), (2, 1)]), Peek(0, 1), Peek(1, 1), Peek(2, 1)],
+            ],
+        ));
+    }
+    // Leaky bucket: the queue bound and the max delay.
+    out.push(scenario(
+        "leaky bucket: delays, queue bound, max delay",
+        T0,
+        vec![
+            rule("queue", "k", Algorithm::LeakyBucket, Quota::new(5, Duration::from_secs(10)).burst(3)),
+            Rule {
+                name: "delay",
+                key: "k2",
+                algorithm: Algorithm::LeakyBucket,
+                quota: Quota::new(5, Duration::from_secs(10)).burst(10),
+                max_delay_us: Some(5 * SEC),
+            },
+        ],
+        vec![
+            times(6, one(0, 1)),
+            times(6, one(1, 1)),
+            vec![Advance(SEC), one(0, 1), Advance(SEC), one(0, 1), one(0, 2), one(1, 2), Advance(9 * SEC)],
+            vec![one(0, 4), one(0, 5), one(1, 3), Peek(0, 1), Peek(1, 1)],
+        ],
+    ));
+    // Every algorithm in one check, on one key and on six keys.
+    let six = |keys: [&'static str; 6]| -> Vec<Rule> {
+        Algorithm::ALL
+            .iter()
+            .zip(keys)
+            .zip(["fw", "swl", "swc", "tb", "lb", "gcra"])
+            .zip([4, 6, 5, 7, 3, 8])
+            .map(|(((&a, k), n), l)| rule(n, k, a, Quota::per_minute(l).burst(l.min(4))))
+            .collect()
+    };
+    for (label, keys) in [("one key", ["u"; 6]), ("six keys", ["u1", "u2", "u3", "u4", "u5", "u6"])] {
+        out.push(scenario(
+            format!("all six algorithms in one check, {label}"),
+            T0 + 3 * SEC,
+            six(keys),
+            vec![
+                times(6, all(6)),
+                vec![Advance(15 * SEC)],
+                times(3, all(6)),
+                vec![Step::Check((0..6).map(|i| (i, 2)).collect()), Advance(MIN)],
+                times(2, Step::Check((0..6).map(|i| (i, 2)).collect())),
+                vec![Refund((0..6).map(|i| (i, 1)).collect())],
+                (0..6).map(|i| Peek(i, 1)).collect(),
+                vec![Reset(2), Reset(5), all(6), Advance(10 * MIN), all(6)],
+            ],
+        ));
+    }
+    out
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Checked(Vec<Decision>),
+    Peeked(Decision),
+    Done,
+}
+
+fn check_of(ns: &str, r: &Rule, cost: u64) -> Check {
+    let mut params = Params::new(r.quota).cost(cost);
+    if let Some(d) = r.max_delay_us {
+        params.max_delay_us = d;
+    }
+    Check { rule: format!("{ns}/{}", r.name).into(), key: Key::from(r.key), algorithm: r.algorithm, params }
+}
+
+/// Runs `sc` on `store`; rule names get `ns` in front so that scenarios never share state.
+async fn run<S: Store>(store: &S, clock: &ManualClock, sc: &Scenario, ns: &str) -> Vec<Outcome> {
+    let rules = &sc.rules;
+    clock.set(sc.start);
+    let mut out = Vec::with_capacity(sc.steps.len());
+    for (i, step) in sc.steps.iter().enumerate() {
+        let fail = |e: tollgate::StoreError| -> ! { panic!("{ns} {:?}, step {i} {step:?}: store error {e}", sc.name) };
+        let outcome = match step {
+            Step::Check(list) => {
+                let checks: Vec<Check> = list.iter().map(|&(r, c)| check_of(ns, &rules[r], c)).collect();
+                Outcome::Checked(store.check(&checks).await.unwrap_or_else(|e| fail(e)))
+            }
+            Step::Refund(list) => {
+                let checks: Vec<Check> = list.iter().map(|&(r, c)| check_of(ns, &rules[r], c)).collect();
+                store.refund(&checks).await.unwrap_or_else(|e| fail(e));
+                Outcome::Done
+            }
+            Step::Peek(r, c) => {
+                Outcome::Peeked(store.peek(&check_of(ns, &rules[*r], *c)).await.unwrap_or_else(|e| fail(e)))
+            }
+            Step::Reset(r) => {
+                let r = &rules[*r];
+                store
+                    .reset(&format!("{ns}/{}", r.name), &Key::from(r.key), r.algorithm)
+                    .await
+                    .unwrap_or_else(|e| fail(e));
+                Outcome::Done
+            }
+            Step::Advance(us) => {
+                clock.advance(Duration::from_micros(*us));
+                Outcome::Done
+            }
+        };
+        out.push(outcome);
+    }
+    out
+}
+
+fn compare(sc: &Scenario, want_name: &str, want: &[Outcome], got_name: &str, got: &[Outcome]) -> Option<String> {
+    if want == got {
+        return None;
+    }
+    let mut msg = format!("scenario {:?}: {got_name} differs from {want_name}\n", sc.name);
+    for (i, (w, g)) in want.iter().zip(got).enumerate() {
+        if w != g {
+            let _ = writeln!(msg, "  step {i} {:?}:\n    {want_name}: {w:?}\n    {got_name}: {g:?}", sc.steps[i]);
+        }
+    }
+    Some(msg)
+}
+
+fn allowed(o: &[Outcome]) -> usize {
+    o.iter().filter(|o| matches!(o, Outcome::Checked(d) if d.iter().all(|d| d.allowed))).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_store_decides_alike() {
+    let table = scenarios();
+    assert!(table.len() >= 6 * 9, "the table lost scenarios");
+
+    let memory_clock = ManualClock::new(T0);
+    let memory = MemoryStore::with_clock(memory_clock.clone());
+
+    let server = RedisServer::start();
+    let redis_clock = ManualClock::new(T0);
+    let redis =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(RESPONSE_TIMEOUT).with_clock(redis_clock.clone());
+    redis.ping().await.expect("standalone redis answers");
+
+    let cluster = RedisCluster::start(3);
+    let cluster_clock = ManualClock::new(T0);
+    let clustered = RedisStore::cluster(cluster.urls())
+        .unwrap()
+        .response_timeout(RESPONSE_TIMEOUT)
+        .with_clock(cluster_clock.clone());
+    clustered.ping().await.expect("redis cluster answers");
+
+    let mut failures = Vec::new();
+    let mut decisions = 0;
+    for (i, sc) in table.iter().enumerate() {
+        let ns = format!("s{i}");
+        let want = run(&memory, &memory_clock, sc, &ns).await;
+        let standalone = run(&redis, &redis_clock, sc, &ns).await;
+        let clustered = run(&clustered, &cluster_clock, sc, &ns).await;
+        failures.extend(compare(sc, "memory", &want, "redis", &standalone));
+        failures.extend(compare(sc, "memory", &want, "redis cluster", &clustered));
+        // Each scenario both accepts and rejects something, or it tests little.
+        let checks = want.iter().filter(|o| matches!(o, Outcome::Checked(_))).count();
+        let passed = allowed(&want);
+        assert!(passed > 0 && passed < checks, "{:?} accepts {passed} of {checks}", sc.name);
+        decisions += checks;
+    }
+    assert!(failures.is_empty(), "{} scenarios differ:\n{}", failures.len(), failures.join("\n"));
+    eprintln!(
+        "conformance: {} scenarios, {decisions} checks, identical on memory, redis and redis cluster",
+        table.len()
+    );
+
+    // The multi-slot scenarios really spanned several nodes of the cluster.
+    let slots: Vec<String> = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|k| cluster.node(0).cmd(&["CLUSTER", "KEYSLOT", &format!("tollgate:{{{k}}}:x")]))
+        .collect();
+    let owners: std::collections::BTreeSet<usize> = slots
+        .iter()
+        .map(|s| {
+            let slot: usize = s.parse().unwrap();
+            (0..3).find(|&n| owns(&cluster, n, slot)).unwrap()
+        })
+        .collect();
+    assert!(owners.len() >= 2, "alpha/beta/gamma all on one node: slots {slots:?}");
+}
+
+fn owns(cluster: &RedisCluster, node: usize, slot: usize) -> bool {
+    let port = cluster.node(node).port().to_string();
+    let nodes = cluster.node(0).cmd(&["CLUSTER", "NODES"]);
+    nodes.lines().filter(|l| l.contains(&format!(":{port}@"))).any(|l| {
+        l.split_whitespace().skip(8).any(|r| match r.split_once('-') {
+            Some((a, b)) => a.parse::<usize>().is_ok_and(|a| a <= slot) && b.parse::<usize>().is_ok_and(|b| slot <= b),
+            None => r.parse::<usize>() == Ok(slot),
+        })
+    })
+}
+
+/// On the server's own `TIME`: exactly the limit of `limit + 5` immediate requests pass,
+/// every rejection says when to retry, and `remaining` counts down.
+async fn server_time(algorithm: Algorithm) {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap().response_timeout(RESPONSE_TIMEOUT);
+    store.ping().await.unwrap();
+    // Long periods: a window boundary during the test is all but impossible, and no
+    // refill happens within it. The leaky bucket shapes: 5/s with a queue of 3 admits 4.
+    let (quota, want) = match algorithm {
+        Algorithm::LeakyBucket => (Quota::per_second(5).burst(3), 4),
+        _ => (Quota::per_day(10), 10),
+    };
+    let check = Check { rule: "st".into(), key: "k".into(), algorithm, params: Params::new(quota) };
+    let mut decisions = Vec::new();
+    for _ in 0..want + 5 {
+        decisions.push(store.check(std::slice::from_ref(&check)).await.unwrap().remove(0));
+    }
+    let passed = decisions.iter().filter(|d| d.allowed).count();
+    assert_eq!(passed, want, "{algorithm}: {decisions:#?}");
+    assert!(decisions[..want].iter().all(|d| d.allowed), "{algorithm}: the first {want} pass");
+    for d in &decisions[want..] {
+        assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO), "{algorithm}: {d:?}");
+        assert_eq!(d.remaining, 0, "{algorithm}: {d:?}");
+    }
+    if algorithm == Algorithm::LeakyBucket {
+        let delays: Vec<u128> = decisions[..want].iter().map(|d| d.delay.as_millis()).collect();
+        // 0, 200, 400, 600 ms, less the µs that passed between the requests.
+        for (i, d) in delays.iter().enumerate() {
+            let slot = 200 * i as u128;
+            assert!(*d <= slot && d + 50 >= slot, "leaky bucket delays {delays:?}");
+        }
+    } else {
+        let remaining: Vec<u64> = decisions[..want].iter().map(|d| d.remaining).collect();
+        assert_eq!(remaining, (0..10).rev().collect::<Vec<u64>>(), "{algorithm}");
+    }
+    // Peek agrees and consumes nothing.
+    assert!(!store.peek(&check).await.unwrap().allowed);
+    let key_count: u64 = server.cmd(&["DBSIZE"]).parse().unwrap();
+    assert_eq!(key_count, 1, "{algorithm}: one key per (rule, key)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_time_fixed_window() {
+    server_time(Algorithm::FixedWindow).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_time_sliding_window_log() {
+    server_time(Algorithm::SlidingWindowLog).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_time_sliding_window_counter() {
+    server_time(Algorithm::SlidingWindowCounter).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_time_token_bucket() {
+    server_time(Algorithm::TokenBucket).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_time_leaky_bucket() {
+    server_time(Algorithm::LeakyBucket).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_time_gcra() {
+    server_time(Algorithm::Gcra).await;
+}

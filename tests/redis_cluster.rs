@@ -1,0 +1,172 @@
+//! `RedisStore` on a real 3-node Redis Cluster: rules of one key are decided atomically
+//! in one slot; rules across slots never over-admit, and the units of the slots that
+//! accepted are given back when another slot rejects.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use support::redis::RedisCluster;
+use tollgate::algorithm::Params;
+use tollgate::{Algorithm, Check, Quota, RedisStore, Store};
+
+fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
+    Check { rule: rule.into(), key: key.into(), algorithm, params: Params::new(quota) }
+}
+
+async fn store_for(cluster: &RedisCluster) -> RedisStore {
+    let store = RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_secs(2));
+    store.ping().await.unwrap();
+    store
+}
+
+/// CRC16 (XMODEM) mod 16384: the slot of a hash tag.
+fn slot(tag: &str) -> usize {
+    let mut crc: u16 = 0;
+    for &b in tag.as_bytes() {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    usize::from(crc) % 16384
+}
+
+/// Which node (index) serves `slot`.
+fn node_of(cluster: &RedisCluster, slot: usize) -> usize {
+    let nodes = cluster.node(0).cmd(&["CLUSTER", "NODES"]);
+    for (i, port) in cluster.ports().iter().enumerate() {
+        let line = nodes.lines().find(|l| l.contains(&format!(":{port}@"))).unwrap();
+        let owns = line.split_whitespace().skip(8).any(|r| match r.split_once('-') {
+            Some((a, b)) => a.parse::<usize>().unwrap() <= slot && slot <= b.parse::<usize>().unwrap(),
+            None => r.parse::<usize>().ok() == Some(slot),
+        });
+        if owns {
+            return i;
+        }
+    }
+    panic!("no node serves slot {slot}:\n{nodes}");
+}
+
+/// A key (and hash tag) served by `node`.
+fn key_on(cluster: &RedisCluster, node: usize, base: &str) -> String {
+    (0..1000).map(|i| format!("{base}-{i}")).find(|k| node_of(cluster, slot(k)) == node).unwrap()
+}
+
+fn calls(cluster: &RedisCluster, command: &str) -> Vec<u64> {
+    cluster
+        .cmd_all(&["INFO", "commandstats"])
+        .iter()
+        .map(|info| {
+            let stats: BTreeMap<&str, u64> = info
+                .lines()
+                .filter_map(|l| {
+                    let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+                    Some((name, rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?))
+                })
+                .collect();
+            stats.get(command).copied().unwrap_or(0)
+        })
+        .collect()
+}
+
+async fn concurrently(store: &RedisStore, checks: &[Check], n: usize) -> usize {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (store, checks) = (store.clone(), checks.to_vec());
+            tokio::spawn(async move { store.check(&checks).await.unwrap().iter().all(|d| d.allowed) })
+        })
+        .collect();
+    let mut allowed = 0;
+    for t in tasks {
+        allowed += usize::from(t.await.unwrap());
+    }
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_rules_within_and_across_slots() {
+    let cluster = RedisCluster::start(3);
+    let store = store_for(&cluster).await;
+
+    // Several rules of one key: one slot, one EVALSHA, atomic under concurrency.
+    let account = key_on(&cluster, 1, "account");
+    let same_key = [
+        check("per-minute", &account, Algorithm::FixedWindow, Quota::per_minute(5)),
+        check("per-day", &account, Algorithm::SlidingWindowLog, Quota::per_day(100)),
+        check("burst", &account, Algorithm::Gcra, Quota::per_hour(50)),
+    ];
+    cluster.cmd_all(&["CONFIG", "RESETSTAT"]);
+    assert_eq!(concurrently(&store, &same_key, 60).await, 5);
+    let evalsha = calls(&cluster, "evalsha");
+    assert_eq!(
+        evalsha,
+        {
+            let mut v = vec![0, 0, 0];
+            v[1] = 60;
+            v
+        },
+        "one EVALSHA per request, on the node of the key"
+    );
+    assert_eq!(
+        store.peek(&same_key[1]).await.unwrap().remaining,
+        94,
+        "rejected requests took nothing (peek counts its own unit)"
+    );
+    assert_eq!(store.peek(&same_key[2]).await.unwrap().remaining, 44);
+
+    // Rules on keys of different nodes: the narrow one rejects; the wide ones must get
+    // their units back — never more admitted than the narrow rule allows.
+    let (k0, k1, k2) = (key_on(&cluster, 0, "ip"), key_on(&cluster, 1, "user"), key_on(&cluster, 2, "org"));
+    let across = [
+        check("ip", &k0, Algorithm::TokenBucket, Quota::per_hour(40)),
+        check("user", &k1, Algorithm::SlidingWindowCounter, Quota::per_hour(3)),
+        check("org", &k2, Algorithm::SlidingWindowLog, Quota::per_hour(40)),
+    ];
+    cluster.cmd_all(&["CONFIG", "RESETSTAT"]);
+    let allowed = concurrently(&store, &across, 30).await;
+    assert_eq!(allowed, 3, "exactly the narrow rule's limit");
+    let evalsha: u64 = calls(&cluster, "evalsha").iter().sum();
+    // One EVALSHA per slot per request, plus a refund per accepting slot when one rejected.
+    assert!(evalsha >= 90, "{evalsha}");
+    assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 36, "units stayed taken on {k0}");
+    assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 36, "units stayed taken on {k2}");
+    assert!(!store.peek(&across[1]).await.unwrap().allowed);
+
+    // The slot that rejects may be the first one: the later ones still give back.
+    let reversed = [across[1].clone(), across[2].clone(), across[0].clone()];
+    for _ in 0..5 {
+        let d = store.check(&reversed).await.unwrap();
+        assert_eq!(d.iter().map(|d| d.allowed).collect::<Vec<_>>(), [false, true, true]);
+    }
+    assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 36);
+    assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 36);
+
+    // Refunds across slots (count-by-outcome) reach every node.
+    store.refund(&across).await.unwrap();
+    assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 37);
+    assert!(store.peek(&across[1]).await.unwrap().allowed);
+    assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 37);
+    assert!(calls(&cluster, "evalsha").iter().all(|&n| n > 0), "every node took part");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_fails_its_slots_quickly_and_spares_the_others() {
+    let mut cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_millis(100));
+    store.ping().await.unwrap();
+    let alive = check("r", &key_on(&cluster, 1, "alive"), Algorithm::Gcra, Quota::per_hour(1000));
+    let dead = check("r", &key_on(&cluster, 0, "dead"), Algorithm::Gcra, Quota::per_hour(1000));
+    store.check(std::slice::from_ref(&alive)).await.unwrap();
+    store.check(std::slice::from_ref(&dead)).await.unwrap();
+    cluster.node_mut(0).kill();
+    let started = Instant::now();
+    for _ in 0..10 {
+        assert!(store.check(std::slice::from_ref(&dead)).await.is_err());
+        assert!(store.check(std::slice::from_ref(&alive)).await.unwrap()[0].allowed, "a healthy node's slots failed");
+    }
+    // Each failing check is bounded by the response timeout.
+    assert!(started.elapsed() < Duration::from_millis(10 * 100 + 700), "took {:?}", started.elapsed());
+}

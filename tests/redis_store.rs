@@ -1,0 +1,351 @@
+//! `RedisStore` against real redis-server processes: one round trip per decision (read
+//! from the server's own command statistics), `NOSCRIPT` recovery, configuration errors,
+//! unreachable and failing servers, TTLs, and keys with any bytes.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use support::redis::RedisServer;
+use tollgate::algorithm::Params;
+use tollgate::key::Key;
+use tollgate::{Algorithm, BuildError, Check, Quota, RedisStore, Store, StoreError};
+
+fn check(rule: &str, key: impl Into<Key>, algorithm: Algorithm, quota: Quota) -> Check {
+    Check { rule: rule.into(), key: key.into(), algorithm, params: Params::new(quota) }
+}
+
+async fn store_for(server: &RedisServer) -> RedisStore {
+    // Generous timeout: these tests count commands, a slow machine must not add errors.
+    let store = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
+    store.ping().await.unwrap();
+    store
+}
+
+/// `INFO commandstats` as command → calls.
+fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
+    server
+        .cmd(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// The commands the test itself sends through redis-cli (not the store's).
+const OWN: [&str; 3] = ["info", "config|resetstat", "config"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_round_trip_per_decision() {
+    const N: u64 = 500;
+    let server = RedisServer::start();
+    let store = store_for(&server).await;
+    let mut report = String::from("| algorithm | EVALSHA per decision | commands inside the script per decision | all commands per decision |\n|---|---|---|---|\n");
+    for algorithm in Algorithm::ALL {
+        // 50 keys, a large quota: the accepting path (TIME + GET + SET for O(1) states).
+        let checks: Vec<Check> =
+            (0..50).map(|i| check("rt", format!("user-{i}"), algorithm, Quota::per_hour(1_000_000))).collect();
+        for c in &checks {
+            store.check(std::slice::from_ref(c)).await.unwrap();
+        }
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        let mut allowed = 0;
+        for i in 0..N {
+            let c = &checks[usize::try_from(i).unwrap() % checks.len()];
+            if store.check(std::slice::from_ref(c)).await.unwrap()[0].allowed {
+                allowed += 1;
+            }
+        }
+        assert_eq!(allowed, N, "{algorithm}");
+        let stats = commandstats(&server);
+        let calls = |name: &str| stats.get(name).copied().unwrap_or(0);
+        let evalsha = calls("evalsha");
+        assert!((N..=N + 3).contains(&evalsha), "{algorithm}: {evalsha} EVALSHA for {N} decisions: {stats:?}");
+        assert!(calls("ping") <= 2, "{algorithm}: pool recycling pings: {stats:?}");
+        for absent in ["unwatch", "expire", "script|load", "script", "eval", "hgetall", "hset", "multi", "watch"] {
+            assert_eq!(calls(absent), 0, "{algorithm}: {absent} sent: {stats:?}");
+        }
+        let total: u64 = stats.iter().filter(|(k, _)| !OWN.contains(&k.as_str())).map(|(_, v)| v).sum();
+        #[allow(clippy::cast_precision_loss)]
+        let (per_evalsha, inside, all) =
+            (evalsha as f64 / N as f64, (total - evalsha) as f64 / N as f64, total as f64 / N as f64);
+        report.push_str(&format!("| {algorithm} | {per_evalsha:.2} | {inside:.2} | {all:.2} |\n"));
+        if algorithm != Algorithm::SlidingWindowLog {
+            // TIME + GET + SET … PX.
+            assert!(inside <= 3.0, "{algorithm}: {inside} commands inside the script per decision: {stats:?}");
+        } else {
+            assert!(inside <= 6.0, "{algorithm}: {inside} commands inside the script per decision: {stats:?}");
+        }
+    }
+    eprintln!("commands per decision on the accepting path, server TIME, {N} decisions each:\n{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_invisible_to_requests() {
+    let server = RedisServer::start();
+    let store = store_for(&server).await;
+    let single = check("nf", "k", Algorithm::FixedWindow, Quota::per_hour(30));
+    let multi = [single.clone(), check("nf2", "k", Algorithm::SlidingWindowLog, Quota::per_hour(100))];
+    let mut allowed = 0;
+    for i in 0..40 {
+        if i % 10 == 5 {
+            server.cmd(&["SCRIPT", "FLUSH"]);
+        }
+        let checks = if i % 2 == 0 { std::slice::from_ref(&single) } else { &multi[..] };
+        let d = store.check(checks).await.unwrap_or_else(|e| panic!("request {i} failed after SCRIPT FLUSH: {e}"));
+        allowed += usize::from(d.iter().all(|d| d.allowed));
+        store.peek(&single).await.unwrap();
+        store.refund(std::slice::from_ref(&multi[1])).await.unwrap();
+    }
+    assert_eq!(allowed, 30, "the fixed window admitted exactly its limit across flushes");
+    let stats = commandstats(&server);
+    // Three scripts (fixed window, multi-rule, refund), each sent once by EVAL at first
+    // use and once after each of the 4 flushes, EVALSHA otherwise; no SCRIPT LOAD.
+    assert_eq!(stats.get("eval"), Some(&15), "EVAL after NOSCRIPT: {stats:?}");
+    assert_eq!(stats.get("evalsha"), Some(&120), "{stats:?}");
+    assert!(!stats.contains_key("script|load"), "{stats:?}");
+}
+
+#[test]
+fn invalid_urls_say_what_is_wrong() {
+    let cases = [
+        ("not a url", "not a redis URL"),
+        ("http://127.0.0.1:6379", "scheme \"http\""),
+        ("redis://127.0.0.1:notaport", "invalid redis URL"),
+        ("redis://127.0.0.1:6379/zero", "database"),
+        ("redis://0.0.0.0:6379", "wildcard"),
+        ("redis://:hunter2@127.0.0.1:6379/x", "database"),
+    ];
+    for (url, says) in cases {
+        match RedisStore::from_url(url) {
+            Err(BuildError::InvalidStore(msg)) => {
+                assert!(msg.contains(says), "{url:?}: {msg:?} should mention {says:?}");
+                assert!(!msg.contains("hunter2"), "{url:?}: the password leaked: {msg:?}");
+            }
+            other => panic!("{url:?}: {other:?}"),
+        }
+    }
+    assert!(matches!(RedisStore::cluster(Vec::<String>::new()), Err(BuildError::InvalidStore(_))));
+    assert!(matches!(RedisStore::cluster(["redis://127.0.0.1:1", "nope"]), Err(BuildError::InvalidStore(_))));
+    assert!(matches!(
+        RedisStore::from_url("redis://127.0.0.1").unwrap().prefix("a{b}"),
+        Err(BuildError::InvalidStore(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_a_quick_store_error_not_a_build_error() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let store = RedisStore::from_url(&format!("redis://127.0.0.1:{port}")).expect("not a build error");
+    let c = check("u", "k", Algorithm::Gcra, Quota::per_second(10));
+    let started = Instant::now();
+    let err = store.check(std::slice::from_ref(&c)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(err.to_string().contains(&format!("127.0.0.1:{port}")), "the message names the server: {err}");
+    // At most the first-connection wait (the response timeout, 100 ms).
+    assert!(started.elapsed() < Duration::from_millis(400), "first check took {:?}", started.elapsed());
+    // Later requests fail at once: no request waits for a reconnect.
+    let started = Instant::now();
+    for _ in 0..100 {
+        assert!(matches!(store.check(std::slice::from_ref(&c)).await, Err(StoreError::Unavailable(_))));
+        assert!(store.peek(&c).await.is_err());
+    }
+    assert!(started.elapsed() < Duration::from_millis(100), "100 checks took {:?}", started.elapsed());
+    let started = Instant::now();
+    assert!(store.ping().await.is_err());
+    assert!(started.elapsed() < Duration::from_millis(1500), "ping took {:?}", started.elapsed());
+
+    // A black-holed address: connecting hangs rather than being refused.
+    let store = RedisStore::from_url("redis://10.255.255.1:6379").unwrap();
+    let started = Instant::now();
+    assert!(store.check(std::slice::from_ref(&c)).await.is_err());
+    assert!(started.elapsed() < Duration::from_millis(400), "black hole took {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_restarted_and_paused_servers_never_hold_a_request() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_millis(100));
+    store.ping().await.unwrap();
+    let c = check("k", "k", Algorithm::FixedWindow, Quota::per_hour(1000));
+    store.check(std::slice::from_ref(&c)).await.unwrap();
+
+    server.kill();
+    let started = Instant::now();
+    let mut errors = 0;
+    for _ in 0..50 {
+        errors += usize::from(store.check(std::slice::from_ref(&c)).await.is_err());
+    }
+    assert_eq!(errors, 50);
+    assert!(started.elapsed() < Duration::from_millis(300), "50 checks on a dead server took {:?}", started.elapsed());
+
+    server.restart();
+    let started = Instant::now();
+    loop {
+        match store.check(std::slice::from_ref(&c)).await {
+            Ok(d) => {
+                assert!(d[0].allowed);
+                break;
+            }
+            Err(e) => assert!(started.elapsed() < Duration::from_secs(5), "no reconnect after a restart: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("reconnected {:?} after the restart", started.elapsed());
+
+    server.pause();
+    let started = Instant::now();
+    let err = store.check(std::slice::from_ref(&c)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Timeout(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_millis(300), "a paused server held a request {:?}", started.elapsed());
+    server.resume();
+    let started = Instant::now();
+    while store.check(std::slice::from_ref(&c)).await.is_err() {
+        assert!(started.elapsed() < Duration::from_secs(5), "no recovery after SIGCONT");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_has_a_ttl_and_idle_keys_disappear() {
+    let server = RedisServer::start();
+    let store = store_for(&server).await;
+    // Short quotas: every state is "never seen" again within 1 s.
+    for algorithm in Algorithm::ALL {
+        let mut c = check("ttl", "user", algorithm, Quota::per_second(4));
+        store.check(std::slice::from_ref(&c)).await.unwrap();
+        c.params = c.params.cost(2);
+        store.check(std::slice::from_ref(&c)).await.unwrap();
+        store.refund(std::slice::from_ref(&c)).await.unwrap();
+    }
+    let keys = server.cmd(&["KEYS", "*"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), 6, "{keys:?}");
+    for key in &keys {
+        let pttl: i64 = server.cmd(&["PTTL", key]).parse().unwrap();
+        assert!((1..=2_002).contains(&pttl), "{key}: PTTL {pttl}");
+    }
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    assert_eq!(server.cmd(&["DBSIZE"]), "0", "idle keys stayed: {:?}", server.cmd(&["KEYS", "*"]));
+    // A check that is rejected, and a peek, create nothing.
+    let c = check("ttl", "other", Algorithm::Gcra, Quota::per_second(4));
+    store.peek(&c).await.unwrap();
+    let mut big = c.clone();
+    big.params = big.params.cost(5);
+    assert!(!store.check(std::slice::from_ref(&big)).await.unwrap()[0].allowed);
+    assert_eq!(server.cmd(&["DBSIZE"]), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_any_bytes_are_independent() {
+    let server = RedisServer::start();
+    let store = store_for(&server).await;
+    let q = Quota::per_hour(2);
+    let keys: Vec<Key> = vec![
+        Key::from("a{b}c"),
+        Key::from("a%7Bb%7Dc"),
+        Key::from("a:b"),
+        Key::from("a%3Ab"),
+        Key::from(""),
+        Key::new(b"\0\xff\xfe{"),
+        Key::new(&[b'x'; 10 * 1024]),
+        Key::new(&[b'y'; 10 * 1024]),
+    ];
+    for (i, key) in keys.iter().enumerate() {
+        let c = Check {
+            rule: "rule:{x}".into(),
+            key: key.clone(),
+            algorithm: Algorithm::SlidingWindowLog,
+            params: Params::new(q),
+        };
+        let mut allowed = Vec::new();
+        for _ in 0..3 {
+            allowed.push(store.check(std::slice::from_ref(&c)).await.unwrap()[0].allowed);
+        }
+        assert_eq!(allowed, [true, true, false], "key {i} {key:?} shares state with an earlier key");
+    }
+    let names = server.cmd(&["--no-raw", "KEYS", "*"]);
+    assert_eq!(names.lines().count(), keys.len(), "{names}");
+    assert!(names.contains("tollgate:{a%7Bb%7Dc}:rule%3A%7Bx%7D:swl:v1"), "{names}");
+    assert!(names.contains("tollgate:{a%257Bb%257Dc}:rule%3A%7Bx%7D:swl:v1"), "{names}");
+    assert!(names.contains("tollgate:{%E}:"), "{names}");
+    assert!(names.contains("tollgate:{%H"), "{names}");
+    // Long keys are stored as a digest: names stay short.
+    assert!(names.lines().all(|n| n.len() < 120), "{names}");
+    // Two rules of one weird key decide together.
+    let both = [
+        check("one", "a{b}c", Algorithm::Gcra, Quota::per_hour(3)),
+        check("two", "a{b}c", Algorithm::FixedWindow, Quota::per_hour(1)),
+    ];
+    assert!(store.check(&both).await.unwrap().iter().all(|d| d.allowed));
+    assert!(!store.check(&both).await.unwrap()[1].allowed);
+    assert_eq!(store.peek(&both[0]).await.unwrap().remaining, 1, "the rejected request took nothing");
+    // Reset forgets exactly one (rule, key).
+    store.reset("rule:{x}", &keys[0], Algorithm::SlidingWindowLog).await.unwrap();
+    let again = Check {
+        rule: "rule:{x}".into(),
+        key: keys[0].clone(),
+        algorithm: Algorithm::SlidingWindowLog,
+        params: Params::new(q),
+    };
+    assert_eq!(store.peek(&again).await.unwrap().remaining, 1);
+    let other = Check { key: keys[1].clone(), ..again };
+    assert!(!store.peek(&other).await.unwrap().allowed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_pool_is_used_without_per_request_checkouts() {
+    let server = RedisServer::builder().with_password("s3cret-pw").start();
+    let pool = deadpool_redis::Config::from_url(server.url_with_auth())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let store = RedisStore::new(pool.clone()).prefix("app").unwrap();
+    store.ping().await.unwrap();
+    server.cmd(&["CONFIG", "RESETSTAT"]);
+    let c = check("p", "k", Algorithm::TokenBucket, Quota::per_minute(100));
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let (store, c) = (store.clone(), c.clone());
+            tokio::spawn(async move { store.check(std::slice::from_ref(&c)).await.unwrap()[0].allowed })
+        })
+        .collect();
+    let mut allowed = 0;
+    for t in tasks {
+        allowed += usize::from(t.await.unwrap());
+    }
+    assert_eq!(allowed, 100, "200 concurrent requests over clones of one store");
+    let stats = commandstats(&server);
+    assert_eq!(stats.get("evalsha"), Some(&200), "{stats:?}");
+    assert!(!stats.contains_key("ping") && !stats.contains_key("unwatch"), "{stats:?}");
+    assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v1"));
+    // The password appears nowhere in the store's Debug.
+    let shown = format!("{store:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    // A wrong password is a store error at request time, not a hang.
+    let wrong = RedisStore::from_url(&format!("redis://:nope@127.0.0.1:{}", server.port())).unwrap();
+    let err = wrong.ping().await.unwrap_err();
+    assert!(!format!("{err} {wrong:?}").contains("nope"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_store_decides_from_its_first_request() {
+    // No `ping` first: the first request of a store waits for its first connection
+    // attempt (at most the response timeout); later ones never wait for a connection.
+    let server = RedisServer::start();
+    let c = check("f", "k", Algorithm::Gcra, Quota::per_minute(30));
+    for i in 0..20 {
+        let store = RedisStore::from_url(&server.url()).unwrap();
+        let started = Instant::now();
+        let d = store.check(std::slice::from_ref(&c)).await.unwrap_or_else(|e| panic!("store {i}: {e}"));
+        assert!(d[0].allowed);
+        assert!(started.elapsed() < Duration::from_millis(150), "store {i}: {:?}", started.elapsed());
+    }
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    assert_eq!(store.peek(&c).await.unwrap().remaining, 9, "20 checks counted");
+}
