@@ -13,7 +13,8 @@ use crate::{Decision, Quota};
 #[non_exhaustive]
 pub enum HeaderStyle {
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix epoch
-    /// seconds, as GitHub sends them); with several rules also `X-RateLimit-Rule`.
+    /// seconds, as GitHub sends them); when the layer has several rules also
+    /// `X-RateLimit-Rule`, naming the rule they describe.
     #[default]
     Legacy,
     /// The IETF draft (draft-ietf-httpapi-ratelimit-headers): `RateLimit-Policy` listing
@@ -56,15 +57,22 @@ pub(crate) fn retry_after(headers: &mut HeaderMap, d: Duration) {
 }
 
 /// Adds the headers of `style` describing `most` (the most restrictive rule) and, for the
-/// IETF policy, every rule in `all`.
-pub(crate) fn apply(headers: &mut HeaderMap, style: HeaderStyle, most: &Outcome<'_>, all: &[Outcome<'_>]) {
+/// IETF policy, every rule in `all`. `name_rule`: say which rule the legacy headers
+/// describe (the layer has several rules).
+pub(crate) fn apply(
+    headers: &mut HeaderMap,
+    style: HeaderStyle,
+    most: &Outcome<'_>,
+    all: &[Outcome<'_>],
+    name_rule: bool,
+) {
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let d = most.decision;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
         headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
         headers.insert(X_RATELIMIT_RESET, HeaderValue::from(now + ceil_secs(d.reset_after)));
-        if all.len() > 1 {
+        if name_rule {
             if let Ok(v) = HeaderValue::from_str(most.rule) {
                 headers.insert(X_RATELIMIT_RULE, v);
             }
@@ -127,7 +135,7 @@ mod tests {
             Outcome { rule: "say \"hi\"", quota: Quota::per_day(1000), decision: &b },
         ];
         let mut h = HeaderMap::new();
-        apply(&mut h, HeaderStyle::Ietf, &all[0], &all);
+        apply(&mut h, HeaderStyle::Ietf, &all[0], &all, true);
         assert_eq!(h[&RATELIMIT_POLICY], r#""per-min";q=100;w=60, "say \"hi\"";q=1000;w=86400"#);
         assert_eq!(h[&RATELIMIT], r#""per-min";r=45;t=30"#);
         assert!(h.get(X_RATELIMIT_LIMIT).is_none());
@@ -138,7 +146,7 @@ mod tests {
         let a = decision(7, 1_500);
         let all = [Outcome { rule: "r", quota: Quota::per_minute(100), decision: &a }];
         let mut h = HeaderMap::new();
-        apply(&mut h, HeaderStyle::Legacy, &all[0], &all);
+        apply(&mut h, HeaderStyle::Legacy, &all[0], &all, false);
         assert_eq!(h[&X_RATELIMIT_LIMIT], "100");
         assert_eq!(h[&X_RATELIMIT_REMAINING], "7");
         let reset: u64 = h[&X_RATELIMIT_RESET].to_str().unwrap().parse().unwrap();

@@ -36,6 +36,9 @@ pub struct Quota {
 const MAX_PERIOD_US: u64 = 366 * 86_400 * 1_000_000;
 /// Largest limit or burst: 2^32 units per period.
 const MAX_UNITS: u64 = 1 << 32;
+/// Largest burst × emission interval, in µs (about 142 years): keeps `now + B·T` exact
+/// in Lua's doubles.
+const MAX_BURST_SPAN_US: u64 = 1 << 52;
 
 impl Quota {
     /// `limit` units per `period`.
@@ -128,10 +131,15 @@ impl Quota {
     ///
     /// # Panics
     ///
-    /// When `burst` is 0 or above 2^32; see [`Quota::try_burst`].
+    /// When `burst` is 0 or above 2^32, or when `burst × period / limit` exceeds 2^52 µs;
+    /// see [`Quota::try_burst`].
     #[must_use]
     pub const fn burst(mut self, burst: u64) -> Self {
         assert!(burst != 0 && burst <= MAX_UNITS, "invalid burst: it must be 1..=2^32");
+        assert!(
+            burst.saturating_mul(self.emission_interval_micros()) <= MAX_BURST_SPAN_US,
+            "invalid burst: burst × (period / limit) must stay below 2^52 µs"
+        );
         self.burst = burst;
         self
     }
@@ -147,6 +155,11 @@ impl Quota {
         }
         if burst > MAX_UNITS {
             return Err(BuildError::InvalidQuota("the burst is above 2^32 units".into()));
+        }
+        if burst.saturating_mul(self.emission_interval_micros()) > MAX_BURST_SPAN_US {
+            return Err(BuildError::InvalidQuota(
+                "the burst is too large for the period: burst × (period / limit) must stay below 2^52 µs".into(),
+            ));
         }
         self.burst = burst;
         Ok(self)
@@ -305,6 +318,8 @@ mod tests {
         assert!(Quota::try_new(0, Duration::from_secs(1)).unwrap_err().to_string().contains("limit is 0"));
         assert!(Quota::try_new(1, Duration::ZERO).is_err());
         assert!(Quota::per_minute(1).try_burst(0).is_err());
+        let err = Quota::new(1, Duration::from_secs(366 * 86_400)).try_burst(1 << 32).unwrap_err();
+        assert!(err.to_string().contains("too large for the period"), "{err}");
     }
 
     #[test]

@@ -210,7 +210,7 @@ where
     let mut res = inner.call(req).await?;
     if let Some(m) = most {
         if layer.options.headers != HeaderStyle::None {
-            headers::apply(res.headers_mut(), layer.options.headers, m, &outcomes);
+            headers::apply(res.headers_mut(), layer.options.headers, m, &outcomes, layer.rules.len() > 1);
         }
     }
 
@@ -349,7 +349,7 @@ where
         }
     }
     if layer.options.headers != HeaderStyle::None {
-        headers::apply(h, layer.options.headers, worst, all);
+        headers::apply(h, layer.options.headers, worst, all, layer.rules.len() > 1);
     }
     res
 }

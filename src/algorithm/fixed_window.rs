@@ -31,7 +31,7 @@ impl FixedWindow {
         let w = now / period;
         let count = self.count_at(w);
         let window_end = (w + 1) * period - now;
-        if count + c <= l {
+        if count.saturating_add(c) <= l {
             return Decision::allow(l, l - count - c, window_end);
         }
         let reset = if count == 0 { 0 } else { window_end };

@@ -28,7 +28,7 @@ impl LeakyBucket {
         let delay = slot - now;
         // The queue holds B waiting requests plus the one leaving: (B + 1)·T of slots.
         let room = (b + 1) * t;
-        if c <= b + 1 && delay + (c - 1) * t <= b * t && delay <= p.max_delay_us {
+        if c <= b + 1 && delay + c.saturating_sub(1) * t <= b * t && delay <= p.max_delay_us {
             let queued = delay + c * t;
             let mut d = Decision::allow(l, room.saturating_sub(queued) / t, queued);
             d.delay = Duration::from_micros(delay);
@@ -36,7 +36,7 @@ impl LeakyBucket {
         }
         let retry = (c <= b + 1).then(|| {
             // Earliest t' with next - t' + (c-1)·T <= B·T and next - t' <= max_delay.
-            let by_queue = (slot + (c - 1) * t).saturating_sub(b * t);
+            let by_queue = (slot + c.saturating_sub(1) * t).saturating_sub(b * t);
             let by_delay = slot.saturating_sub(p.max_delay_us);
             by_queue.max(by_delay).saturating_sub(now)
         });

@@ -66,7 +66,7 @@ impl SlidingWindowCounter {
             0
         };
         let retry = (c <= l).then(|| {
-            if curr + c <= l {
+            if curr.saturating_add(c) <= l {
                 // Later in this window, as the previous window's weight fades.
                 period - e - first_fit(prev, curr, c, l, period, e)
             } else {

@@ -35,7 +35,7 @@ impl Summary {
     pub fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, w, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
         let n = self.in_window;
-        if n + c <= l {
+        if n.saturating_add(c) <= l {
             return Decision::allow(l, l - n - c, w);
         }
         let reset = if n == 0 { 0 } else { (self.newest + w).saturating_sub(now) };
@@ -48,7 +48,7 @@ impl Summary {
     #[must_use]
     pub fn units_to_leave(in_window: u64, p: &Params) -> u64 {
         let (l, c) = (p.quota.limit(), p.cost);
-        if c > l || in_window + c <= l {
+        if c > l || in_window.saturating_add(c) <= l {
             0
         } else {
             in_window + c - l

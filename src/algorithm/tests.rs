@@ -153,6 +153,27 @@ fn costs_above_one_and_above_capacity() {
 }
 
 #[test]
+fn absurd_costs_are_rejected_without_overflow() {
+    for algo in Algorithm::ALL {
+        for cost in [u64::MAX, u64::MAX / 2, 1 << 40] {
+            let p = Params { cost, ..unbounded(Quota::per_second(10)) };
+            let mut s = State::new(algo);
+            run(&mut s, &unbounded(Quota::per_second(10)), T0);
+            let d = run(&mut s, &p, T0);
+            assert!(!d.allowed, "{algo} {cost}");
+            assert_eq!(d.retry_after, None, "{algo} {cost}");
+        }
+        // A check list naming one state twice must not panic either.
+        let p = unbounded(Quota::per_second(3));
+        let mut s = State::new(algo);
+        for _ in 0..5 {
+            s.commit(&p, T0);
+        }
+        let _ = s.decide(&p, T0);
+    }
+}
+
+#[test]
 fn refunds_give_back_what_was_taken() {
     let p = unbounded(Quota::per_minute(3));
     for algo in Algorithm::ALL {

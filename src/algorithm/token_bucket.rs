@@ -42,7 +42,8 @@ impl TokenBucket {
     pub fn commit(&mut self, p: &Params, now: u64) {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
-        self.level = self.level_at(capacity, now) - p.cost * t;
+        // Saturating: a check list naming the same state twice must not underflow.
+        self.level = self.level_at(capacity, now).saturating_sub(p.cost * t);
         self.last = self.last.max(now);
     }
 
