@@ -8,11 +8,13 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 
+use crate::algorithm::Params;
 use crate::headers::HeaderStyle;
-use crate::key::KeyExtractor;
+use crate::key::{Key, KeyExtractor};
 use crate::runtime::{Breaker, Runtime};
 use crate::service::RateLimit;
-use crate::{Algorithm, BuildError, Decision, Quota};
+use crate::store::{Check, Store};
+use crate::{Algorithm, BuildError, Decision, Quota, StoreError};
 
 /// What happens when the store cannot decide (error, timeout, open circuit, overload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -141,6 +143,11 @@ impl<B> Rule<B> {
     }
 
     /// Leaky bucket: the longest a request may wait for its slot (default 10 s).
+    ///
+    /// The queue holds `burst` waiting requests only while they fit in `max_delay`: at
+    /// 100/min (a slot every 0.6 s) at most 17 can wait by default, and at 100/hour
+    /// (a slot every 36 s) none can. Shaping is meant for per-second rates; raise
+    /// `max_delay` deliberately for slower ones.
     #[must_use]
     pub fn max_delay(mut self, max: Duration) -> Self {
         self.max_delay = max;
@@ -423,6 +430,61 @@ impl<St, B, R> RateLimitLayer<St, B, R> {
     #[must_use]
     pub fn store(&self) -> &St {
         &self.store
+    }
+}
+
+/// Support tooling: look at and reset one key's state of one rule.
+impl<St: Store, B, R> RateLimitLayer<St, B, R> {
+    /// What rule `rule` would decide now for one unit of `key`, without consuming
+    /// anything ("why is this customer limited?"): `remaining` counts what would be left
+    /// after that unit. `Ok(None)` when the layer has no such rule. Uses the quota given to [`Rule::new`]: for a rule whose quota is chosen per
+    /// request ([`Rule::quota_fn`]), use [`RateLimitLayer::peek_with`].
+    ///
+    /// # Errors
+    ///
+    /// The store's error (no deadline or circuit breaker applies here).
+    pub async fn peek(&self, rule: &str, key: impl Into<Key>) -> Result<Option<Decision>, StoreError> {
+        match self.rules.iter().find(|r| &*r.name == rule) {
+            Some(r) => self.peek_with(rule, key, r.quota).await,
+            None => Ok(None),
+        }
+    }
+
+    /// [`RateLimitLayer::peek`] under `quota` (e.g. the key's tier).
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn peek_with(
+        &self,
+        rule: &str,
+        key: impl Into<Key>,
+        quota: Quota,
+    ) -> Result<Option<Decision>, StoreError> {
+        let Some(r) = self.rules.iter().find(|r| &*r.name == rule) else { return Ok(None) };
+        let check = Check {
+            rule: r.name.clone(),
+            key: key.into(),
+            algorithm: r.algorithm.unwrap_or(self.options.algorithm),
+            params: Params { quota, cost: 1, max_delay_us: u64::try_from(r.max_delay.as_micros()).unwrap_or(u64::MAX) },
+        };
+        self.store.peek(&check).await.map(Some)
+    }
+
+    /// Forgets the state of `key` under rule `rule`, in the store and in this process's
+    /// blocked-key cache: the key starts afresh. `Ok(false)` when the layer has no such
+    /// rule. Other servers' blocked-key caches may still reject the key until their
+    /// entry runs out (at most its `Retry-After`).
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<bool, StoreError> {
+        let Some((i, r)) = self.rules.iter().enumerate().find(|(_, r)| &*r.name == rule) else { return Ok(false) };
+        let key = key.into();
+        self.store.reset(rule, &key, r.algorithm.unwrap_or(self.options.algorithm)).await?;
+        self.runtime.cache.forget(i, &key);
+        Ok(true)
     }
 }
 

@@ -75,6 +75,8 @@
 
 pub mod algorithm;
 mod clock;
+#[cfg(feature = "config")]
+pub mod config;
 mod decision;
 mod error;
 mod future;
@@ -90,6 +92,8 @@ pub use algorithm::Algorithm;
 #[cfg(any(test, feature = "test-util"))]
 pub use clock::ManualClock;
 pub use clock::{Clock, SystemClock};
+#[cfg(feature = "config")]
+pub use config::LayerConfig;
 pub use decision::Decision;
 pub use error::{BuildError, StoreError};
 pub use future::ResponseFuture;

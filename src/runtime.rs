@@ -263,6 +263,14 @@ impl BlockedCache {
         });
     }
 
+    /// Forgets (rule, key): after an admin reset, the key must reach the store again.
+    pub(crate) fn forget(&self, rule: usize, key: &Key) {
+        let (h, mut shard) = self.shard(rule, key);
+        if let Ok(e) = shard.table.find_entry(h, |e| e.rule == rule && e.key == *key) {
+            e.remove();
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().unwrap().table.len()).sum()

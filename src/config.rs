@@ -1,0 +1,529 @@
+//! Rules from a configuration file (feature `config`): [`LayerConfig`].
+//!
+//! Quotas are operations' business: they change more often than code, and an incident is
+//! the wrong time for a rebuild. A [`LayerConfig`] reads the rules of a layer from TOML
+//! (or, through serde, from any format or from a section of the application's own
+//! configuration) and checks all of it when it is read: a mistake is an error naming the
+//! rule and the field ([`BuildError::InvalidConfig`]), never a surprise at request time.
+//!
+//! ```toml
+//! # Layer-wide settings, all optional.
+//! algorithm = "sliding_window_counter"  # for rules that do not choose one
+//! headers = "both"                       # legacy | ietf | both | none
+//! fail_mode = "open"                     # open | closed
+//! timeout = "50ms"                       # deadline of every store call
+//!
+//! [[rule]]
+//! name = "api"                           # required, unique, 1 to 64 bytes
+//! key = "header:x-api-key"               # required, see below
+//! quota = "100/min"                      # required: <limit>/<period>, e.g. 10/s, 5000/h, 20/30s
+//! algorithm = "gcra"                     # fixed_window | sliding_window_log | sliding_window_counter
+//!                                        # | token_bucket | leaky_bucket | gcra
+//! burst = 20                             # token bucket, GCRA, leaky bucket (default: the limit)
+//! fail_mode = "closed"                   # default: the layer's
+//! shadow = false                         # decide and record, never reject
+//! max_delay = "2s"                       # leaky bucket: longest wait for a slot
+//! ```
+//!
+//! Key specs ([`KeySpec`]): `peer_ip` (IPv6 grouped by /64), `peer_ip/48` (another IPv6
+//! prefix), `global`, `header:<name>`, and `trusted_proxy_ip:<cidr>,<cidr>` (the client
+//! address behind these proxies, see [`TrustedProxyIp`]).
+//!
+//! ```
+//! use tollgate::{LayerConfig, MemoryStore};
+//!
+//! let config = LayerConfig::from_toml(
+//!     r#"
+//!     headers = "ietf"
+//!
+//!     [[rule]]
+//!     name = "per-ip"
+//!     key = "peer_ip"
+//!     quota = "300/min"
+//!
+//!     [[rule]]
+//!     name = "per-key"
+//!     key = "header:x-api-key"
+//!     quota = "100/min"
+//!     algorithm = "gcra"
+//!     burst = 20
+//!     "#,
+//! )?;
+//! let layer = config.build::<_, axum::body::Body>(MemoryStore::new())?;
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/", axum::routing::get(|| async { "ok" }))
+//!     .layer(layer);
+//!
+//! // A mistake names the rule and the field:
+//! let err = LayerConfig::from_toml("[[rule]]\nname = \"x\"\nkey = \"peer_ip\"\nquota = \"100/fortnight\"")
+//!     .unwrap_err();
+//! assert_eq!(
+//!     err.to_string(),
+//!     "rule \"x\", field `quota`: \"100/fortnight\": unknown period unit (use s, min, h or day)",
+//! );
+//! # Ok::<(), tollgate::BuildError>(())
+//! ```
+//!
+//! Rules that need code — a key read from request extensions, a quota chosen per request,
+//! `bypass_if`, `count_if` — are added to what the file gives:
+//! [`LayerConfig::builder`] returns a [`RateLimitLayerBuilder`] to add them to, and
+//! [`LayerConfig::apply`] then sets the layer-wide settings; [`LayerConfig::to_rules`]
+//! hands out the configured rules to adjust first.
+
+#![cfg_attr(docsrs, doc(cfg(feature = "config")))]
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::{HeaderName, Request};
+use serde::{Deserialize, Deserializer};
+use toml::{Table, Value};
+
+use crate::key::{Key, KeyExtractor, PeerIp, TrustedProxyIp};
+use crate::{
+    Algorithm, BuildError, FailMode, HeaderStyle, Quota, RateLimitLayer, RateLimitLayerBuilder, Rule, MAX_RULE_NAME,
+};
+
+/// The rules of one layer and its layer-wide settings, read and checked from a
+/// configuration file. See the [module docs](self) for the format.
+///
+/// It also implements [`serde::Deserialize`], so it can be a section of an application's
+/// own configuration struct; a mistake then fails that deserialization with the same
+/// message.
+#[derive(Debug, Clone, Default)]
+pub struct LayerConfig {
+    rules: Vec<RuleConfig>,
+    algorithm: Option<Algorithm>,
+    headers: Option<HeaderStyle>,
+    fail_mode: Option<FailMode>,
+    timeout: Option<Duration>,
+}
+
+/// One checked `[[rule]]` entry.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RuleConfig {
+    /// `name`: unique within the layer.
+    pub name: String,
+    /// `key`: what the rule limits.
+    pub key: KeySpec,
+    /// `quota` with its `burst`.
+    pub quota: Quota,
+    /// `algorithm`: `None` uses the layer's.
+    pub algorithm: Option<Algorithm>,
+    /// `fail_mode`: `None` uses the layer's.
+    pub fail_mode: Option<FailMode>,
+    /// `shadow`: decide and record, never reject.
+    pub shadow: bool,
+    /// `max_delay` (leaky bucket): `None` keeps the default (10 s).
+    pub max_delay: Option<Duration>,
+}
+
+impl RuleConfig {
+    /// The [`Rule`] this entry describes, for requests with body type `B`.
+    #[must_use]
+    pub fn to_rule<B>(&self) -> Rule<B> {
+        let mut rule = Rule::new(self.name.clone(), self.quota, self.key.clone()).shadow(self.shadow);
+        if let Some(a) = self.algorithm {
+            rule = rule.algorithm(a);
+        }
+        if let Some(m) = self.fail_mode {
+            rule = rule.fail_mode(m);
+        }
+        if let Some(d) = self.max_delay {
+            rule = rule.max_delay(d);
+        }
+        rule
+    }
+}
+
+/// What a configured rule limits: the `key` field, parsed.
+///
+/// | spec | extractor |
+/// |---|---|
+/// | `peer_ip` | [`PeerIp`] (IPv6 grouped by /64) |
+/// | `peer_ip/<bits>` | [`PeerIp::ipv6_prefix`]`(bits)` |
+/// | `global` | [`Global`](crate::key::Global) |
+/// | `header:<name>` | [`header`](crate::key::header)`(name)`: requests without it are not limited by the rule |
+/// | `trusted_proxy_ip:<cidr>,<cidr>,…` | [`TrustedProxyIp::new`] |
+///
+/// ```
+/// use tollgate::config::KeySpec;
+///
+/// assert!(matches!("peer_ip/48".parse(), Ok(KeySpec::PeerIp { ipv6_prefix: 48 })));
+/// assert!("header:X-Api-Key".parse::<KeySpec>().is_ok());
+/// assert!("cookie:session".parse::<KeySpec>().is_err());
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum KeySpec {
+    /// `peer_ip` or `peer_ip/<bits>`.
+    PeerIp {
+        /// The IPv6 prefix length peers are grouped by (64 for plain `peer_ip`).
+        ipv6_prefix: u8,
+    },
+    /// `global`: one key for every request.
+    Global,
+    /// `header:<name>`.
+    Header(HeaderName),
+    /// `trusted_proxy_ip:<cidr>,<cidr>,…`.
+    TrustedProxyIp(TrustedProxyIp),
+}
+
+impl FromStr for KeySpec {
+    type Err = BuildError;
+
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidConfig`] with field `key` (and an empty rule name) saying
+    /// what is wrong.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |why: String| BuildError::InvalidConfig { rule: String::new(), field: "key".into(), why };
+        let s = s.trim();
+        if s == "global" {
+            return Ok(KeySpec::Global);
+        }
+        if s == "peer_ip" {
+            return Ok(KeySpec::PeerIp { ipv6_prefix: 64 });
+        }
+        if let Some(bits) = s.strip_prefix("peer_ip/") {
+            return match bits.trim().parse::<u8>() {
+                Ok(bits) if bits <= 128 => Ok(KeySpec::PeerIp { ipv6_prefix: bits }),
+                _ => Err(bad(format!("{s:?}: expected peer_ip/<IPv6 prefix length 0..=128>, e.g. peer_ip/48"))),
+            };
+        }
+        if let Some(name) = s.strip_prefix("header:") {
+            let name = name.trim();
+            return HeaderName::from_bytes(name.as_bytes())
+                .map(KeySpec::Header)
+                .map_err(|_| bad(format!("{name:?} is not a valid HTTP header name")));
+        }
+        if let Some(nets) = s.strip_prefix("trusted_proxy_ip:") {
+            let nets: Vec<&str> = nets.split(',').map(str::trim).collect();
+            if nets.iter().any(|n| n.is_empty()) {
+                return Err(bad(format!("{s:?}: expected trusted_proxy_ip:<cidr>,<cidr>, e.g. 10.0.0.0/8")));
+            }
+            return TrustedProxyIp::new(nets).map(KeySpec::TrustedProxyIp).map_err(|e| bad(why(e)));
+        }
+        let kind = s.split([':', '/']).next().unwrap_or(s);
+        if ["global", "peer_ip", "header", "trusted_proxy_ip"].contains(&kind) {
+            Err(bad(format!("{s:?} is malformed: expected one of {KEY_KINDS}")))
+        } else {
+            Err(bad(format!("unknown key kind {kind:?}: expected one of {KEY_KINDS}")))
+        }
+    }
+}
+
+const KEY_KINDS: &str = "peer_ip, peer_ip/<bits>, global, header:<name>, trusted_proxy_ip:<cidr>,<cidr>";
+
+impl fmt::Display for KeySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySpec::PeerIp { ipv6_prefix: 64 } => f.write_str("peer_ip"),
+            KeySpec::PeerIp { ipv6_prefix } => write!(f, "peer_ip/{ipv6_prefix}"),
+            KeySpec::Global => f.write_str("global"),
+            KeySpec::Header(name) => write!(f, "header:{name}"),
+            KeySpec::TrustedProxyIp(_) => f.write_str("trusted_proxy_ip:…"),
+        }
+    }
+}
+
+impl<B> KeyExtractor<B> for KeySpec {
+    fn extract(&self, req: &Request<B>) -> Option<Key> {
+        match self {
+            KeySpec::PeerIp { ipv6_prefix } => PeerIp.ipv6_prefix(*ipv6_prefix).extract(req),
+            KeySpec::Global => crate::key::Global.extract(req),
+            // As `key::header`: a missing or empty header means "not limited by this rule".
+            KeySpec::Header(name) => {
+                req.headers().get(name).map(http::HeaderValue::as_bytes).filter(|v| !v.is_empty()).map(Key::new)
+            }
+            KeySpec::TrustedProxyIp(t) => t.extract(req),
+        }
+    }
+}
+
+impl LayerConfig {
+    /// Reads and checks a TOML document.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidConfig`] naming the rule (its `name`, or `#<n>` counting
+    /// `[[rule]]` entries from 1 when it has none) and the field: a quota, algorithm, key,
+    /// header name, duration or mode that does not parse, a missing required field, an
+    /// unknown field (a typo must not silently mean "default"), a value of the wrong type,
+    /// or a duplicate name. A TOML syntax error has the field `toml`.
+    pub fn from_toml(toml: &str) -> Result<Self, BuildError> {
+        let table: Table = toml::from_str(toml).map_err(|e| BuildError::InvalidConfig {
+            rule: String::new(),
+            field: "toml".into(),
+            why: e.to_string().trim_end().to_owned(),
+        })?;
+        Self::from_table(&table)
+    }
+
+    /// The checked rules, in file order.
+    #[must_use]
+    pub fn rules(&self) -> &[RuleConfig] {
+        &self.rules
+    }
+
+    /// Every configured rule as a [`Rule`], to adjust before building (e.g. add
+    /// `bypass_if` to each).
+    #[must_use]
+    pub fn to_rules<B>(&self) -> Vec<Rule<B>> {
+        self.rules.iter().map(RuleConfig::to_rule).collect()
+    }
+
+    /// A builder holding the configured rules, to add rules defined in code. Build it,
+    /// then [`LayerConfig::apply`] the layer-wide settings.
+    #[must_use]
+    pub fn builder<St, B>(&self, store: St) -> RateLimitLayerBuilder<St, B> {
+        self.rules.iter().fold(RateLimitLayer::<St, B>::builder(store), |b, r| b.add_rule(r.to_rule()))
+    }
+
+    /// The layer: the configured rules and layer-wide settings over `store`.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidConfig`] when the configuration has no rule.
+    pub fn build<St, B>(&self, store: St) -> Result<RateLimitLayer<St, B>, BuildError> {
+        Ok(self.apply(self.builder(store).build()?))
+    }
+
+    /// Sets the layer-wide settings that the configuration names (`algorithm`,
+    /// `headers`, `fail_mode`, `timeout`) on `layer`; the others stay as they are.
+    #[must_use]
+    pub fn apply<St, B, R>(&self, mut layer: RateLimitLayer<St, B, R>) -> RateLimitLayer<St, B, R> {
+        if let Some(a) = self.algorithm {
+            layer = layer.algorithm(a);
+        }
+        if let Some(h) = self.headers {
+            layer = layer.headers(h);
+        }
+        if let Some(m) = self.fail_mode {
+            layer = layer.fail_mode(m);
+        }
+        if let Some(t) = self.timeout {
+            layer = layer.timeout(t);
+        }
+        layer
+    }
+
+    fn from_table(table: &Table) -> Result<Self, BuildError> {
+        let top = Fields { rule: String::new(), table };
+        if let Some(unknown) = table.keys().find(|k| !LAYER_FIELDS.contains(&k.as_str())) {
+            let why = if unknown == "rules" {
+                "unknown setting: did you mean [[rule]]?".to_owned()
+            } else {
+                format!("unknown setting: expected one of {}", LAYER_FIELDS.join(", "))
+            };
+            return Err(top.err(unknown, why));
+        }
+        let mut config = LayerConfig {
+            rules: Vec::new(),
+            algorithm: top.optional("algorithm", "an algorithm name", parse_algorithm)?,
+            headers: top.optional("headers", "legacy, ietf, both or none", parse_headers)?,
+            fail_mode: top.optional("fail_mode", "open or closed", parse_fail_mode)?,
+            timeout: top.optional("timeout", "a duration like \"50ms\"", parse_duration)?,
+        };
+        let entries = match table.get("rule") {
+            None => &[][..],
+            Some(Value::Array(a)) => a.as_slice(),
+            Some(v) => return Err(top.err("rule", format!("expected [[rule]] tables, found {}", v.type_str()))),
+        };
+        for (i, entry) in entries.iter().enumerate() {
+            let label = format!("#{}", i + 1);
+            let Value::Table(t) = entry else {
+                return Err(BuildError::InvalidConfig {
+                    rule: label,
+                    field: "rule".into(),
+                    why: format!("expected a [[rule]] table, found {}", entry.type_str()),
+                });
+            };
+            let rule = RuleConfig::from_table(t, label)?;
+            if config.rules.iter().any(|r| r.name == rule.name) {
+                return Err(BuildError::InvalidConfig {
+                    why: format!(
+                        "another rule is already named {:?}: names must be unique (they are part of the store keys)",
+                        rule.name
+                    ),
+                    rule: rule.name,
+                    field: "name".into(),
+                });
+            }
+            config.rules.push(rule);
+        }
+        Ok(config)
+    }
+}
+
+impl RuleConfig {
+    fn from_table(table: &Table, label: String) -> Result<Self, BuildError> {
+        // Errors name the rule by its name once it is known to be a usable one.
+        let rule = match table.get("name") {
+            Some(Value::String(n)) if !n.is_empty() && n.len() <= MAX_RULE_NAME => n.clone(),
+            _ => label,
+        };
+        let f = Fields { rule, table };
+        if let Some(unknown) = table.keys().find(|k| !RULE_FIELDS.contains(&k.as_str())) {
+            return Err(f.err(unknown, format!("unknown field: expected one of {}", RULE_FIELDS.join(", "))));
+        }
+        let name = f.required("name", "a rule name", |s| {
+            if s.is_empty() || s.len() > MAX_RULE_NAME {
+                Err(format!("a rule name needs 1 to {MAX_RULE_NAME} bytes"))
+            } else {
+                Ok(s.to_owned())
+            }
+        })?;
+        let key = f.required("key", "a key spec like \"peer_ip\"", |s| s.parse::<KeySpec>().map_err(why))?;
+        let mut quota = f.required("quota", "a quota like \"100/min\"", |s| s.parse::<Quota>().map_err(why))?;
+        if let Some(v) = table.get("burst") {
+            let burst = match v {
+                Value::Integer(b) => u64::try_from(*b).map_err(|_| f.err("burst", format!("{b} is negative")))?,
+                other => return Err(f.err("burst", format!("expected a whole number, found {}", other.type_str()))),
+            };
+            quota = quota.try_burst(burst).map_err(|e| f.err("burst", why(e)))?;
+        }
+        let algorithm = f.optional("algorithm", "an algorithm name", parse_algorithm)?;
+        let fail_mode = f.optional("fail_mode", "open or closed", parse_fail_mode)?;
+        let max_delay = f.optional("max_delay", "a duration like \"2s\"", parse_duration)?;
+        let shadow = match table.get("shadow") {
+            None => false,
+            Some(Value::Boolean(b)) => *b,
+            Some(other) => return Err(f.err("shadow", format!("expected true or false, found {}", other.type_str()))),
+        };
+        Ok(RuleConfig { name, key, quota, algorithm, fail_mode, shadow, max_delay })
+    }
+}
+
+const LAYER_FIELDS: [&str; 5] = ["rule", "algorithm", "headers", "fail_mode", "timeout"];
+const RULE_FIELDS: [&str; 8] = ["name", "key", "quota", "algorithm", "burst", "fail_mode", "shadow", "max_delay"];
+
+/// The fields of one table, with errors that name the rule.
+struct Fields<'a> {
+    rule: String,
+    table: &'a Table,
+}
+
+impl Fields<'_> {
+    fn err(&self, field: &str, why: String) -> BuildError {
+        BuildError::InvalidConfig { rule: self.rule.clone(), field: field.to_owned(), why }
+    }
+
+    fn parsed<T>(
+        &self,
+        field: &str,
+        value: &Value,
+        expected: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<T, BuildError> {
+        match value {
+            Value::String(s) => parse(s).map_err(|why| self.err(field, why)),
+            other => Err(self.err(field, format!("expected {expected} as a string, found {}", other.type_str()))),
+        }
+    }
+
+    fn optional<T>(
+        &self,
+        field: &str,
+        expected: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, BuildError> {
+        self.table.get(field).map(|v| self.parsed(field, v, expected, parse)).transpose()
+    }
+
+    fn required<T>(
+        &self,
+        field: &str,
+        expected: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<T, BuildError> {
+        self.optional(field, expected, parse)?.ok_or_else(|| self.err(field, format!("missing: expected {expected}")))
+    }
+}
+
+/// The message of an error from a parser of this crate, without its variant's prefix.
+fn why(e: BuildError) -> String {
+    match e {
+        BuildError::InvalidQuota(why) | BuildError::InvalidStore(why) | BuildError::InvalidConfig { why, .. } => why,
+        other => other.to_string(),
+    }
+}
+
+fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+    s.parse().map_err(why)
+}
+
+fn parse_headers(s: &str) -> Result<HeaderStyle, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "legacy" => Ok(HeaderStyle::Legacy),
+        "ietf" => Ok(HeaderStyle::Ietf),
+        "both" => Ok(HeaderStyle::Both),
+        "none" => Ok(HeaderStyle::None),
+        _ => Err(format!("unknown header style {s:?}: use legacy, ietf, both or none")),
+    }
+}
+
+fn parse_fail_mode(s: &str) -> Result<FailMode, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "open" => Ok(FailMode::Open),
+        "closed" => Ok(FailMode::Closed),
+        _ => Err(format!("unknown fail mode {s:?}: use open or closed")),
+    }
+}
+
+/// `"50ms"`, `"2s"`, `"1min"`, `"250us"`, `"1h"`: a whole number and a unit.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?}: expected a whole number and a unit, e.g. 2s or 500ms"))?;
+    let d = match unit.trim() {
+        "us" | "µs" => Duration::from_micros(n),
+        "ms" => Duration::from_millis(n),
+        "s" | "sec" | "secs" => Duration::from_secs(n),
+        "m" | "min" | "mins" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        "" => return Err(format!("{s:?}: the duration has no unit (ms, s, min, h)")),
+        _ => return Err(format!("{s:?}: unknown unit (use us, ms, s, min or h)")),
+    };
+    Ok(d)
+}
+
+impl<'de> Deserialize<'de> for LayerConfig {
+    /// Reads a table of the same shape as the TOML format, from any serde format, and
+    /// checks it as [`LayerConfig::from_toml`] does.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let table = Table::deserialize(deserializer)?;
+        Self::from_table(&table).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("50ms"), Ok(Duration::from_millis(50)));
+        assert_eq!(parse_duration(" 2s "), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1min"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert!(parse_duration("2").unwrap_err().contains("no unit"));
+        assert!(parse_duration("1.5s").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("s").unwrap_err().contains("whole number"));
+    }
+
+    #[test]
+    fn key_specs_round_trip_through_display() {
+        for s in ["peer_ip", "peer_ip/48", "global", "header:x-api-key"] {
+            assert_eq!(s.parse::<KeySpec>().unwrap().to_string(), s);
+        }
+        assert!(matches!("peer_ip/129".parse::<KeySpec>(), Err(BuildError::InvalidConfig { .. })));
+        assert!("peer_ip:48".parse::<KeySpec>().is_err());
+        assert!("global:x".parse::<KeySpec>().is_err());
+        assert!("header:".parse::<KeySpec>().is_err());
+        assert!("trusted_proxy_ip:".parse::<KeySpec>().is_err());
+    }
+}

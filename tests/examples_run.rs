@@ -1,0 +1,259 @@
+//! Runs the examples that need no external service as child processes, on free loopback
+//! ports, and talks to them over real sockets: what a user sees after `cargo run
+//! --example …`.
+//!
+//! The binaries are the ones `cargo test` builds under `target/<profile>/examples/`; an
+//! example whose features are off is neither built nor run. Children are killed on drop.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A running example.
+struct Example {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Drop for Example {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn binary(name: &str) -> PathBuf {
+    // target/<profile>/deps/examples_run-<hash> → target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("test binary in target/<profile>/deps");
+    let path = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo test` builds the examples (not `cargo test --test examples_run` alone); \
+         or run `cargo build --examples --all-features` first",
+        path.display()
+    );
+    path
+}
+
+impl Example {
+    fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(binary(name));
+        cmd.args(args).env("PORT", "0").env_remove("REDIS_URL").stdout(Stdio::piped()).stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines, seen: Vec::new() }
+    }
+
+    /// The next output line starting with `prefix` (the rest of it), within 60 s.
+    fn line(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.to_owned();
+                    }
+                }
+                Err(_) => panic!("no line starting with {prefix:?}; output so far: {:#?}", self.seen),
+            }
+        }
+    }
+
+    /// The address in a `<prefix>http://127.0.0.1:<port>` line.
+    fn addr(&mut self, prefix: &str) -> SocketAddr {
+        let url = self.line(prefix);
+        url.trim().trim_start_matches("http://").parse().unwrap_or_else(|e| panic!("{url:?}: {e}"))
+    }
+
+    /// Waits for the process to exit (within 60 s) and returns its output and success.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    fn finish(mut self) -> (Vec<String>, bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // The reader thread ends at EOF: take what is left.
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+                    self.seen.push(line);
+                }
+                return (std::mem::take(&mut self.seen), status.success());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("did not exit; output so far: {:#?}", self.seen);
+    }
+}
+
+/// A response read from the wire.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: HashMap<String, String>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+/// One HTTP/1.1 request on its own connection (`Connection: close`).
+fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no header end in {raw:?}"));
+    let mut lines = head.lines();
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).expect("status line");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Reply { status, headers, body: body.to_owned() }
+}
+
+fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    http(addr, "GET", path, headers, "")
+}
+
+#[test]
+fn quickstart_limits_each_client_to_ten_a_minute() {
+    let mut ex = Example::start("quickstart", &[], &[]);
+    let addr = ex.addr("listening on ");
+    for i in 0..10 {
+        let r = get(addr, "/", &[]);
+        assert_eq!(r.status, 200, "request {i}: {r:?}");
+        assert_eq!(r.body, "hello from tollgate\n");
+        assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
+    }
+    let r = get(addr, "/", &[]);
+    assert_eq!(r.status, 429, "{r:?}");
+    let retry: u64 = r.header("retry-after").expect("Retry-After").parse().unwrap();
+    // Sliding window counter: the spent minute still weighs on the next one, so the wait
+    // can pass the end of the current window, but never two.
+    assert!((1..=120).contains(&retry), "{retry}");
+}
+
+#[cfg(all(feature = "metrics", feature = "config"))]
+#[test]
+fn production_app_tiers_login_admin_and_metrics() {
+    let mut ex = Example::start("production", &[], &[("ADMIN_PORT", "0")]);
+    let public = ex.addr("listening on ");
+    let internal = ex.addr("internal (metrics, admin) on ");
+
+    assert_eq!(get(public, "/health", &[]).body, "ok\n");
+    // The free demo account: 60 a minute, then 429 naming the account rule.
+    for i in 0..60 {
+        let r = get(public, "/api/me", &[("x-api-key", "demo-free")]);
+        assert_eq!(r.status, 200, "request {i}: {r:?}");
+    }
+    let r = get(public, "/api/me", &[("x-api-key", "demo-free")]);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("x-ratelimit-rule"), Some("account-minute"));
+    assert!(r.header("ratelimit").is_some_and(|v| v.starts_with("\"account-minute\";r=0;")), "{r:?}");
+    // Other tiers are not affected.
+    assert_eq!(get(public, "/api/me", &[("x-api-key", "demo-pro")]).status, 200);
+    assert_eq!(get(public, "/api/me", &[]).status, 401, "no key: limited per IP, then refused by the handler");
+
+    // Ten failed logins, then 429.
+    let login = |password: &str| {
+        let body = format!("user=alice&password={password}");
+        http(public, "POST", "/auth/login", &[("Content-Type", "application/x-www-form-urlencoded")], &body)
+    };
+    assert_eq!(login("wonderland").status, 200);
+    for _ in 0..10 {
+        assert_eq!(login("nope").status, 401);
+    }
+    assert_eq!(login("nope").status, 429);
+
+    // Admin: look, then unblock.
+    let r = get(internal, "/admin/limits/account-minute/acct-free", &[]);
+    assert!(r.body.starts_with("{\"allowed\":false,\"limit\":60,"), "{r:?}");
+    assert_eq!(http(internal, "DELETE", "/admin/limits/account-minute/acct-free", &[], "").status, 204);
+    assert_eq!(get(public, "/api/me", &[("x-api-key", "demo-free")]).status, 200);
+
+    // Metrics by rule and outcome.
+    let scrape = get(internal, "/metrics", &[]).body;
+    let has = |rule: &str, outcome: &str| {
+        scrape.lines().any(|l| {
+            l.starts_with("tollgate_decisions_total{")
+                && l.contains(&format!("rule=\"{rule}\""))
+                && l.contains(&format!("outcome=\"{outcome}\""))
+        })
+    };
+    assert!(has("account-minute", "rejected") && has("login", "rejected") && has("ip", "allowed"), "{scrape}");
+}
+
+#[cfg(all(feature = "metrics", feature = "config"))]
+#[test]
+fn production_app_reads_limits_file_and_refuses_a_bad_one() {
+    let dir = std::env::temp_dir().join(format!("tollgate-examples-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(&good, "[[rule]]\nname = \"ip\"\nkey = \"peer_ip\"\nquota = \"2/min\"\n").unwrap();
+    let mut ex = Example::start("production", &[], &[("ADMIN_PORT", "0"), ("LIMITS_FILE", good.to_str().unwrap())]);
+    let public = ex.addr("listening on ");
+    assert_eq!(get(public, "/api/me", &[]).status, 401);
+    assert_eq!(get(public, "/api/me", &[]).status, 401);
+    assert_eq!(get(public, "/api/me", &[]).status, 429, "the file's 2 a minute is enforced");
+    drop(ex);
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[[rule]]\nname = \"ip\"\nkey = \"peer_ip\"\nquota = \"2/fortnight\"\n").unwrap();
+    let out = Command::new(binary("production"))
+        .env("PORT", "0")
+        .env("ADMIN_PORT", "0")
+        .env("LIMITS_FILE", &bad)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("rule \"ip\", field `quota`"), "{stderr}");
+}
+
+#[cfg(feature = "tonic")]
+#[test]
+fn tonic_demo_is_limited_with_a_retry_pushback() {
+    let ex = Example::start("tonic_server", &["demo"], &[]);
+    let (out, ok) = ex.finish();
+    assert!(ok, "{out:#?}");
+    assert!(out[0].starts_with("listening on http://127.0.0.1:"), "{out:#?}");
+    for (i, left) in (1..=5).zip((0..5).rev()) {
+        assert_eq!(out[i], format!("call {i}: OK Hello, demo! ({left} calls left)"), "{out:#?}");
+    }
+    // GCRA at 5 a minute: the next call fits about 12 s after the first.
+    let wait = out[6].strip_prefix("call 6: ResourceExhausted by rule api-key, retry in ").expect("sixth call limited");
+    let ms: u64 = wait.strip_suffix(" ms").unwrap().parse().unwrap();
+    assert!((10_000..=12_000).contains(&ms), "{ms}");
+}
