@@ -1,0 +1,304 @@
+//! HTTP benchmark: an axum "hello" server, bare and behind `RateLimitLayer`, loaded by
+//! `wrk` over loopback with 64 connections and 10,000 rotating `x-api-key` values.
+//!
+//! ```text
+//! apt-get install wrk                                   # the load generator (Debian package)
+//! cargo run --release --example http_bench              # all runs, then a markdown table
+//! DURATION=5 ROUNDS=1 cargo run --release --example http_bench
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --release --features redis --example http_bench
+//! ```
+//!
+//! Runs, each on a fresh server: `bare` (no layer), `memory` with a high limit (every
+//! request accepted) and with a low one (nearly every request answered 429), and, with
+//! feature `redis` and `REDIS_URL` set, the same two on `RedisStore`. Each run has a 2 s
+//! warm-up (for the low limit, it uses up the keys' quotas, so the measured part is the
+//! steady 429 path) then `DURATION` seconds (default 10) of measurement. The runs are
+//! interleaved `ROUNDS` times (default 3) and the table shows, per configuration, the round
+//! with the median req/s. Latencies are wrk's (closed loop: one request at a time per
+//! connection, no coordinated-omission correction).
+//!
+//! Environment: `DURATION`, `ROUNDS`, `CONNECTIONS` (64), `WRK_THREADS` (1),
+//! `SERVER_THREADS` (2), `ALGORITHM` (the layer's default, `sliding_window_counter`),
+//! `ONLY` (run only the configurations whose name contains it, and `bare`).
+//! Server and client share the machine; only 127.0.0.1 is used.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use tollgate::{key, Algorithm, Quota, RateLimitLayer, Store};
+
+const KEYS: usize = 10_000;
+/// Every request is accepted: each key gets far fewer than this in a run.
+const HIGH: Quota = Quota::per_minute(1_000_000);
+/// After its first request each key is rejected for the rest of the minute.
+const LOW: Quota = Quota::per_minute(1);
+
+/// Where the limiter keeps its state, if there is a limiter.
+#[derive(Clone)]
+enum Backend {
+    Bare,
+    Memory,
+    /// A hook for the Redis benches: `REDIS_URL` with feature `redis`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Redis(String),
+}
+
+#[derive(Clone)]
+struct Config {
+    name: String,
+    backend: Backend,
+    quota: Option<Quota>,
+}
+
+struct Opts {
+    duration: u64,
+    rounds: usize,
+    connections: usize,
+    wrk_threads: usize,
+    server_threads: usize,
+    algorithm: Algorithm,
+}
+
+/// What wrk reported for one run.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    requests: u64,
+    seconds: f64,
+    non_2xx: u64,
+    socket_errors: u64,
+    p50_us: u64,
+    p99_us: u64,
+}
+
+impl Run {
+    #[allow(clippy::cast_precision_loss)]
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.seconds
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn hello() -> Router {
+    Router::new().route("/", get(|| async { "hello" }))
+}
+
+fn limited<St: Store>(store: St, quota: Quota, algorithm: Algorithm) -> Router {
+    hello().layer(RateLimitLayer::<_, Body>::new(quota, key::header("x-api-key"), store).algorithm(algorithm))
+}
+
+fn router(config: &Config, algorithm: Algorithm) -> Result<Router, Box<dyn std::error::Error>> {
+    let quota = config.quota.unwrap_or(HIGH);
+    Ok(match &config.backend {
+        Backend::Bare => hello(),
+        Backend::Memory => limited(tollgate::MemoryStore::new(), quota, algorithm),
+        #[cfg(feature = "redis")]
+        Backend::Redis(url) => {
+            // A prefix of its own per run, so one run's counts never meet another's.
+            let prefix = format!("tollgate-bench-{}-{}", std::process::id(), config.name.replace(' ', "-"));
+            limited(tollgate::RedisStore::from_url(url)?.prefix(&prefix)?, quota, algorithm)
+        }
+        #[cfg(not(feature = "redis"))]
+        Backend::Redis(_) => return Err("REDIS_URL needs --features redis".into()),
+    })
+}
+
+/// A wrk script: each thread rotates over the 10,000 keys from its own starting point,
+/// with every request formatted once up front; `done` prints one parseable line.
+fn lua_script() -> String {
+    format!(
+        r#"local keys = {KEYS}
+local n = 0
+setup = function(thread)
+  thread:set("first", n * 7919)
+  n = n + 1
+end
+local reqs = {{}}
+local i = 0
+init = function(args)
+  for k = 1, keys do
+    reqs[k] = wrk.format("GET", "/", {{ ["x-api-key"] = string.format("ak_%05d", k) }})
+  end
+  i = (first or 0) % keys
+end
+request = function()
+  i = i % keys + 1
+  return reqs[i]
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT requests=%d duration_us=%d non2xx=%d socket_errors=%d p50_us=%d p99_us=%d\n",
+    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"#
+    )
+}
+
+fn wrk(addr: SocketAddr, script: &Path, seconds: u64, opts: &Opts) -> Result<Run, Box<dyn std::error::Error>> {
+    let out = Command::new("wrk")
+        .arg(format!("-t{}", opts.wrk_threads))
+        .arg(format!("-c{}", opts.connections))
+        .arg(format!("-d{seconds}s"))
+        .arg("--timeout")
+        .arg("5s")
+        .arg("-s")
+        .arg(script)
+        .arg(format!("http://{addr}/"))
+        .output()
+        .map_err(|e| format!("could not run wrk ({e}): install it with `apt-get install wrk`"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("RESULT ")).ok_or_else(|| {
+        format!("wrk printed no result (exit {}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr))
+    })?;
+    let field = |name: &str| -> Result<u64, String> {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("no {name} in {line:?}"))
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let seconds = field("duration_us")? as f64 / 1e6;
+    Ok(Run {
+        requests: field("requests")?,
+        seconds,
+        non_2xx: field("non2xx")?,
+        socket_errors: field("socket_errors")?,
+        p50_us: field("p50_us")?,
+        p99_us: field("p99_us")?,
+    })
+}
+
+/// One run on a fresh server: warm-up, then the measured part.
+fn run(config: &Config, script: &Path, opts: &Opts) -> Result<Run, Box<dyn std::error::Error>> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(opts.server_threads).enable_all().build()?;
+    let (addr, server) = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let app = router(config, opts.algorithm)?;
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok::<_, Box<dyn std::error::Error>>((addr, server))
+    })?;
+    wrk(addr, script, 2, opts)?;
+    let result = wrk(addr, script, opts.duration, opts);
+    server.abort();
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+fn fmt_ms(us: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let ms = us as f64 / 1000.0;
+    format!("{ms:.2} ms")
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let opts = Opts {
+        duration: env_or("DURATION", 10),
+        rounds: env_or("ROUNDS", 3).max(1),
+        connections: env_or("CONNECTIONS", 64),
+        wrk_threads: env_or("WRK_THREADS", 1),
+        server_threads: env_or("SERVER_THREADS", 2),
+        algorithm: std::env::var("ALGORITHM").map_or(Ok(Algorithm::default()), |a| a.parse())?,
+    };
+    let mut configs = vec![
+        Config { name: "bare".into(), backend: Backend::Bare, quota: None },
+        Config { name: "memory, high limit".into(), backend: Backend::Memory, quota: Some(HIGH) },
+        Config { name: "memory, low limit".into(), backend: Backend::Memory, quota: Some(LOW) },
+    ];
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        configs.push(Config {
+            name: "redis, high limit".into(),
+            backend: Backend::Redis(url.clone()),
+            quota: Some(HIGH),
+        });
+        configs.push(Config { name: "redis, low limit".into(), backend: Backend::Redis(url), quota: Some(LOW) });
+    }
+    if let Ok(only) = std::env::var("ONLY") {
+        // Keep `bare` as the reference for the ratios.
+        configs.retain(|c| c.name == "bare" || c.name.contains(only.as_str()));
+    }
+
+    let script: PathBuf = std::env::temp_dir().join(format!("tollgate-http-bench-{}.lua", std::process::id()));
+    std::fs::File::create(&script)?.write_all(lua_script().as_bytes())?;
+
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); configs.len()];
+    for round in 1..=opts.rounds {
+        for (config, runs) in configs.iter().zip(&mut runs) {
+            let r = run(config, &script, &opts);
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&script);
+                    return Err(e);
+                }
+            };
+            eprintln!(
+                "round {round}/{}: {:<20} {:>9.0} req/s  p50 {}  p99 {}  non-2xx {}",
+                opts.rounds,
+                config.name,
+                r.rps(),
+                fmt_ms(r.p50_us),
+                fmt_ms(r.p99_us),
+                r.non_2xx
+            );
+            runs.push(r);
+        }
+    }
+    let _ = std::fs::remove_file(&script);
+
+    // Per configuration, the round with the median req/s.
+    let median: Vec<Run> = runs
+        .into_iter()
+        .map(|mut rs| {
+            rs.sort_by(|a, b| a.rps().total_cmp(&b.rps()));
+            rs[rs.len() / 2]
+        })
+        .collect();
+    let bare = median[0].rps();
+    println!();
+    println!(
+        "HTTP, {} connections, {} keys in `x-api-key`, wrk -t{} ({} s per run, median of {} rounds), \
+         server on {} tokio workers, algorithm `{}`",
+        opts.connections, KEYS, opts.wrk_threads, opts.duration, opts.rounds, opts.server_threads, opts.algorithm
+    );
+    println!();
+    println!("| server | req/s | vs bare | p50 | p99 | 429 (non-2xx) | socket errors |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (config, r) in configs.iter().zip(&median) {
+        #[allow(clippy::cast_precision_loss)]
+        let rejected = 100.0 * r.non_2xx as f64 / r.requests.max(1) as f64;
+        println!(
+            "| {} | {:.0} | {:.2} | {} | {} | {rejected:.1}% | {} |",
+            config.name,
+            r.rps(),
+            r.rps() / bare,
+            fmt_ms(r.p50_us),
+            fmt_ms(r.p99_us),
+            r.socket_errors
+        );
+    }
+    println!();
+    let pairs = configs.iter().zip(&median).collect::<Vec<_>>();
+    for store in ["memory", "redis"] {
+        let find = |suffix: &str| pairs.iter().find(|(c, _)| c.name == format!("{store}, {suffix}")).map(|(_, r)| *r);
+        let (Some(high), Some(low)) = (find("high limit"), find("low limit")) else { continue };
+        if store == "memory" {
+            let ratio = high.rps() / bare;
+            let status = if ratio >= 0.9 { "met" } else { "MISSED" };
+            println!("- {store} layer vs bare: {ratio:.2}× req/s (target ≥ 0.90: {status})");
+        }
+        let ratio = low.rps() / high.rps();
+        let status = if ratio >= 1.0 { "met" } else { "MISSED" };
+        println!("- {store}, 429 path vs 200 path: {ratio:.2}× req/s (target ≥ 1.00: {status})");
+    }
+    Ok(())
+}
