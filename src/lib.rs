@@ -70,6 +70,7 @@
 //! | `metrics` | no | counters and histograms through the `metrics` facade |
 //! | `tonic` | no | `key::PeerIp` reads tonic's `TcpConnectInfo` |
 //! | `test-util` | no | `ManualClock`, to test your own limits with controlled time |
+//! | `config` | no | `LayerConfig`: rules from TOML or any serde format |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -186,7 +186,9 @@ async fn overload_is_bounded_then_fails_open() {
     sleeper.join().unwrap().unwrap();
     assert!(worst < DEADLINE + MARGIN, "a request waited {worst:?}");
     assert!(all < Duration::from_millis(250), "500 requests took {all:?}: they queued");
-    eprintln!("FAULT overload (500 concurrent, cap 8, Redis asleep 300 ms): worst latency {worst:?}, all done in {all:?}");
+    eprintln!(
+        "FAULT overload (500 concurrent, cap 8, Redis asleep 300 ms): worst latency {worst:?}, all done in {all:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

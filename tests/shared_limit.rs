@@ -78,7 +78,8 @@ async fn hammer(servers: &[SocketAddr], api_key: &str) -> (usize, usize) {
     (ok.load(Ordering::SeqCst), limited.load(Ordering::SeqCst))
 }
 
-const EXACT: [Algorithm; 4] = [Algorithm::SlidingWindowLog, Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow];
+const EXACT: [Algorithm; 4] =
+    [Algorithm::SlidingWindowLog, Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_servers_share_one_limit_through_redis() {

@@ -45,11 +45,9 @@ const BUS_PORT_OFFSET: u16 = 10000;
 /// Lines of `redis.log` shown in panic messages.
 const LOG_TAIL_LINES: usize = 60;
 
-const SERVER_NOT_FOUND: &str =
-    "redis-server not found on PATH: install it (apt-get install redis-server) \
+const SERVER_NOT_FOUND: &str = "redis-server not found on PATH: install it (apt-get install redis-server) \
      — tests that need Redis never skip";
-const CLI_NOT_FOUND: &str =
-    "redis-cli not found on PATH: install it (apt-get install redis-tools) \
+const CLI_NOT_FOUND: &str = "redis-cli not found on PATH: install it (apt-get install redis-tools) \
      — tests that need Redis never skip";
 
 /// Ports handed to live servers of this test process (cluster nodes also
@@ -255,12 +253,7 @@ impl RedisServer {
         self.cli(false, args, CLI_TIMEOUT)
     }
 
-    fn cli(
-        &self,
-        follow_redirects: bool,
-        args: &[&str],
-        timeout: Duration,
-    ) -> Result<String, String> {
+    fn cli(&self, follow_redirects: bool, args: &[&str], timeout: Duration) -> Result<String, String> {
         let mut command = Command::new(cli_binary());
         command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
         if follow_redirects {
@@ -274,22 +267,14 @@ impl RedisServer {
         if out.status.success() {
             Ok(out.stdout.trim().to_owned())
         } else {
-            Err(format!(
-                "exit status {}; stdout: {:?}; stderr: {:?}",
-                out.status,
-                out.stdout.trim(),
-                out.stderr.trim()
-            ))
+            Err(format!("exit status {}; stdout: {:?}; stderr: {:?}", out.status, out.stdout.trim(), out.stderr.trim()))
         }
     }
 
     fn running(&self, what: &str) -> &ServerProcess {
-        self.process.as_ref().unwrap_or_else(|| {
-            panic!(
-                "RedisServer::{what}: the server on port {} is not running (killed)",
-                self.port
-            )
-        })
+        self.process
+            .as_ref()
+            .unwrap_or_else(|| panic!("RedisServer::{what}: the server on port {} is not running (killed)", self.port))
     }
 
     /// Picks a free ephemeral port; retries with a new one on a bind race.
@@ -309,25 +294,13 @@ impl RedisServer {
     }
 
     /// Starts on exactly `port`; reports a bind failure so the caller can pick another.
-    fn try_start_on(
-        port: u16,
-        extra_args: Vec<String>,
-        reserve_bus_port: bool,
-    ) -> Result<RedisServer, StartError> {
+    fn try_start_on(port: u16, extra_args: Vec<String>, reserve_bus_port: bool) -> Result<RedisServer, StartError> {
         let dir = TempDir::new(port);
         let log_path = dir.0.join("redis.log");
         let password = requirepass_in(&extra_args);
         let process = spawn_and_wait(port, &extra_args, &dir.0, &log_path)?;
         reserve(port, reserve_bus_port);
-        Ok(RedisServer {
-            port,
-            extra_args,
-            password,
-            reserve_bus_port,
-            process: Some(process),
-            log_path,
-            dir,
-        })
+        Ok(RedisServer { port, extra_args, password, reserve_bus_port, process: Some(process), log_path, dir })
     }
 }
 
@@ -376,22 +349,14 @@ enum StartError {
 /// Ready means: this process's log says "Ready to accept connections" (so a
 /// `PONG` from some other server that won the port race is not mistaken for
 /// ours), it is still alive, and a RESP `PING` gets `+PONG` or `-NOAUTH`.
-fn spawn_and_wait(
-    port: u16,
-    extra_args: &[String],
-    dir: &Path,
-    log_path: &Path,
-) -> Result<ServerProcess, StartError> {
+fn spawn_and_wait(port: u16, extra_args: &[String], dir: &Path, log_path: &Path) -> Result<ServerProcess, StartError> {
     let binary = server_binary();
     let mut log = OpenOptions::new()
         .create(true)
         .append(true)
         .open(log_path)
         .unwrap_or_else(|e| panic!("cannot open {}: {e}", log_path.display()));
-    let _ = writeln!(
-        log,
-        "=== tollgate test harness: starting redis-server on 127.0.0.1:{port} ==="
-    );
+    let _ = writeln!(log, "=== tollgate test harness: starting redis-server on 127.0.0.1:{port} ===");
     let log_offset = fs::metadata(log_path).map(|m| m.len()).unwrap_or(0);
     let log_err = log.try_clone().expect("clone log file handle");
 
@@ -426,9 +391,7 @@ fn spawn_and_wait(
         if let Ok(Some(status)) = process.child.try_wait() {
             let new_log = read_from(log_path, log_offset);
             let tail = tail_of_file(log_path, LOG_TAIL_LINES);
-            if new_log.contains("Address already in use")
-                || new_log.contains("Failed listening on port")
-            {
+            if new_log.contains("Address already in use") || new_log.contains("Failed listening on port") {
                 return Err(StartError::AddrInUse(tail));
             }
             panic!(
@@ -439,9 +402,7 @@ fn spawn_and_wait(
         }
         if read_from(log_path, log_offset).contains("Ready to accept connections") {
             match resp_ping(port, Duration::from_millis(500)) {
-                Ok(reply) if reply == "+PONG" || reply.starts_with("-NOAUTH") => {
-                    return Ok(process)
-                }
+                Ok(reply) if reply == "+PONG" || reply.starts_with("-NOAUTH") => return Ok(process),
                 Ok(reply) => last_ping = format!("PING replied {reply:?}"),
                 Err(e) => last_ping = format!("PING failed: {e}"),
             }
@@ -464,11 +425,7 @@ fn spawn_and_wait(
 /// directory. Best effort. Normal shutdown kills the watchdog first.
 fn spawn_watchdog(pid: u32, dir: &Path) -> Option<Child> {
     Command::new("sh")
-        .args([
-            "-c",
-            "read -r _; kill -9 \"$0\" 2>/dev/null; rm -rf \"$1\"",
-            &pid.to_string(),
-        ])
+        .args(["-c", "read -r _; kill -9 \"$0\" 2>/dev/null; rm -rf \"$1\"", &pid.to_string()])
         .arg(dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -487,10 +444,7 @@ fn resp_ping(port: u16, timeout: Duration) -> io::Result<String> {
     BufReader::new(&stream).read_line(&mut line)?;
     let _ = stream.shutdown(Shutdown::Both);
     if line.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed",
-        ));
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
     }
     Ok(line.trim_end().to_owned())
 }
@@ -518,10 +472,7 @@ impl RedisCluster {
     /// `redis-cli --cluster create`, and waits until every node reports
     /// `cluster_state:ok` and all nodes agree on the slot map.
     pub fn start(masters: usize) -> RedisCluster {
-        assert!(
-            masters >= 3,
-            "redis-cli --cluster create needs at least 3 masters, got {masters}"
-        );
+        assert!(masters >= 3, "redis-cli --cluster create needs at least 3 masters, got {masters}");
         let mut nodes: Vec<RedisServer> = Vec::with_capacity(masters);
         let mut failures = 0;
         while nodes.len() < masters {
@@ -542,12 +493,7 @@ impl RedisCluster {
 
         let mut command = Command::new(cli_binary());
         command.args(["--cluster", "create"]);
-        command.args(
-            cluster
-                .nodes
-                .iter()
-                .map(|n| format!("127.0.0.1:{}", n.port)),
-        );
+        command.args(cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
         command.args(["--cluster-replicas", "0", "--cluster-yes"]);
         let shown = format!("{command:?}");
         match run_with_timeout(command, CLUSTER_TIMEOUT) {
@@ -628,10 +574,7 @@ impl RedisCluster {
                 Err(problem) => problem,
             };
             if Instant::now() >= deadline {
-                panic!(
-                    "cluster not ok within {CLUSTER_TIMEOUT:?}: {problem}\n{}",
-                    self.diagnostics()
-                );
+                panic!("cluster not ok within {CLUSTER_TIMEOUT:?}: {problem}\n{}", self.diagnostics());
             }
             thread::sleep(Duration::from_millis(100));
         }
@@ -665,15 +608,9 @@ impl RedisCluster {
             let view = parse_cluster_nodes(&raw).map_err(|e| format!("node {port}: {e}"))?;
             let seen: BTreeSet<u16> = view.iter().map(|(p, _)| *p).collect();
             if seen != expected {
-                return Err(format!(
-                    "node {port} sees masters {seen:?}, want {expected:?}"
-                ));
+                return Err(format!("node {port} sees masters {seen:?}, want {expected:?}"));
             }
-            let covered: usize = view
-                .iter()
-                .flat_map(|(_, r)| r)
-                .map(|(a, b)| b - a + 1)
-                .sum();
+            let covered: usize = view.iter().flat_map(|(_, r)| r).map(|(a, b)| b - a + 1).sum();
             if covered != CLUSTER_SLOTS {
                 return Err(format!("node {port} sees {covered} slots assigned"));
             }
@@ -820,11 +757,7 @@ fn free_cluster_port() -> u16 {
 fn cluster_port_range() -> (u16, u16) {
     let ephemeral_low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u16>().ok())
-        });
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u16>().ok()));
     match ephemeral_low {
         Some(low) if low >= 10000 + BUS_PORT_OFFSET + 1000 => (10000, low - BUS_PORT_OFFSET),
         _ => (20000, 50000),
@@ -832,9 +765,7 @@ fn cluster_port_range() -> (u16, u16) {
 }
 
 fn reserved_ports() -> std::sync::MutexGuard<'static, BTreeSet<u16>> {
-    RESERVED_PORTS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    RESERVED_PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn is_reserved(port: u16) -> bool {
@@ -860,12 +791,7 @@ fn release(port: u16, bus: bool) {
 fn random_u64() -> u64 {
     let mut hasher = RandomState::new().build_hasher();
     hasher.write_u64(SEQUENCE.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u128(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
+    hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
     hasher.finish()
 }
 
@@ -875,9 +801,7 @@ fn random_u64() -> u64 {
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
+    std::env::split_paths(&path).map(|dir| dir.join(name)).find(|candidate| candidate.is_file())
 }
 
 fn server_binary() -> PathBuf {
@@ -906,9 +830,7 @@ fn wait_for_proc_state(pid: u32, stopped: bool) {
             return;
         };
         // The state letter follows the parenthesised command name.
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
         let is_stopped = matches!(state, Some('T') | Some('t'));
         if is_stopped == stopped || state.is_none() {
             return;
@@ -925,10 +847,7 @@ struct CliOutput {
 
 /// Runs `command` with piped output, killing it after `timeout`.
 fn run_with_timeout(mut command: Command, timeout: Duration) -> Result<CliOutput, String> {
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) if e.kind() == io::ErrorKind::NotFound => panic!("{CLI_NOT_FOUND}"),
@@ -945,19 +864,12 @@ fn run_with_timeout(mut command: Command, timeout: Duration) -> Result<CliOutput
                 let _ = child.kill();
                 let _ = child.wait();
                 let out = stdout.join().unwrap_or_default();
-                return Err(format!(
-                    "no answer within {timeout:?} (stdout so far: {:?})",
-                    out.trim()
-                ));
+                return Err(format!("no answer within {timeout:?} (stdout so far: {:?})", out.trim()));
             }
             Err(e) => return Err(format!("waiting for {command:?}: {e}")),
         }
     };
-    Ok(CliOutput {
-        status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
-    })
+    Ok(CliOutput { status, stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() })
 }
 
 fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> thread::JoinHandle<String> {
@@ -992,11 +904,7 @@ impl TempDir {
     fn new(port: u16) -> TempDir {
         let base = std::env::temp_dir();
         for _ in 0..100 {
-            let name = format!(
-                "tollgate-redis-{}-{port}-{:016x}",
-                std::process::id(),
-                random_u64()
-            );
+            let name = format!("tollgate-redis-{}-{port}-{:016x}", std::process::id(), random_u64());
             let path = base.join(name);
             match fs::create_dir(&path) {
                 Ok(()) => return TempDir(path),
