@@ -71,6 +71,7 @@
 //! | `tonic` | no | `key::PeerIp` reads tonic's `TcpConnectInfo` |
 //! | `test-util` | no | `ManualClock`, to test your own limits with controlled time |
 //! | `config` | no | `LayerConfig`: rules from TOML or any serde format |
+//! | `redis-tls` | no | `rediss://` for `RedisStore` through rustls (ring) |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 /// Where connections come from.
 #[derive(Clone)]
+#[allow(clippy::large_enum_variant, reason = "one per store; a TLS ConnectionInfo holds its root certificates")]
 pub(crate) enum Origin {
     /// A URL given to `from_url`: the store builds its own pool with its timeouts.
     Url(ConnectionInfo),
@@ -97,15 +98,24 @@ impl Pools {
         match self {
             Pools::Single(p) => match tokio::time::timeout(t, p.get()).await {
                 Err(_) => Err(late()),
-                Ok(Err(e)) => Err(e.to_string()),
+                Ok(Err(e)) => Err(pool_error(e)),
                 Ok(Ok(c)) => Ok(Conn::Single(deadpool_redis::Connection::take(c))),
             },
             Pools::Cluster(p) => match tokio::time::timeout(t, p.get()).await {
                 Err(_) => Err(late()),
-                Ok(Err(e)) => Err(e.to_string()),
+                Ok(Err(e)) => Err(pool_error(e)),
                 Ok(Ok(c)) => Ok(Conn::Cluster(deadpool_redis::cluster::Connection::take(c))),
             },
         }
+    }
+}
+
+/// Why the pool gave no connection; redis errors (wrong password, untrusted certificate)
+/// are worded by [`super::security::explain`].
+fn pool_error(e: deadpool_redis::PoolError) -> String {
+    match e {
+        deadpool_redis::PoolError::Backend(e) => super::security::explain(&e),
+        other => other.to_string(),
     }
 }
 
@@ -282,7 +292,12 @@ impl Link {
     }
 
     fn pools(&self) -> Result<Pools, String> {
-        self.pools.get_or_init(|| make_pools(&self.origin, self.timeouts)).clone()
+        self.pools
+            .get_or_init(|| {
+                super::security::ensure_crypto_provider(&self.origin);
+                make_pools(&self.origin, self.timeouts)
+            })
+            .clone()
     }
 
     /// Records the end of a connection attempt; true when connected.
