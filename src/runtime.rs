@@ -12,7 +12,7 @@ use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use crate::key::Key;
-use crate::StoreError;
+use crate::{Quota, StoreError};
 
 pub(crate) struct Runtime {
     pub(crate) deadline: Duration,
@@ -207,9 +207,9 @@ struct Blocked {
 struct BlockedEntry {
     rule: usize,
     key: Key,
-    /// The smallest cost known rejected, and the limit it was rejected under.
+    /// The smallest cost known rejected, and the quota it was rejected under.
     cost: u64,
-    limit: u64,
+    quota: Quota,
     until: u64,
     retry: Duration,
 }
@@ -232,22 +232,22 @@ impl BlockedCache {
         (h, self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
-    /// If (rule, key) is blocked at `now` for `cost` under `limit`: the time left.
-    pub(crate) fn blocked(&self, rule: usize, key: &Key, cost: u64, limit: u64, now: u64) -> Option<Duration> {
+    /// If (rule, key) is blocked at `now` for `cost` under `quota`: the time left.
+    pub(crate) fn blocked(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64) -> Option<Duration> {
         let (h, shard) = self.shard(rule, key);
         let e = shard.table.find(h, |e| e.rule == rule && e.key == *key)?;
-        (e.until > now && cost >= e.cost && limit == e.limit).then(|| {
+        (e.until > now && cost >= e.cost && quota == e.quota).then(|| {
             let left = Duration::from_micros(e.until - now);
             left.min(e.retry)
         })
     }
 
     /// Records that (rule, key) rejects `cost` for `retry`.
-    pub(crate) fn insert(&self, rule: usize, key: &Key, cost: u64, limit: u64, now: u64, retry: Duration) {
+    pub(crate) fn insert(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64, retry: Duration) {
         let until = now.saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX));
         let (h, mut shard) = self.shard(rule, key);
         if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
-            *e = BlockedEntry { rule, key: key.clone(), cost, limit, until, retry };
+            *e = BlockedEntry { rule, key: key.clone(), cost, quota, until, retry };
             return;
         }
         if shard.table.len() >= shard.sweep_at {
@@ -258,7 +258,7 @@ impl BlockedCache {
             return; // bounded: under a flood of distinct keys, stop caching
         }
         let hasher = &self.hasher;
-        shard.table.insert_unique(h, BlockedEntry { rule, key: key.clone(), cost, limit, until, retry }, |e| {
+        shard.table.insert_unique(h, BlockedEntry { rule, key: key.clone(), cost, quota, until, retry }, |e| {
             hasher.hash_one((e.rule, &e.key))
         });
     }
@@ -315,15 +315,17 @@ mod tests {
     fn blocked_cache_is_exact_and_bounded() {
         let cache = BlockedCache::new(SHARDS * 100);
         let k = Key::from("k");
-        cache.insert(0, &k, 2, 10, 1_000, Duration::from_micros(500));
-        assert!(cache.blocked(0, &k, 2, 10, 1_499).is_some());
-        assert!(cache.blocked(0, &k, 3, 10, 1_200).is_some(), "a larger cost is rejected too");
-        assert!(cache.blocked(0, &k, 1, 10, 1_200).is_none(), "a smaller cost may fit");
-        assert!(cache.blocked(0, &k, 2, 20, 1_200).is_none(), "another tier's limit");
-        assert!(cache.blocked(0, &k, 2, 10, 1_500).is_none());
-        assert!(cache.blocked(1, &k, 2, 10, 1_200).is_none());
+        let q = Quota::per_minute(10);
+        cache.insert(0, &k, 2, q, 1_000, Duration::from_micros(500));
+        assert!(cache.blocked(0, &k, 2, q, 1_499).is_some());
+        assert!(cache.blocked(0, &k, 3, q, 1_200).is_some(), "a larger cost is rejected too");
+        assert!(cache.blocked(0, &k, 1, q, 1_200).is_none(), "a smaller cost may fit");
+        assert!(cache.blocked(0, &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
+        assert!(cache.blocked(0, &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
+        assert!(cache.blocked(0, &k, 2, q, 1_500).is_none());
+        assert!(cache.blocked(1, &k, 2, q, 1_200).is_none());
         for i in 0..10_000 {
-            cache.insert(0, &Key::from(format!("k{i}")), 1, 10, 2_000, Duration::from_secs(1));
+            cache.insert(0, &Key::from(format!("k{i}")), 1, q, 2_000, Duration::from_secs(1));
         }
         assert!(cache.len() <= SHARDS * 100 + SHARDS);
     }

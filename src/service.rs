@@ -108,7 +108,7 @@ where
             if layer.rules[rule].count_if.is_some() {
                 continue; // units may be given back: a rejection is not final
             }
-            if let Some(left) = rt.cache.blocked(rule, &check.key, check.params.cost, quota.limit(), now) {
+            if let Some(left) = rt.cache.blocked(rule, &check.key, check.params.cost, quota, now) {
                 crate::metrics::decision(&check.rule, "local_rejected");
                 let decision = Decision {
                     allowed: false,
@@ -191,7 +191,7 @@ where
             let now = rt.mono_us();
             for ((check, &(rule, quota)), d) in enforced.checks.iter().zip(&enforced.rules).zip(&decisions) {
                 if let (false, Some(retry), None) = (d.allowed, d.retry_after, &layer.rules[rule].count_if) {
-                    rt.cache.insert(rule, &check.key, check.params.cost, quota.limit(), now, retry);
+                    rt.cache.insert(rule, &check.key, check.params.cost, quota, now, retry);
                 }
             }
         }

@@ -20,8 +20,9 @@
 //! [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) are stored as their SHA-256 digest.
 //!
 //! Every key has a TTL that ends when its state is the same as "never seen": idle keys
-//! cost nothing. A Redis with `maxmemory-policy allkeys-*` may evict limiter keys (and so
-//! forget what clients consumed): use a `volatile-*` policy or a dedicated instance.
+//! cost nothing. Under memory pressure Redis may evict limiter keys (and so forget what
+//! clients consumed) with `allkeys-*` and, as every limiter key has a TTL, `volatile-*`
+//! policies alike: for limits that must hold, use a dedicated instance with `noeviction`.
 //!
 //! # Several rules across cluster slots
 //!
@@ -29,6 +30,14 @@
 //! same time. When one slot rejects, the units taken by the slots that accepted are given
 //! back: concurrent requests may briefly see them as taken (a little under-admission),
 //! never more than the limit is admitted.
+//!
+//! # Credentials and TLS
+//!
+//! A password or an ACL user goes in the URL (`redis://[user]:password@host`); neither
+//! shows in `Debug` output, errors or log lines. `rediss://` (feature `redis-tls`) connects
+//! over TLS with rustls, trusting the system's CA store or the CAs given to
+//! `RedisStore::tls_root_certificates`. Wrong credentials and untrusted certificates are a
+//! [`StoreError`] at request time that says so, handled by the layer's fail mode.
 //!
 //! # Connections
 //!
@@ -42,6 +51,7 @@
 mod conn;
 mod keys;
 mod script;
+mod security;
 
 use std::fmt;
 use std::future::Future;
@@ -53,11 +63,28 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
 
 use self::conn::{Link, Origin, Timeouts};
-use self::script::{parse_check, push_rule_args, Reply, MODE_CHECK, MODE_PEEK, SCRIPTS};
+use self::script::{parse_check, push_rule_args, Reply, Script, MODE_CHECK, MODE_PEEK, SCRIPTS};
 use super::{Check, Store};
 use crate::clock::SharedClock;
 use crate::key::Key;
 use crate::{Algorithm, BuildError, Decision, StoreError};
+
+/// Not part of the API: one check script call, see `RedisStore::__check_script_call`.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct ScriptCall {
+    /// The script's SHA1, for `EVALSHA`.
+    pub sha: String,
+    /// The script, for `EVAL`.
+    pub text: &'static str,
+    /// `KEYS`.
+    pub keys: Vec<Vec<u8>>,
+    /// `ARGV`.
+    pub args: Vec<String>,
+}
+
+/// A script with its `KEYS` and `ARGV`.
+type Invocation = (&'static Script, Vec<Vec<u8>>, Vec<String>);
 
 /// The default key prefix.
 const DEFAULT_PREFIX: &str = "tollgate";
@@ -111,18 +138,18 @@ impl fmt::Debug for RedisStore {
             .field("response_timeout", &c.timeouts.response)
             .field("connect_timeout", &c.timeouts.connect)
             .field("clock", &if c.clock.is_some() { "manual" } else { "redis TIME" })
+            .field("tls", &security::describe(&c.origin))
             .field("connected", &self.inner.link.is_connected())
             .finish()
     }
 }
 
-/// `url` without its password, for messages.
+/// `url` without its user name and password, for messages: everything up to the last `@`
+/// (after the scheme, if any), so that a password with an unescaped `/`, `?` or `#` does
+/// not end the user info early and get shown.
 fn redact(url: &str) -> String {
-    let Some(start) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let end = url[start..].find(['/', '?', '#']).map_or(url.len(), |i| start + i);
-    match url[start..end].rfind('@') {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    match url[start..].rfind('@') {
         Some(at) => format!("{}***@{}", &url[..start], &url[start + at + 1..]),
         None => url.to_owned(),
     }
@@ -145,6 +172,7 @@ fn parse_url(url: &str) -> Result<redis::ConnectionInfo, BuildError> {
             )))
         }
     }
+    security::check_url(scheme.as_deref().unwrap_or_default(), url, &shown).map_err(BuildError::InvalidStore)?;
     url.into_connection_info().map_err(|e| {
         BuildError::InvalidStore(format!(
             "invalid redis URL {shown:?}: {e} (expected redis://[user:password@]host[:port][/db])"
@@ -231,6 +259,55 @@ impl RedisStore {
         Self::build(Self::config(Origin::ClusterPool(pool), "redis cluster (application pool)".to_owned()))
     }
 
+    /// Trusts the CA certificates in `pem` (one or more PEM `CERTIFICATE` blocks) for the
+    /// `rediss://` connection, instead of the system's trust store: for a managed Redis or
+    /// a server whose certificate a private CA signed. Call before the store is used.
+    ///
+    /// Without it, a `rediss://` store trusts the operating system's CA store (as
+    /// `SSL_CERT_FILE` / `SSL_CERT_DIR` may point it elsewhere). The server's certificate
+    /// must name the URL's host (a DNS name, or an IP address in its subject alternative
+    /// names): there is no way to turn the check off.
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/myapp/redis-ca.pem")?;
+    /// let store = tollgate::RedisStore::from_url("rediss://:password@redis.internal:6380")?
+    ///     .tls_root_certificates(&ca)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidStore`] when `pem` holds no certificate or a malformed one,
+    /// when the store's URL is not `rediss://`, and for stores made by
+    /// [`RedisStore::cluster`] (deadpool-redis builds cluster clients without custom roots:
+    /// add the CA to the system's trust store) or from an application's pool (configure
+    /// TLS on the pool).
+    #[cfg(feature = "redis-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
+    pub fn tls_root_certificates(self, pem: &[u8]) -> Result<Self, BuildError> {
+        let origin = match &self.inner.config.origin {
+            Origin::Url(info) => {
+                Origin::Url(security::with_root_certificates(info, pem).map_err(BuildError::InvalidStore)?)
+            }
+            Origin::ClusterUrls(_) => {
+                return Err(BuildError::InvalidStore(
+                    "root certificates cannot be given to a redis cluster store (deadpool-redis builds \
+                     cluster clients without them): add the CA to the system's trust store"
+                        .into(),
+                ))
+            }
+            Origin::Pool(_) | Origin::ClusterPool(_) => {
+                return Err(BuildError::InvalidStore(
+                    "root certificates cannot be given to a store on an application's pool: \
+                     configure TLS on the pool"
+                        .into(),
+                ))
+            }
+        };
+        Ok(self.rebuild(|c| c.origin = origin))
+    }
+
     /// Puts every key under `prefix` instead of `"tollgate"` (for several applications
     /// or environments sharing one Redis). Call before the store is used.
     ///
@@ -283,6 +360,20 @@ impl RedisStore {
         self.rebuild(|c| c.clock = Some(clock))
     }
 
+    /// Not part of the API (for `examples/loadtest.rs`, which measures the script alone as
+    /// a baseline): what [`Store::check`] sends for `checks` on a standalone server, by
+    /// `EVALSHA` of `sha` (or `EVAL` of `text` after a `NOSCRIPT`). May change in any release.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::check`], for quotas that Lua cannot compute exactly.
+    #[doc(hidden)]
+    pub fn __check_script_call(&self, checks: &[Check]) -> Result<ScriptCall, StoreError> {
+        let checks: Vec<&Check> = checks.iter().collect();
+        let (script, keys, args) = self.inner.check_call(&checks, MODE_CHECK)?;
+        Ok(ScriptCall { sha: script.sha.clone(), text: script.text, keys, args })
+    }
+
     /// Connects (if not yet connected) and sends `PING`: a start-up check that Redis is
     /// reachable.
     ///
@@ -323,9 +414,9 @@ impl Inner {
         if e.is_timeout() {
             StoreError::Timeout(self.config.timeouts.response)
         } else if unavailable {
-            StoreError::Unavailable(format!("redis at {}: {e}", self.config.addr))
+            StoreError::Unavailable(format!("redis at {}: {}", self.config.addr, security::explain(e)))
         } else {
-            StoreError::Backend(format!("redis at {}: {e}", self.config.addr))
+            StoreError::Backend(format!("redis at {}: {}", self.config.addr, security::explain(e)))
         }
     }
 
@@ -392,8 +483,8 @@ impl Inner {
         self.query(conn, generation, &evalsha, Some(&eval)).await
     }
 
-    /// Runs a check script over `checks` (all in one slot, or standalone).
-    async fn run_check(&self, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
+    /// The script, KEYS and ARGV of a check over `checks` (all in one slot, or standalone).
+    fn check_call(&self, checks: &[&Check], mode: &str) -> Result<Invocation, StoreError> {
         let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.name(c)).collect();
         let mut args = Vec::with_capacity(2 + 7 * checks.len());
         args.push(self.now_arg(None));
@@ -401,7 +492,13 @@ impl Inner {
         for c in checks {
             push_rule_args(&mut args, c)?;
         }
-        let reply = self.eval(SCRIPTS.check_for(checks), &keys, &args).await?;
+        Ok((SCRIPTS.check_for(checks), keys, args))
+    }
+
+    /// Runs a check script over `checks` (all in one slot, or standalone).
+    async fn run_check(&self, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
+        let (script, keys, args) = self.check_call(checks, mode)?;
+        let reply = self.eval(script, &keys, &args).await?;
         parse_check(&reply, checks)
     }
 
@@ -559,6 +656,8 @@ mod tests {
         assert_eq!(redact("redis://user:secret@host"), "redis://***@host");
         assert_eq!(redact("redis://host:6379"), "redis://host:6379");
         assert_eq!(redact("no url"), "no url");
+        assert_eq!(redact("user:secret@host:1"), "***@host:1");
+        assert_eq!(redact("redis://:pa/ss?w#d@host:1"), "redis://***@host:1");
     }
 
     #[test]

@@ -1,0 +1,39 @@
+-- GCRA for a check of one rule, the common case: the same arguments (lib.lua), reply
+-- (check.lua) and writes as the generic check script built with gcra.lua, straight-line.
+-- The generic script builds its function table, a parameter table and its loop on every
+-- call, which is most of its cost inside Redis: this one takes about half the CPU (see
+-- docs/performance-redis.md). Rust checks its verdict against src/algorithm/gcra.rs as
+-- for every script.
+local now
+if ARGV[1] ~= '' then
+  now = ARGV[1] + 0
+else
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+if #KEYS ~= 1 or ARGV[3] ~= 'gcra' then
+  return redis.error_reply('tollgate: the single-rule GCRA script got ' .. #KEYS .. ' keys of ' .. tostring(ARGV[3]))
+end
+-- ARGV[6..8]: burst B, emission interval T (µs), cost c. `x + 0` converts like tonumber.
+local B, T, c = ARGV[6] + 0, ARGV[7] + 0, ARGV[8] + 0
+local v = redis.call('GET', KEYS[1])
+local tat = v and v + 0 or 0
+local base = tat > now and tat or now
+-- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T
+local ok = c <= B and base - now + c * T <= B * T
+if ok and ARGV[2] == 'c' then
+  local new = base + c * T
+  -- lib.lua's ttl_ms(new, now): whole ms rounded up, plus one; floor(a / 1000) corrected
+  -- for the rounding of the division, as floordiv does. Integers print exactly with %d.
+  local a = new - now + 999
+  local q = math.floor(a / 1000)
+  if q * 1000 > a then
+    q = q - 1
+  elseif (q + 1) * 1000 <= a then
+    q = q + 1
+  end
+  redis.call('SET', KEYS[1], string.format('%d', new), 'PX', string.format('%d', q + 1))
+end
+local r = ok and 1 or 0
+return { now, r, r, tat, 0, 0 }
