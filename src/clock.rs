@@ -16,13 +16,41 @@ pub trait Clock: Send + Sync + 'static {
     fn now_micros(&self) -> u64;
 }
 
-/// The system's wall clock.
+/// The system clock: wall-clock time read once, at first use, then advanced by a
+/// monotonic clock (the CPU's time-stamp counter where it is reliable, through `quanta`).
+///
+/// Reading it costs a few nanoseconds instead of a `clock_gettime` call, and it never
+/// steps backwards when NTP corrects the wall clock — what a limiter wants. It is the
+/// default clock of `MemoryStore`; `RedisStore` uses Redis's own `TIME`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
+fn wall_micros() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        static ANCHOR: std::sync::OnceLock<(u64, quanta::Instant)> = std::sync::OnceLock::new();
+        let (wall, at) = ANCHOR.get_or_init(|| (wall_micros(), quanta::Instant::now()));
+        let since = quanta::Instant::now().saturating_duration_since(*at);
+        wall + u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_clock_follows_the_wall_clock_and_never_goes_back() {
+        let c = SystemClock;
+        let a = c.now_micros();
+        let wall = wall_micros();
+        assert!(a.abs_diff(wall) < 1_000_000, "{a} vs {wall}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let b = c.now_micros();
+        assert!(b >= a + 15_000, "{a} -> {b}");
     }
 }
 

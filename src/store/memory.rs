@@ -5,7 +5,8 @@ use std::future::{ready, Future};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use hashbrown::HashTable;
+use hashbrown::hash_table::Entry as Slot;
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use super::{Check, Store};
 use crate::algorithm::State;
@@ -28,7 +29,9 @@ pub struct MemoryStore {
 
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
-    hasher: std::hash::RandomState,
+    /// foldhash with a per-store random seed: fast, and not predictable by clients who
+    /// choose their keys.
+    hasher: DefaultHashBuilder,
     clock: SharedClock,
 }
 
@@ -81,7 +84,7 @@ impl MemoryStore {
                 shards: (0..shards)
                     .map(|_| Mutex::new(Shard { table: HashTable::new(), sweep_at: MIN_SWEEP }))
                     .collect(),
-                hasher: std::hash::RandomState::new(),
+                hasher: DefaultHashBuilder::default(),
                 clock,
             }),
         }
@@ -111,13 +114,14 @@ impl MemoryStore {
 
     /// Decides synchronously at `now` (the `Store` impl calls this with the clock's time).
     pub fn check_at(&self, checks: &[Check], now: u64) -> Vec<Decision> {
-        let hashes: Vec<u64> = checks.iter().map(|c| self.hash(&c.rule, c.algorithm, &c.key)).collect();
         let mask = self.inner.shards.len() - 1;
         #[allow(clippy::cast_possible_truncation)]
         let shard_of = |h: u64| (h as usize) & mask;
         if let [check] = checks {
-            let mut shard = lock(&self.inner.shards[shard_of(hashes[0])]);
-            let entry = shard.entry(hashes[0], check, now, &self.inner.hasher);
+            // The common case, one rule: no allocation but the result.
+            let hash = self.hash(&check.rule, check.algorithm, &check.key);
+            let mut shard = lock(&self.inner.shards[shard_of(hash)]);
+            let entry = shard.entry(hash, check, now, &self.inner.hasher);
             let d = entry.state.decide(&check.params, now);
             if d.allowed {
                 entry.state.commit(&check.params, now);
@@ -127,6 +131,7 @@ impl MemoryStore {
         }
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
         // commit only if all pass.
+        let hashes: Vec<u64> = checks.iter().map(|c| self.hash(&c.rule, c.algorithm, &c.key)).collect();
         let mut order: Vec<usize> = hashes.iter().map(|&h| shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
@@ -179,25 +184,26 @@ fn matches(e: &Entry, rule: &str, algorithm: Algorithm, key: &Key) -> bool {
 }
 
 impl Shard {
-    /// The live entry for `check`, created (or reset, when expired) as needed.
-    fn entry(&mut self, hash: u64, check: &Check, now: u64, hasher: &std::hash::RandomState) -> &mut Entry {
-        let found = self.table.find(hash, |e| matches(e, &check.rule, check.algorithm, &check.key)).is_some();
-        if !found {
-            if self.table.len() >= self.sweep_at {
-                self.table.retain(|e| e.expires_at > now);
-                self.sweep_at = (self.table.len() * 2).max(MIN_SWEEP);
-            }
-            let entry = Entry {
-                rule: check.rule.clone(),
-                algorithm: check.algorithm,
-                key: check.key.clone(),
-                state: State::new(check.algorithm),
-                expires_at: 0,
-            };
-            self.table.insert_unique(hash, entry, |e| hasher.hash_one((&*e.rule, e.algorithm, &e.key)));
+    /// The live entry for `check`, created (or reset, when expired) as needed; one probe.
+    fn entry(&mut self, hash: u64, check: &Check, now: u64, hasher: &DefaultHashBuilder) -> &mut Entry {
+        if self.table.len() >= self.sweep_at {
+            // Amortised: only after the table doubled since the last sweep.
+            self.table.retain(|e| e.expires_at > now);
+            self.sweep_at = (self.table.len() * 2).max(MIN_SWEEP);
         }
-        let e =
-            self.table.find_mut(hash, |e| matches(e, &check.rule, check.algorithm, &check.key)).expect("entry present");
+        let rehash = |e: &Entry| hasher.hash_one((&*e.rule, e.algorithm, &e.key));
+        let e = match self.table.entry(hash, |e| matches(e, &check.rule, check.algorithm, &check.key), rehash) {
+            Slot::Occupied(o) => o.into_mut(),
+            Slot::Vacant(v) => v
+                .insert(Entry {
+                    rule: check.rule.clone(),
+                    algorithm: check.algorithm,
+                    key: check.key.clone(),
+                    state: State::new(check.algorithm),
+                    expires_at: 0,
+                })
+                .into_mut(),
+        };
         if e.expires_at <= now && e.expires_at != 0 {
             e.state = State::new(check.algorithm);
             e.expires_at = 0;
