@@ -349,3 +349,131 @@ async fn a_new_store_decides_from_its_first_request() {
     let store = RedisStore::from_url(&server.url()).unwrap();
     assert_eq!(store.peek(&c).await.unwrap().remaining, 9, "20 checks counted");
 }
+
+/// The straight-line single-rule scripts (`scripts/<alg>_single.lua`) against the generic
+/// check script for one rule of the same algorithm: one `EVAL` runs both, on two keys, with
+/// `redis.call` wrapped to log every write, and returns their replies, writes (with the
+/// `PX` argument), stored values and PTTLs. Random quotas and steps: costs 0–4, peeks,
+/// rejections, time jumps onto, just before and just after window boundaries, server time.
+#[tokio::test]
+async fn single_rule_scripts_match_the_generic_script() {
+    const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/store/redis/scripts/");
+    let read = |name: &str| std::fs::read_to_string(format!("{DIR}{name}.lua")).unwrap();
+    let wrapper = |alg: &str| {
+        let generic = format!("{}{}{}", read("lib"), read(alg), read("check"));
+        let single = read(&format!("{alg}_single"));
+        format!(
+            "local function G(KEYS, ARGV, redis)\n{generic}\nend\n\
+             local function S(KEYS, ARGV, redis)\n{single}\nend\n{}",
+            r"
+local log = {}
+local fake = setmetatable({ call = function(...)
+  local a = { ... }
+  if a[1] ~= 'GET' and a[1] ~= 'TIME' then
+    local t = { a[1] }
+    for i = 3, #a do t[#t + 1] = a[i] end
+    log[#log + 1] = table.concat(t, ' ')
+  end
+  return redis.call(...)
+end }, { __index = redis })
+local function ser(r)
+  if type(r) ~= 'table' then return 'not a table: ' .. tostring(r) end
+  if r.err then return 'error: ' .. r.err end
+  local t = {}
+  for i = 1, #r do t[i] = string.format('%.17g', r[i]) end
+  return table.concat(t, ',')
+end
+local rg = ser(G({ KEYS[1] }, ARGV, fake))
+local lg = table.concat(log, ';')
+log = {}
+local rs = ser(S({ KEYS[2] }, ARGV, fake))
+local ls = table.concat(log, ';')
+local pa, pb = redis.call('PTTL', KEYS[1]), redis.call('PTTL', KEYS[2])
+-- The test's clock is not Redis's: no real-time expiry (the PX arguments are compared).
+redis.call('PERSIST', KEYS[1])
+redis.call('PERSIST', KEYS[2])
+return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
+         rs, ls, tostring(redis.call('GET', KEYS[2])), tostring(pb) }
+"
+        )
+    };
+    let server = RedisServer::start();
+    let mut con = redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut below = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for (tag, alg) in [
+        ("fw", "fixed_window"),
+        ("swc", "sliding_window_counter"),
+        ("tb", "token_bucket"),
+        ("lb", "leaky_bucket"),
+        ("gcra", "gcra"),
+    ] {
+        let script = redis::Script::new(&wrapper(alg));
+        let mut committed = 0;
+        for round in 0..20 {
+            let l = 1 + below(12);
+            let w = match below(4) {
+                0 => 1000 * (1 + below(5)),
+                1 => 1_000_000,
+                2 => 7 + below(100_000),
+                _ => 60_000_000 + below(3),
+            };
+            let (t, b) = (w.div_ceil(l), if below(2) == 0 { l } else { 1 + below(15) });
+            let md = [0, t * below(5), 1 << 53][usize::try_from(below(3)).unwrap()];
+            let mut now = 1_700_000_000_000_000 + below(1_000_000_000);
+            let (ka, kb) = (format!("eq:g:{tag}:{round}"), format!("eq:s:{tag}:{round}"));
+            for _ in 0..60 {
+                let to_boundary = w - now % w;
+                now += match below(10) {
+                    0 | 1 => 0,
+                    2 => 1,
+                    3 => below(t),
+                    4 => t,
+                    5 => to_boundary,
+                    6 => to_boundary - 1,
+                    7 => to_boundary + 1,
+                    8 => w * (1 + below(3)),
+                    _ => below(w),
+                };
+                // GCRA's single script writes `SET tat PX 1` where the generic one deletes
+                // for a cost of 0 (the same state either way): costs from 1 for it.
+                let cost = if tag == "gcra" { 1 + below(4) } else { below(5) };
+                let mode = if below(4) == 0 { "p" } else { "c" };
+                let server_time = below(10) == 0;
+                let now_arg = if server_time { String::new() } else { now.to_string() };
+                let r: Vec<String> = script
+                    .key(&ka)
+                    .key(&kb)
+                    .arg(&now_arg)
+                    .arg(mode)
+                    .arg(tag)
+                    .arg(l)
+                    .arg(w)
+                    .arg(b)
+                    .arg(t)
+                    .arg(cost)
+                    .arg(md)
+                    .invoke_async(&mut con)
+                    .await
+                    .unwrap();
+                let ctx = format!("{alg} L={l} W={w} B={b} T={t} max delay {md}, now {now_arg:?} {mode} cost {cost}: {r:?}");
+                if server_time {
+                    // Two reads of TIME: the same fields; then both keys start afresh.
+                    assert_eq!(r[0].split_once(',').map(|x| x.1), r[4].split_once(',').map(|x| x.1), "{ctx}");
+                    let () = redis::cmd("DEL").arg(&ka).arg(&kb).query_async(&mut con).await.unwrap();
+                } else {
+                    assert_eq!(r[..3], r[4..7], "{ctx}");
+                    let (pa, pb): (i64, i64) = (r[3].parse().unwrap(), r[7].parse().unwrap());
+                    assert!((pa - pb).abs() <= 50, "{ctx}");
+                    committed += usize::from(r[1].starts_with("SET"));
+                }
+            }
+        }
+        assert!(committed > 400, "{alg}: {committed} commits");
+    }
+}

@@ -1,0 +1,53 @@
+-- Token bucket for a check of one rule: the same arguments (lib.lua), reply (check.lua)
+-- and writes as the generic check script built with token_bucket.lua, straight-line, as
+-- gcra_single.lua. Rust checks its verdict against src/algorithm/token_bucket.rs as for
+-- every script.
+local now
+if ARGV[1] ~= '' then
+  now = ARGV[1] + 0
+else
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+if #KEYS ~= 1 or ARGV[3] ~= 'tb' then
+  return redis.error_reply('tollgate: the single-rule token bucket script got ' .. #KEYS .. ' keys of ' .. tostring(ARGV[3]))
+end
+-- ARGV[6..8]: burst B, emission interval T (µs), cost c.
+local B, T, c = ARGV[6] + 0, ARGV[7] + 0, ARGV[8] + 0
+-- State 'level:last' (level in µs of refill), or 0:0 when absent.
+local sl, st = 0, 0
+local v = redis.call('GET', KEYS[1])
+if v then
+  sl, st = string.match(v, '([^:]+):([^:]+)')
+  sl, st = sl + 0, st + 0
+end
+-- level = min(level + max(now - last, 0), B·T)
+local capacity = B * T
+local level = now - st
+if level < 0 then level = 0 end
+level = sl + level
+if level >= capacity then level = capacity end
+-- accept iff c <= B and the level holds c·T
+local cost = c * T
+local ok = c <= B and level >= cost
+if ok and ARGV[2] == 'c' then
+  level = level - cost
+  local last = st > now and st or now
+  local full = level < capacity and level or capacity
+  local expires = last + (capacity - full)
+  if expires <= now then
+    redis.call('DEL', KEYS[1])
+  else
+    local a = expires - now + 999
+    local q = math.floor(a / 1000)
+    if q * 1000 > a then
+      q = q - 1
+    elseif (q + 1) * 1000 <= a then
+      q = q + 1
+    end
+    redis.call('SET', KEYS[1], string.format('%d:%d', level, last), 'PX', string.format('%d', q + 1))
+  end
+end
+local r = ok and 1 or 0
+return { now, r, r, sl, st, 0 }
