@@ -27,8 +27,21 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
+/// A shard on a cache line of its own: neighbouring shards locked by different threads
+/// must not share one (false sharing made two threads slower than one).
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
+
+impl std::ops::Deref for Padded {
+    type Target = Mutex<Shard>;
+
+    fn deref(&self) -> &Mutex<Shard> {
+        &self.0
+    }
+}
+
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded]>,
     /// foldhash with a per-store random seed: fast, and not predictable by clients who
     /// choose their keys.
     hasher: DefaultHashBuilder,
@@ -82,7 +95,7 @@ impl MemoryStore {
         Self {
             inner: Arc::new(Inner {
                 shards: (0..shards)
-                    .map(|_| Mutex::new(Shard { table: HashTable::new(), sweep_at: MIN_SWEEP }))
+                    .map(|_| Padded(Mutex::new(Shard { table: HashTable::new(), sweep_at: MIN_SWEEP })))
                     .collect(),
                 hasher: DefaultHashBuilder::default(),
                 clock,
