@@ -308,6 +308,8 @@ fn main() {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .sample_size(50)
+        // The table below is the report; plotting 52 benchmarks would add minutes.
+        .without_plots()
         .configure_from_args();
     benches(&mut c, &ran);
     c.final_summary();
