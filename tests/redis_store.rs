@@ -361,7 +361,8 @@ async fn single_rule_scripts_match_the_generic_script() {
     let read = |name: &str| std::fs::read_to_string(format!("{DIR}{name}.lua")).unwrap();
     let wrapper = |alg: &str| {
         let generic = format!("{}{}{}", read("lib"), read(alg), read("check"));
-        let single = read(&format!("{alg}_single"));
+        // As script.rs builds it: the shared `now` prologue, then the algorithm's file.
+        let single = format!("{}{}", read("single_now"), read(&format!("{alg}_single")));
         format!(
             "local function G(KEYS, ARGV, redis)\n{generic}\nend\n\
              local function S(KEYS, ARGV, redis)\n{single}\nend\n{}",

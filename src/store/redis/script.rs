@@ -47,17 +47,24 @@ pub(crate) struct Scripts {
     pub(crate) refund: Script,
 }
 
+/// A single-rule script: the shared `now` prologue, then `scripts/<alg>_single.lua`.
+macro_rules! single_script {
+    ($alg:literal) => {
+        concat!(include_str!("scripts/single_now.lua"), include_str!(concat!("scripts/", $alg, "_single.lua")))
+    };
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     // One rule: a straight-line script per algorithm (`scripts/<alg>_single.lua`), with the
     // arguments, reply and writes of the generic one at about half its CPU inside Redis
     // (see docs/performance-redis.md); the sliding window log keeps the generic script.
     single: [
-        Script::new(include_str!("scripts/fixed_window_single.lua")),
+        Script::new(single_script!("fixed_window")),
         Script::new(check_script!("sliding_window_log")),
-        Script::new(include_str!("scripts/sliding_window_counter_single.lua")),
-        Script::new(include_str!("scripts/token_bucket_single.lua")),
-        Script::new(include_str!("scripts/leaky_bucket_single.lua")),
-        Script::new(include_str!("scripts/gcra_single.lua")),
+        Script::new(single_script!("sliding_window_counter")),
+        Script::new(single_script!("token_bucket")),
+        Script::new(single_script!("leaky_bucket")),
+        Script::new(single_script!("gcra")),
     ],
     multi: Script::new(check_script!(
         "fixed_window",

@@ -4,14 +4,7 @@
 -- call, which is most of its cost inside Redis: this one takes about half the CPU (see
 -- docs/performance-redis.md). Rust checks its verdict against src/algorithm/gcra.rs as
 -- for every script.
-local now
-if ARGV[1] ~= '' then
-  now = ARGV[1] + 0
-else
-  if redis.replicate_commands then redis.replicate_commands() end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
+-- `now` comes from single_now.lua, concatenated in front of this file.
 if #KEYS ~= 1 or ARGV[3] ~= 'gcra' then
   return redis.error_reply('tollgate: the single-rule GCRA script got ' .. #KEYS .. ' keys of ' .. tostring(ARGV[3]))
 end

@@ -2,14 +2,7 @@
 -- (check.lua) and writes as the generic check script built with leaky_bucket.lua,
 -- straight-line, as gcra_single.lua. Rust checks its verdict against
 -- src/algorithm/leaky_bucket.rs as for every script.
-local now
-if ARGV[1] ~= '' then
-  now = ARGV[1] + 0
-else
-  if redis.replicate_commands then redis.replicate_commands() end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
+-- `now` comes from single_now.lua, concatenated in front of this file.
 if #KEYS ~= 1 or ARGV[3] ~= 'lb' then
   return redis.error_reply('tollgate: the single-rule leaky bucket script got ' .. #KEYS .. ' keys of ' .. tostring(ARGV[3]))
 end

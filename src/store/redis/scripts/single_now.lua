@@ -1,0 +1,10 @@
+-- Prologue of the single-rule scripts (scripts/*_single.lua): `now` in µs since the
+-- epoch, from ARGV[1], or the server's TIME when ARGV[1] is '' (as lib.lua's read_now).
+local now
+if ARGV[1] ~= '' then
+  now = ARGV[1] + 0
+else
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
