@@ -462,7 +462,8 @@ return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
                     .invoke_async(&mut con)
                     .await
                     .unwrap();
-                let ctx = format!("{alg} L={l} W={w} B={b} T={t} max delay {md}, now {now_arg:?} {mode} cost {cost}: {r:?}");
+                let ctx =
+                    format!("{alg} L={l} W={w} B={b} T={t} max delay {md}, now {now_arg:?} {mode} cost {cost}: {r:?}");
                 if server_time {
                     // Two reads of TIME: the same fields; then both keys start afresh.
                     assert_eq!(r[0].split_once(',').map(|x| x.1), r[4].split_once(',').map(|x| x.1), "{ctx}");
