@@ -18,6 +18,10 @@
 //! - `check_at`: `MemoryStore::check_at` with a caller-supplied time (read once per
 //!   criterion sample): the store and algorithm alone.
 //!
+//! The sliding window log keeps one entry per accepted µs for a period: at 1,000,000 a
+//! minute its `Store::check` cost grows with how long the benchmark has run, and its
+//! `check_at` (one time per sample) collapses each sample's entries into one.
+//!
 //! After criterion's own output, a markdown table gives the median of each benchmark and
 //! its speed relative to governor (`governor ns / ours ns`: 1.0 is as fast, higher is
 //! faster). Targets: GCRA and the token bucket ≥ 1.0, every algorithm ≥ 0.5.

@@ -14,7 +14,9 @@
 //! warm-up (for the low limit, it uses up the keys' quotas, so the measured part is the
 //! steady 429 path) then `DURATION` seconds (default 10) of measurement. The runs are
 //! interleaved `ROUNDS` times (default 3) and the table shows, per configuration, the round
-//! with the median req/s. Latencies are wrk's (closed loop: one request at a time per
+//! with the median req/s. The server's CPU time per request (all threads of this process,
+//! from `/proc/self/task/*/schedstat`) is shown too: on a shared machine it moves less
+//! than req/s does. Latencies are wrk's (closed loop: one request at a time per
 //! connection, no coordinated-omission correction).
 //!
 //! Environment: `DURATION`, `ROUNDS`, `CONNECTIONS` (64), `WRK_THREADS` (1),
@@ -74,12 +76,20 @@ struct Run {
     socket_errors: u64,
     p50_us: u64,
     p99_us: u64,
+    /// CPU time of this process (the server; wrk is another process) during the run.
+    server_cpu_ns: u64,
 }
 
 impl Run {
     #[allow(clippy::cast_precision_loss)]
     fn rps(&self) -> f64 {
         self.requests as f64 / self.seconds
+    }
+
+    /// Server CPU per request, µs: less sensitive than req/s to what else runs.
+    #[allow(clippy::cast_precision_loss)]
+    fn cpu_us(&self) -> f64 {
+        self.server_cpu_ns as f64 / 1e3 / self.requests.max(1) as f64
     }
 }
 
@@ -102,8 +112,11 @@ fn router(config: &Config, algorithm: Algorithm) -> Result<Router, Box<dyn std::
         Backend::Memory => limited(tollgate::MemoryStore::new(), quota, algorithm),
         #[cfg(feature = "redis")]
         Backend::Redis(url) => {
-            // A prefix of its own per run, so one run's counts never meet another's.
-            let prefix = format!("tollgate-bench-{}-{}", std::process::id(), config.name.replace(' ', "-"));
+            // A prefix of its own per run, so one run's counts never meet another's (nor the
+            // warm-up's of an earlier round).
+            let name: String = config.name.chars().filter(char::is_ascii_alphanumeric).collect();
+            let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
+            let prefix = format!("tollgate-bench-{name}-{run}");
             limited(tollgate::RedisStore::from_url(url)?.prefix(&prefix)?, quota, algorithm)
         }
         #[cfg(not(feature = "redis"))]
@@ -174,6 +187,7 @@ fn wrk(addr: SocketAddr, script: &Path, seconds: u64, opts: &Opts) -> Result<Run
         socket_errors: field("socket_errors")?,
         p50_us: field("p50_us")?,
         p99_us: field("p99_us")?,
+        server_cpu_ns: 0,
     })
 }
 
@@ -188,10 +202,20 @@ fn run(config: &Config, script: &Path, opts: &Opts) -> Result<Run, Box<dyn std::
         Ok::<_, Box<dyn std::error::Error>>((addr, server))
     })?;
     wrk(addr, script, 2, opts)?;
-    let result = wrk(addr, script, opts.duration, opts);
+    let cpu = cpu_ns();
+    let result = wrk(addr, script, opts.duration, opts).map(|r| Run { server_cpu_ns: cpu_ns() - cpu, ..r });
     server.abort();
     rt.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// On-CPU time of every thread of this process, ns (Linux `schedstat`).
+fn cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }
 
 fn fmt_ms(us: u64) -> String {
@@ -242,13 +266,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             };
             eprintln!(
-                "round {round}/{}: {:<20} {:>9.0} req/s  p50 {}  p99 {}  non-2xx {}",
+                "round {round}/{}: {:<20} {:>9.0} req/s  p50 {}  p99 {}  non-2xx {}  server CPU {:.1} µs/req",
                 opts.rounds,
                 config.name,
                 r.rps(),
                 fmt_ms(r.p50_us),
                 fmt_ms(r.p99_us),
-                r.non_2xx
+                r.non_2xx,
+                r.cpu_us()
             );
             runs.push(r);
         }
@@ -264,6 +289,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     let bare = median[0].rps();
+    let bare_cpu = median[0].cpu_us();
     println!();
     println!(
         "HTTP, {} connections, {} keys in `x-api-key`, wrk -t{} ({} s per run, median of {} rounds), \
@@ -271,19 +297,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         opts.connections, KEYS, opts.wrk_threads, opts.duration, opts.rounds, opts.server_threads, opts.algorithm
     );
     println!();
-    println!("| server | req/s | vs bare | p50 | p99 | 429 (non-2xx) | socket errors |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("| server | req/s | vs bare | p50 | p99 | 429 (non-2xx) | socket errors | server CPU µs/req | vs bare |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (config, r) in configs.iter().zip(&median) {
         #[allow(clippy::cast_precision_loss)]
         let rejected = 100.0 * r.non_2xx as f64 / r.requests.max(1) as f64;
         println!(
-            "| {} | {:.0} | {:.2} | {} | {} | {rejected:.1}% | {} |",
+            "| {} | {:.0} | {:.2} | {} | {} | {rejected:.1}% | {} | {:.2} | {:.2} |",
             config.name,
             r.rps(),
             r.rps() / bare,
             fmt_ms(r.p50_us),
             fmt_ms(r.p99_us),
-            r.socket_errors
+            r.socket_errors,
+            r.cpu_us(),
+            r.cpu_us() / bare_cpu
         );
     }
     println!();
@@ -294,11 +322,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if store == "memory" {
             let ratio = high.rps() / bare;
             let status = if ratio >= 0.9 { "met" } else { "MISSED" };
-            println!("- {store} layer vs bare: {ratio:.2}× req/s (target ≥ 0.90: {status})");
+            println!(
+                "- {store} layer vs bare: {ratio:.2}× req/s (target ≥ 0.90: {status}); server CPU per request {:.2}× bare's",
+                high.cpu_us() / bare_cpu
+            );
         }
         let ratio = low.rps() / high.rps();
         let status = if ratio >= 1.0 { "met" } else { "MISSED" };
-        println!("- {store}, 429 path vs 200 path: {ratio:.2}× req/s (target ≥ 1.00: {status})");
+        println!(
+            "- {store}, 429 path vs 200 path: {ratio:.2}× req/s (target ≥ 1.00: {status}); server CPU per request {:.2}× the 200 path's",
+            low.cpu_us() / high.cpu_us()
+        );
     }
     Ok(())
 }
