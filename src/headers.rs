@@ -2,6 +2,7 @@
 //! becomes them.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -41,7 +42,8 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 
 /// One rule's outcome as the headers see it.
 pub(crate) struct Outcome<'a> {
-    pub(crate) rule: &'a str,
+    /// The rule's own name (borrowed, so a rejection can share it without copying).
+    pub(crate) rule: &'a Arc<str>,
     pub(crate) quota: Quota,
     pub(crate) decision: &'a Decision,
 }
@@ -73,7 +75,7 @@ pub(crate) fn apply(
         headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
         headers.insert(X_RATELIMIT_RESET, HeaderValue::from(now + ceil_secs(d.reset_after)));
         if name_rule {
-            if let Ok(v) = HeaderValue::from_str(most.rule) {
+            if let Ok(v) = HeaderValue::from_str(&most.rule[..]) {
                 headers.insert(X_RATELIMIT_RULE, v);
             }
         }
@@ -131,8 +133,8 @@ mod tests {
     fn ietf_headers_list_every_policy() {
         let (a, b) = (decision(45, 29_001), decision(900, 3_600_000));
         let all = [
-            Outcome { rule: "per-min", quota: Quota::per_minute(100), decision: &a },
-            Outcome { rule: "say \"hi\"", quota: Quota::per_day(1000), decision: &b },
+            Outcome { rule: &Arc::from("per-min"), quota: Quota::per_minute(100), decision: &a },
+            Outcome { rule: &Arc::from("say \"hi\""), quota: Quota::per_day(1000), decision: &b },
         ];
         let mut h = HeaderMap::new();
         apply(&mut h, HeaderStyle::Ietf, &all[0], &all, true);
@@ -144,7 +146,8 @@ mod tests {
     #[test]
     fn legacy_headers() {
         let a = decision(7, 1_500);
-        let all = [Outcome { rule: "r", quota: Quota::per_minute(100), decision: &a }];
+        let rule = Arc::from("r");
+        let all = [Outcome { rule: &rule, quota: Quota::per_minute(100), decision: &a }];
         let mut h = HeaderMap::new();
         apply(&mut h, HeaderStyle::Legacy, &all[0], &all, false);
         assert_eq!(h[&X_RATELIMIT_LIMIT], "100");

@@ -338,7 +338,7 @@ where
     let mut res = if grpc {
         grpc_status(8, "rate limit exceeded")
     } else {
-        layer.on_rejected.response(&Rejection { rule: worst.rule.into(), decision: d.clone() })
+        layer.on_rejected.response(&Rejection { rule: worst.rule.clone(), decision: d.clone() })
     };
     let h = res.headers_mut();
     if let Some(retry) = d.retry_after {
