@@ -13,9 +13,10 @@
 //! minute (after the first few per key, every decision is rejected).
 //!
 //! Two paths through the store:
-//! - `check`: `Store::check`, the path the layer takes: reads the store's clock and returns
-//!   a future, polled once here (`MemoryStore`'s future is ready at once).
-//! - `check_at`: `MemoryStore::check_at` with a caller-supplied time (read once per
+//! - `check_one`: `Store::check_one`, the path the layer takes for a request that one rule
+//!   applies to: reads the store's clock and returns a future, polled once here
+//!   (`MemoryStore`'s future is ready at once).
+//! - `check_one_at`: `MemoryStore::check_one_at` with a caller-supplied time (read once per
 //!   criterion sample): the store and algorithm alone.
 //!
 //! The sliding window log keeps one entry per accepted µs for a period: at 1,000,000 a
@@ -121,11 +122,12 @@ fn visit(t: usize, threads: usize, n: u64, mut decide: impl FnMut(usize) -> bool
     allowed
 }
 
-/// Polls `MemoryStore`'s `check` future once, as an executor would: it is ready at once.
+/// Polls `MemoryStore`'s `check_one` future (what the layer calls for a request with one
+/// rule) once, as an executor would: it is ready at once.
 fn check_now(store: &MemoryStore, check: &Check) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
-    match pin!(store.check(std::slice::from_ref(check))).poll(&mut cx) {
-        Poll::Ready(Ok(ds)) => ds[0].allowed,
+    match pin!(store.check_one(check)).poll(&mut cx) {
+        Poll::Ready(Ok(d)) => d.allowed,
         Poll::Ready(Err(e)) => panic!("MemoryStore failed: {e}"),
         Poll::Pending => unreachable!("MemoryStore's future is ready at once"),
     }
@@ -201,20 +203,20 @@ fn benches(c: &mut Criterion, ran: &Ran) {
                     .collect();
 
                 let store = MemoryStore::new();
-                let id = format!("{algorithm}/check");
+                let id = format!("{algorithm}/check_one");
                 bench(&mut g, ran, (&group, &id), threads, || {}, |i| check_now(&store, &checks[i]));
                 drop(store);
 
                 let store = MemoryStore::new();
                 let now = AtomicU64::new(0);
-                let id = format!("{algorithm}/check_at");
+                let id = format!("{algorithm}/check_one_at");
                 bench(
                     &mut g,
                     ran,
                     (&group, &id),
                     threads,
                     || now.store(SystemClock.now_micros(), Ordering::Relaxed),
-                    |i| store.check_at(std::slice::from_ref(&checks[i]), now.load(Ordering::Relaxed))[0].allowed,
+                    |i| store.check_one_at(&checks[i], now.load(Ordering::Relaxed)).allowed,
                 );
                 drop(store);
             }
@@ -277,11 +279,11 @@ fn table(ran: &Ran) {
         println!();
         println!("### {g}: governor {base:.1} ns/decision, {} allowed", allowed("governor"));
         println!();
-        println!("| algorithm | `Store::check` ns | speed vs governor | `check_at` ns | speed vs governor | allowed | target | status |");
+        println!("| algorithm | `Store::check_one` ns | speed vs governor | `check_one_at` ns | speed vs governor | allowed | target | status |");
         println!("|---|---:|---:|---:|---:|---:|---|---|");
         for algorithm in Algorithm::ALL {
             let name = algorithm.name();
-            let (check_id, at_id) = (format!("{name}/check"), format!("{name}/check_at"));
+            let (check_id, at_id) = (format!("{name}/check_one"), format!("{name}/check_one_at"));
             let (check, at) = (median(&check_id), median(&at_id));
             if check.is_none() && at.is_none() {
                 continue;
@@ -303,7 +305,7 @@ fn table(ran: &Ran) {
         }
     }
     println!();
-    println!("Status is judged on `Store::check` (the layer's path).");
+    println!("Status is judged on `Store::check_one` (the layer's path).");
 }
 
 fn main() {

@@ -480,15 +480,7 @@ mod run {
                 assert_eq!(sha, call.sha, "the script's SHA1");
                 loaded = true;
             }
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&call.sha).arg(call.keys.len());
-            for k in &call.keys {
-                cmd.arg(k.as_slice());
-            }
-            for a in &call.args {
-                cmd.arg(a.as_str());
-            }
-            cmds.push(cmd);
+            cmds.push(call.evalsha);
         }
         Ok(ViaScript { conn: ctl.connection().await?, cmds: cmds.into() })
     }

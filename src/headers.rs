@@ -2,7 +2,7 @@
 //! becomes them.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -48,6 +48,37 @@ pub(crate) struct Outcome<'a> {
     pub(crate) decision: &'a Decision,
 }
 
+/// The decimal digits of 0, 1, …, [`SMALL`] − 1 written one after the other, made once.
+static DIGITS: LazyLock<&'static str> = LazyLock::new(|| {
+    let mut s = String::with_capacity(38_890);
+    for n in 0..SMALL {
+        let _ = write!(s, "{n}");
+    }
+    Box::leak(s.into_boxed_str())
+});
+
+/// Numbers below this become header values with no allocation.
+const SMALL: u64 = 10_000;
+
+/// `n` as a header value. Below [`SMALL`] (counts, limits, seconds to wait: nearly every
+/// value sent) it is a slice of [`DIGITS`] and costs no allocation; larger numbers are
+/// formatted as usual.
+pub(crate) fn number(n: u64) -> HeaderValue {
+    if n >= SMALL {
+        return HeaderValue::from(n);
+    }
+    // Where n starts in DIGITS: after every shorter number.
+    let (first, width, start) = match n {
+        0..=9 => (0, 1, 0),
+        10..=99 => (10, 2, 10),
+        100..=999 => (100, 3, 190),
+        _ => (1000, 4, 2890),
+    };
+    let from = usize::try_from(start + (n - first) * width).expect("below SMALL");
+    let to = from + usize::try_from(width).expect("at most 4");
+    HeaderValue::from_static(&DIGITS[from..to])
+}
+
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -55,7 +86,7 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 
 /// `Retry-After` in delta seconds, rounded up, at least 1.
 pub(crate) fn retry_after(headers: &mut HeaderMap, d: Duration) {
-    headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(d).max(1)));
+    headers.insert(RETRY_AFTER, number(ceil_secs(d).max(1)));
 }
 
 /// Adds the headers of `style` describing `most` (the most restrictive rule) and, for the
@@ -71,9 +102,9 @@ pub(crate) fn apply(
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let d = most.decision;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(now + ceil_secs(d.reset_after)));
+        headers.insert(X_RATELIMIT_LIMIT, number(d.limit));
+        headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
+        headers.insert(X_RATELIMIT_RESET, number(now + ceil_secs(d.reset_after)));
         if name_rule {
             if let Ok(v) = HeaderValue::from_str(&most.rule[..]) {
                 headers.insert(X_RATELIMIT_RULE, v);
@@ -157,6 +188,15 @@ mod tests {
         assert!((now + 1..=now + 3).contains(&reset), "{reset} vs {now}");
         assert!(h.get(X_RATELIMIT_RULE).is_none());
         assert!(h.get(RATELIMIT).is_none());
+    }
+
+    #[test]
+    fn numbers_are_their_decimal_digits() {
+        let mut check: Vec<u64> = (0..=10_001).collect();
+        check.extend([99_999, 1 << 40, u64::MAX]);
+        for n in check {
+            assert_eq!(number(n), n.to_string().as_str(), "{n}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, StatusCode};
+use smallvec::SmallVec;
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -14,7 +15,7 @@ use crate::future::ResponseFuture;
 use crate::headers::{self, HeaderStyle, Outcome};
 use crate::layer::{OnRejected, RateLimitLayer, Rejection};
 use crate::runtime::{Admit, InFlight};
-use crate::store::{Check, Store};
+use crate::store::{Check, Decisions, Store};
 use crate::{Decision, FailMode, Quota, StoreError};
 
 /// The service built by [`RateLimitLayer`]. Clones share one limiter.
@@ -68,11 +69,11 @@ where
 }
 
 /// The checks of one request for one kind of rule (enforced or shadow), with, for each,
-/// the index of its rule and its quota.
+/// the index of its rule and its quota. Inline up to two rules: no allocation per request.
 #[derive(Default)]
 struct Plan {
-    checks: Vec<Check>,
-    rules: Vec<(usize, Quota)>,
+    checks: SmallVec<[Check; 2]>,
+    rules: SmallVec<[(usize, Quota); 2]>,
 }
 
 impl Plan {
@@ -126,9 +127,9 @@ where
 
     let started = Instant::now();
     let (result, shadow_result) = if shadow.is_empty() {
-        (decide(&layer, &enforced.checks).await, Ok(Vec::new()))
+        (decide(&layer, &enforced.checks).await, Ok(Decisions::new()))
     } else if enforced.is_empty() {
-        (Ok(Vec::new()), decide(&layer, &shadow.checks).await)
+        (Ok(Decisions::new()), decide(&layer, &shadow.checks).await)
     } else {
         tokio::join!(decide(&layer, &enforced.checks), decide(&layer, &shadow.checks))
     };
@@ -162,7 +163,7 @@ where
         }
     };
 
-    let outcomes: Vec<Outcome<'_>> = enforced
+    let outcomes: SmallVec<[Outcome<'_>; 2]> = enforced
         .checks
         .iter()
         .zip(&enforced.rules)
@@ -237,8 +238,7 @@ where
 
 /// The checks of `req`: (enforced, shadow).
 fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -> (Plan, Plan) {
-    let mut enforced =
-        Plan { checks: Vec::with_capacity(layer.rules.len()), rules: Vec::with_capacity(layer.rules.len()) };
+    let mut enforced = Plan::default();
     let mut shadow = Plan::default();
     for (i, rule) in layer.rules.iter().enumerate() {
         if rule.bypass.as_ref().is_some_and(|f| f(req)) {
@@ -268,14 +268,19 @@ fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -
     (enforced, shadow)
 }
 
+/// One store call: `check_one` for one rule (no `Vec`), else `check`.
+async fn ask<St: Store>(store: &St, checks: &[Check]) -> Result<Decisions, StoreError> {
+    match checks {
+        [one] => store.check_one(one).await.map(|d| smallvec::smallvec![d]),
+        _ => store.check(checks).await.map(Decisions::from_vec),
+    }
+}
+
 /// One store call with the deadline, in-flight cap and circuit breaker; the fallback
 /// limiter when the store fails.
-async fn decide<St: Store, B, R>(
-    layer: &RateLimitLayer<St, B, R>,
-    checks: &[Check],
-) -> Result<Vec<Decision>, StoreError> {
+async fn decide<St: Store, B, R>(layer: &RateLimitLayer<St, B, R>, checks: &[Check]) -> Result<Decisions, StoreError> {
     if layer.store.is_local() {
-        return layer.store.check(checks).await;
+        return ask(&layer.store, checks).await;
     }
     let rt = &layer.runtime;
     let result = match rt.breaker.admit(rt.mono_us()) {
@@ -284,7 +289,7 @@ async fn decide<St: Store, B, R>(
             None => Err(StoreError::Overloaded(rt.max_in_flight)),
             Some(_guard) => {
                 let started = Instant::now();
-                let r = match tokio::time::timeout(rt.deadline, layer.store.check(checks)).await {
+                let r = match tokio::time::timeout(rt.deadline, ask(&layer.store, checks)).await {
                     Ok(r) => r,
                     Err(_) => Err(StoreError::Timeout(rt.deadline)),
                 };
@@ -315,7 +320,7 @@ async fn decide<St: Store, B, R>(
         for d in &ds {
             crate::metrics::fallback(if d.allowed { "allowed" } else { "rejected" });
         }
-        return Ok(ds);
+        return Ok(Decisions::from_vec(ds));
     }
     result
 }

@@ -125,22 +125,28 @@ impl MemoryStore {
         self.inner.hasher.hash_one((rule, algorithm, key))
     }
 
+    /// Decides one rule synchronously at `now`, with no allocation.
+    pub fn check_one_at(&self, check: &Check, now: u64) -> Decision {
+        let hash = self.hash(&check.rule, check.algorithm, &check.key);
+        #[allow(clippy::cast_possible_truncation)]
+        let shard = (hash as usize) & (self.inner.shards.len() - 1);
+        let mut shard = lock(&self.inner.shards[shard]);
+        let entry = shard.entry(hash, check, now, &self.inner.hasher);
+        let d = entry.state.decide(&check.params, now);
+        if d.allowed {
+            entry.state.commit(&check.params, now);
+            entry.expires_at = entry.state.expires_at(&check.params);
+        }
+        d
+    }
+
     /// Decides synchronously at `now` (the `Store` impl calls this with the clock's time).
     pub fn check_at(&self, checks: &[Check], now: u64) -> Vec<Decision> {
         let mask = self.inner.shards.len() - 1;
         #[allow(clippy::cast_possible_truncation)]
         let shard_of = |h: u64| (h as usize) & mask;
         if let [check] = checks {
-            // The common case, one rule: no allocation but the result.
-            let hash = self.hash(&check.rule, check.algorithm, &check.key);
-            let mut shard = lock(&self.inner.shards[shard_of(hash)]);
-            let entry = shard.entry(hash, check, now, &self.inner.hasher);
-            let d = entry.state.decide(&check.params, now);
-            if d.allowed {
-                entry.state.commit(&check.params, now);
-                entry.expires_at = entry.state.expires_at(&check.params);
-            }
-            return vec![d];
+            return vec![self.check_one_at(check, now)];
         }
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
         // commit only if all pass.
@@ -226,6 +232,10 @@ impl Shard {
 }
 
 impl Store for MemoryStore {
+    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        ready(Ok(self.check_one_at(check, self.inner.clock.now())))
+    }
+
     fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         ready(Ok(self.check_at(checks, self.inner.clock.now())))
     }

@@ -63,7 +63,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
 
 use self::conn::{Link, Origin, Timeouts};
-use self::script::{parse_check, push_rule_args, Reply, Script, MODE_CHECK, MODE_PEEK, SCRIPTS};
+use self::script::{parse_check, validate, write_rule_args, Reply, Script, MODE_CHECK, MODE_PEEK, SCRIPTS};
 use super::{Check, Store};
 use crate::clock::SharedClock;
 use crate::key::Key;
@@ -77,14 +77,9 @@ pub struct ScriptCall {
     pub sha: String,
     /// The script, for `EVAL`.
     pub text: &'static str,
-    /// `KEYS`.
-    pub keys: Vec<Vec<u8>>,
-    /// `ARGV`.
-    pub args: Vec<String>,
+    /// The `EVALSHA` command, byte for byte as the store sends it.
+    pub evalsha: redis::Cmd,
 }
-
-/// A script with its `KEYS` and `ARGV`.
-type Invocation = (&'static Script, Vec<Vec<u8>>, Vec<String>);
 
 /// The default key prefix.
 const DEFAULT_PREFIX: &str = "tollgate";
@@ -370,8 +365,10 @@ impl RedisStore {
     #[doc(hidden)]
     pub fn __check_script_call(&self, checks: &[Check]) -> Result<ScriptCall, StoreError> {
         let checks: Vec<&Check> = checks.iter().collect();
-        let (script, keys, args) = self.inner.check_call(&checks, MODE_CHECK)?;
-        Ok(ScriptCall { sha: script.sha.clone(), text: script.text, keys, args })
+        checks.iter().try_for_each(|c| validate(c))?;
+        let script = SCRIPTS.check_for(&checks);
+        let evalsha = self.inner.script_cmd("EVALSHA", &script.sha, &checks, MODE_CHECK, None);
+        Ok(ScriptCall { sha: script.sha.clone(), text: script.text, evalsha })
     }
 
     /// Connects (if not yet connected) and sends `PING`: a start-up check that Redis is
@@ -420,13 +417,25 @@ impl Inner {
         }
     }
 
-    fn name(&self, c: &Check) -> Vec<u8> {
-        keys::name(&self.config.prefix, &c.rule, &c.key, c.algorithm)
-    }
-
-    /// `ARGV[1]`: the clock's time, or empty for the server's `TIME`.
-    fn now_arg(&self, now: Option<u64>) -> String {
-        now.or_else(|| self.config.clock.as_ref().map(SharedClock::now)).map(|n| n.to_string()).unwrap_or_default()
+    /// `verb` (`EVALSHA` or `EVAL`) of `script` (its SHA1 or text) over `checks`, written
+    /// straight into one command: `KEYS` are the rules' names, `ARGV` the time (`now`,
+    /// else the store's clock, else empty for the server's `TIME`), the mode, and each
+    /// rule's 7 arguments. Call [`validate`] on every check first.
+    fn script_cmd(&self, verb: &str, script: &str, checks: &[&Check], mode: &str, now: Option<u64>) -> redis::Cmd {
+        let mut cmd = redis::Cmd::with_capacity(5 + 8 * checks.len(), script.len() + 16 + 96 * checks.len());
+        cmd.arg(verb).arg(script).arg(checks.len());
+        for c in checks {
+            cmd.arg(keys::name(&self.config.prefix, &c.rule, &c.key, c.algorithm));
+        }
+        match now.or_else(|| self.config.clock.as_ref().map(SharedClock::now)) {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        cmd.arg(mode);
+        for c in checks {
+            write_rule_args(&mut cmd, c);
+        }
+        cmd
     }
 
     /// Sends `cmd` on `conn` within the response timeout; on `NOSCRIPT`, sends `fallback`.
@@ -463,56 +472,32 @@ impl Inner {
         }
     }
 
-    /// Runs a script by `EVALSHA`, by `EVAL` when the server does not know it.
-    async fn eval(&self, script: &script::Script, keys: &[Vec<u8>], args: &[String]) -> Result<Value, StoreError> {
+    /// Runs `script` over `checks` by `EVALSHA`, by `EVAL` when the server does not know it.
+    async fn eval(
+        &self,
+        script: &Script,
+        checks: &[&Check],
+        mode: &str,
+        now: Option<u64>,
+    ) -> Result<Value, StoreError> {
+        checks.iter().try_for_each(|c| validate(c))?;
         let (conn, generation) =
             self.link.get(self.config.timeouts.response).await.map_err(|why| self.unavailable(&why))?;
-        let command = |verb: &str, body: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(body).arg(keys.len());
-            for k in keys {
-                cmd.arg(k.as_slice());
-            }
-            for a in args {
-                cmd.arg(a.as_str());
-            }
-            cmd
-        };
-        let evalsha = command("EVALSHA", &script.sha);
-        let eval = || command("EVAL", script.text);
+        let evalsha = self.script_cmd("EVALSHA", &script.sha, checks, mode, now);
+        let eval = || self.script_cmd("EVAL", script.text, checks, mode, now);
         self.query(conn, generation, &evalsha, Some(&eval)).await
-    }
-
-    /// The script, KEYS and ARGV of a check over `checks` (all in one slot, or standalone).
-    fn check_call(&self, checks: &[&Check], mode: &str) -> Result<Invocation, StoreError> {
-        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.name(c)).collect();
-        let mut args = Vec::with_capacity(2 + 7 * checks.len());
-        args.push(self.now_arg(None));
-        args.push(mode.to_owned());
-        for c in checks {
-            push_rule_args(&mut args, c)?;
-        }
-        Ok((SCRIPTS.check_for(checks), keys, args))
     }
 
     /// Runs a check script over `checks` (all in one slot, or standalone).
     async fn run_check(&self, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
-        let (script, keys, args) = self.check_call(checks, mode)?;
-        let reply = self.eval(script, &keys, &args).await?;
+        let reply = self.eval(SCRIPTS.check_for(checks), checks, mode, None).await?;
         parse_check(&reply, checks)
     }
 
     /// Runs the refund script over `checks` (all in one slot, or standalone), at `now`
     /// when given.
     async fn run_refund(&self, checks: &[&Check], now: Option<u64>) -> Result<(), StoreError> {
-        let keys: Vec<Vec<u8>> = checks.iter().map(|c| self.name(c)).collect();
-        let mut args = Vec::with_capacity(2 + 7 * checks.len());
-        args.push(self.now_arg(now));
-        args.push(MODE_CHECK.to_owned());
-        for c in checks {
-            push_rule_args(&mut args, c)?;
-        }
-        match self.eval(&SCRIPTS.refund, &keys, &args).await? {
+        match self.eval(&SCRIPTS.refund, checks, MODE_CHECK, now).await? {
             Value::Int(_) => Ok(()),
             other => Err(StoreError::Backend(format!("unexpected reply from the tollgate refund script: {other:?}"))),
         }
@@ -535,13 +520,18 @@ impl Inner {
         groups.into_iter().map(|(_, g)| g).collect()
     }
 
+    async fn check_one(&self, check: &Check) -> Result<Decision, StoreError> {
+        let reply = self.run_check(&[check], MODE_CHECK).await?;
+        reply.decisions.into_iter().next().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))
+    }
+
     async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
         let groups = self.groups(checks);
         if let [group] = groups.as_slice() {
-            return Ok(self.run_check(group, MODE_CHECK).await?.decisions);
+            return Ok(self.run_check(group, MODE_CHECK).await?.decisions.into_vec());
         }
         // Several slots: each decides atomically, all at once; the units of slots that
         // accepted are given back when another rejected (or failed).
@@ -620,6 +610,10 @@ async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Out
 }
 
 impl Store for RedisStore {
+    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.inner.check_one(check)
+    }
+
     fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         self.inner.check(checks)
     }

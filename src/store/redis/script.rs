@@ -14,7 +14,8 @@ use crate::algorithm::leaky_bucket::LeakyBucket;
 use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
 use crate::algorithm::sliding_window_log::Summary;
 use crate::algorithm::token_bucket::TokenBucket;
-use crate::{Algorithm, Check, Decision, StoreError};
+use crate::store::Decisions;
+use crate::{Algorithm, Check, StoreError};
 
 /// One script: its text (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Script {
@@ -119,14 +120,14 @@ const EXACT: u128 = 1 << 52;
 /// changes no outcome and keeps `c·T` finite and ordered.
 const MAX_COST: u64 = 1 << 40;
 
-/// Appends the 7 script arguments of one rule (see `scripts/lib.lua`).
+/// Checks that Lua can compute `check`'s quota exactly.
 ///
 /// # Errors
 ///
 /// [`StoreError::Backend`] when the quota's numbers cannot be computed exactly in Lua.
-pub(crate) fn push_rule_args(args: &mut Vec<String>, check: &Check) -> Result<(), StoreError> {
+pub(crate) fn validate(check: &Check) -> Result<(), StoreError> {
     let q = &check.params.quota;
-    let (l, w, b, t) = (q.limit(), q.period_micros(), q.burst_size(), q.emission_interval_micros());
+    let (w, b, t) = (q.period_micros(), q.burst_size(), q.emission_interval_micros());
     if u128::from(b + 1) * u128::from(t) > EXACT || u128::from(w) * 2 > EXACT {
         return Err(StoreError::Backend(format!(
             "rule {:?}: quota {q} with burst {b} spans more than 2^52 µs (burst × period / limit), \
@@ -134,14 +135,21 @@ pub(crate) fn push_rule_args(args: &mut Vec<String>, check: &Check) -> Result<()
             check.rule
         )));
     }
-    args.push(check.algorithm.tag().to_owned());
-    args.push(l.to_string());
-    args.push(w.to_string());
-    args.push(b.to_string());
-    args.push(t.to_string());
-    args.push(check.params.cost.min(MAX_COST).to_string());
-    args.push(check.params.max_delay_us.min(1 << 53).to_string());
     Ok(())
+}
+
+/// Writes the 7 script arguments of one rule (see `scripts/lib.lua`) into `cmd`: numbers
+/// are formatted straight into the command's buffer, with no string per argument.
+/// Call [`validate`] first.
+pub(crate) fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
+    let q = &check.params.quota;
+    cmd.arg(check.algorithm.tag())
+        .arg(q.limit())
+        .arg(q.period_micros())
+        .arg(q.burst_size())
+        .arg(q.emission_interval_micros())
+        .arg(check.params.cost.min(MAX_COST))
+        .arg(check.params.max_delay_us.min(1 << 53));
 }
 
 /// What a check script answered.
@@ -152,7 +160,7 @@ pub(crate) struct Reply {
     /// Whether every rule accepted (and, in check mode, the script committed).
     pub(crate) all: bool,
     /// The decisions, in the order of the rules.
-    pub(crate) decisions: Vec<Decision>,
+    pub(crate) decisions: Decisions,
 }
 
 fn bad_reply(what: &str, v: &Value) -> StoreError {
@@ -185,7 +193,7 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check]) -> Result<Reply, Sto
     }
     let now = int(&items[0])?;
     let all = int(&items[1])? == 1;
-    let mut decisions = Vec::with_capacity(checks.len());
+    let mut decisions = Decisions::with_capacity(checks.len());
     for (check, fields) in checks.iter().zip(items[2..].chunks_exact(4)) {
         let script_allowed = int(&fields[0])? == 1;
         let (f1, f2, f3) = (int(&fields[1])?, int(&fields[2])?, int(&fields[3])?);
