@@ -29,12 +29,22 @@ fn wall_micros() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// The wall-clock time and the raw counter reading taken together at first use.
+struct Anchor {
+    wall_micros: u64,
+    clock: quanta::Clock,
+    raw: u64,
+}
+
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
-        static ANCHOR: std::sync::OnceLock<(u64, quanta::Instant)> = std::sync::OnceLock::new();
-        let (wall, at) = ANCHOR.get_or_init(|| (wall_micros(), quanta::Instant::now()));
-        let since = quanta::Instant::now().saturating_duration_since(*at);
-        wall + u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        static ANCHOR: std::sync::OnceLock<Anchor> = std::sync::OnceLock::new();
+        let a = ANCHOR.get_or_init(|| {
+            let clock = quanta::Clock::new();
+            Anchor { wall_micros: wall_micros(), raw: clock.raw(), clock }
+        });
+        // A raw counter read and one scaling: no thread-local or global lookups per call.
+        a.wall_micros + a.clock.delta_as_nanos(a.raw, a.clock.raw()) / 1_000
     }
 }
 

@@ -221,3 +221,37 @@ async fn cluster_master_restarted_keeps_serving_and_limiting_resumes() {
         started.elapsed()
     );
 }
+
+/// Without the layer's deadline, the store's own response timeout bounds a call to a
+/// paused Redis: for a store built from a URL and for one given the application's pool
+/// (whose connections have redis's default 500 ms timeout until the store sets its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_times_out_on_its_own_whatever_the_pool() {
+    const RESPONSE: Duration = Duration::from_millis(120);
+    let redis = RedisServer::start();
+    let pool =
+        deadpool_redis::Config::from_url(redis.url()).create_pool(Some(deadpool_redis::Runtime::Tokio1)).unwrap();
+    let stores = [
+        ("url", RedisStore::from_url(&redis.url()).unwrap().response_timeout(RESPONSE)),
+        ("pool", RedisStore::new(pool).response_timeout(RESPONSE)),
+    ];
+    let check = tollgate::Check {
+        rule: "t".into(),
+        key: "k".into(),
+        algorithm: Algorithm::Gcra,
+        params: tollgate::algorithm::Params::new(Quota::per_minute(10)),
+    };
+    for (_, store) in &stores {
+        store.ping().await.unwrap();
+        assert!(tollgate::Store::check_one(store, &check).await.unwrap().allowed);
+    }
+    redis.pause();
+    for (origin, store) in &stores {
+        let started = Instant::now();
+        let err = tollgate::Store::check_one(store, &check).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(err, tollgate::StoreError::Timeout(t) if t == RESPONSE), "{origin}: {err}");
+        assert!(took >= RESPONSE && took < RESPONSE + MARGIN, "{origin}: answered after {took:?}");
+    }
+    redis.resume();
+}

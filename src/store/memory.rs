@@ -18,8 +18,10 @@ use crate::{Algorithm, Clock, Decision, StoreError};
 ///
 /// Concurrent: keys are spread over independent shards (no global lock), and the rules
 /// of one request are decided under the locks of their shards, so a multi-rule request is
-/// atomic. Memory stays bounded with no help: a shard drops the keys whose state has
-/// expired whenever it has doubled in size since it last looked. Clones share the state.
+/// atomic. Memory stays bounded with no help: a shard drops the keys whose state expired
+/// more than a second ago whenever it has doubled in size since it last looked (the second
+/// of grace spares keys that are busy but below their quota from being dropped and
+/// re-created between requests). Clones share the state.
 ///
 /// Limits hold per process: use `RedisStore` to share them between servers.
 #[derive(Clone)]
@@ -63,6 +65,8 @@ struct Shard {
 }
 
 const MIN_SWEEP: usize = 64;
+/// How long past its expiry a state is kept before a sweep may drop it, µs.
+const GRACE_US: u64 = 1_000_000;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -207,7 +211,10 @@ impl Shard {
     fn entry(&mut self, hash: u64, check: &Check, now: u64, hasher: &DefaultHashBuilder) -> &mut Entry {
         if self.table.len() >= self.sweep_at {
             // Amortised: only after the table doubled since the last sweep.
-            self.table.retain(|e| e.expires_at > now);
+            // States stay a second past their expiry: a key whose traffic is below its
+            // quota (its state expires between requests) is then not dropped and
+            // re-inserted on every visit.
+            self.table.retain(|e| e.expires_at.saturating_add(GRACE_US) > now);
             self.sweep_at = (self.table.len() * 2).max(MIN_SWEEP);
         }
         let rehash = |e: &Entry| hasher.hash_one((&*e.rule, e.algorithm, &e.key));
@@ -344,6 +351,22 @@ mod tests {
         }
         let len = store.len();
         assert!(len < 30_000, "expired keys were kept: {len}");
+    }
+
+    #[test]
+    fn recently_expired_keys_are_kept_for_a_second() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone());
+        let q = Quota::per_second(10); // a GCRA state expires 100 ms after one request
+        for i in 0..20_000 {
+            store.check_at(&[check("r", &format!("k{i}"), Algorithm::Gcra, q)], clock.now_micros());
+        }
+        clock.advance(Duration::from_millis(200));
+        for i in 0..20_000 {
+            store.check_at(&[check("r", &format!("n{i}"), Algorithm::Gcra, q)], clock.now_micros());
+        }
+        // Every shard swept at least once, and kept the states expired 100 ms ago.
+        assert_eq!(store.len(), 40_000);
     }
 
     #[test]

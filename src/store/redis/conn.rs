@@ -92,14 +92,21 @@ fn make_pools(origin: &Origin, t: Timeouts) -> Result<Pools, String> {
 }
 
 impl Pools {
-    /// One new connection, taken out of the pool for good.
-    async fn connect(&self, t: Duration) -> Result<Conn, String> {
+    /// One new connection, taken out of the pool for good. A multiplexed connection gets
+    /// the store's response timeout (whatever pool it came from), so that requests on it
+    /// need no timer of their own.
+    async fn connect(&self, timeouts: Timeouts) -> Result<Conn, String> {
+        let t = timeouts.connect;
         let late = || format!("no connection within {t:?}");
         match self {
             Pools::Single(p) => match tokio::time::timeout(t, p.get()).await {
                 Err(_) => Err(late()),
                 Ok(Err(e)) => Err(pool_error(e)),
-                Ok(Ok(c)) => Ok(Conn::Single(deadpool_redis::Connection::take(c))),
+                Ok(Ok(c)) => {
+                    let mut c = deadpool_redis::Connection::take(c);
+                    c.set_response_timeout(timeouts.response);
+                    Ok(Conn::Single(c))
+                }
             },
             Pools::Cluster(p) => match tokio::time::timeout(t, p.get()).await {
                 Err(_) => Err(late()),
@@ -127,6 +134,12 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
+    /// Whether the connection enforces the store's response timeout itself (a
+    /// multiplexed connection does; a cluster connection's timeouts are its pool's).
+    pub(crate) fn times_out_itself(&self) -> bool {
+        matches!(self, Conn::Single(_))
+    }
+
     pub(crate) async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Conn::Single(c) => cmd.query_async(c).await,
@@ -331,11 +344,11 @@ async fn connect_loop(link: Weak<Link>) {
     let mut pause = BACKOFF.0;
     loop {
         let Some(strong) = link.upgrade() else { return };
-        let timeout = strong.timeouts.connect;
+        let timeouts = strong.timeouts;
         let pools = strong.pools();
         drop(strong);
         let result = match pools {
-            Ok(pools) => pools.connect(timeout).await,
+            Ok(pools) => pools.connect(timeouts).await,
             Err(e) => Err(e),
         };
         let Some(strong) = link.upgrade() else { return };

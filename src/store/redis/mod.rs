@@ -438,7 +438,8 @@ impl Inner {
         cmd
     }
 
-    /// Sends `cmd` on `conn` within the response timeout; on `NOSCRIPT`, sends `fallback`.
+    /// Sends `cmd` on `conn` within the response timeout (a multiplexed connection keeps it
+    /// itself, per command); on `NOSCRIPT`, sends `fallback`.
     async fn query(
         &self,
         mut conn: conn::Conn,
@@ -446,6 +447,7 @@ impl Inner {
         cmd: &redis::Cmd,
         fallback: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
     ) -> Result<Value, StoreError> {
+        let conn_times_out = conn.times_out_itself();
         let run = async {
             match conn.query(cmd).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => match fallback {
@@ -455,7 +457,9 @@ impl Inner {
                 other => other,
             }
         };
-        match tokio::time::timeout(self.config.timeouts.response, run).await {
+        let answer =
+            if conn_times_out { Ok(run.await) } else { tokio::time::timeout(self.config.timeouts.response, run).await };
+        match answer {
             Err(_) => {
                 self.link.on_timeout(generation);
                 Err(StoreError::Timeout(self.config.timeouts.response))
