@@ -195,8 +195,12 @@ impl Breaker {
 /// Keys known to be rejected until some time: rejected locally, with no store call.
 pub(crate) struct BlockedCache {
     shards: Box<[Mutex<Blocked>]>,
-    hasher: std::hash::RandomState,
+    /// foldhash with a random seed, as `MemoryStore`'s.
+    hasher: hashbrown::DefaultHashBuilder,
     cap_per_shard: usize,
+    /// The latest `until` ever recorded: from then on nothing is blocked, and a lookup
+    /// takes no lock (the common case of a service whose clients stay within limits).
+    last_until: AtomicU64,
 }
 
 struct Blocked {
@@ -220,8 +224,9 @@ impl BlockedCache {
     fn new(capacity: usize) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Blocked { table: HashTable::new(), sweep_at: 64 })).collect(),
-            hasher: std::hash::RandomState::new(),
+            hasher: hashbrown::DefaultHashBuilder::default(),
             cap_per_shard: capacity / SHARDS,
+            last_until: AtomicU64::new(0),
         }
     }
 
@@ -234,6 +239,9 @@ impl BlockedCache {
 
     /// If (rule, key) is blocked at `now` for `cost` under `quota`: the time left.
     pub(crate) fn blocked(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64) -> Option<Duration> {
+        if now >= self.last_until.load(Ordering::Relaxed) {
+            return None;
+        }
         let (h, shard) = self.shard(rule, key);
         let e = shard.table.find(h, |e| e.rule == rule && e.key == *key)?;
         (e.until > now && cost >= e.cost && quota == e.quota).then(|| {
@@ -246,6 +254,8 @@ impl BlockedCache {
     pub(crate) fn insert(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64, retry: Duration) {
         let until = now.saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX));
         let (h, mut shard) = self.shard(rule, key);
+        // A lookup racing with this may miss the new entry and ask the store: harmless.
+        self.last_until.fetch_max(until, Ordering::Relaxed);
         if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
             *e = BlockedEntry { rule, key: key.clone(), cost, quota, until, retry };
             return;
@@ -323,6 +333,8 @@ mod tests {
         assert!(cache.blocked(0, &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
         assert!(cache.blocked(0, &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
         assert!(cache.blocked(0, &k, 2, q, 1_500).is_none());
+        cache.insert(1, &k, 1, q, 1_000, Duration::from_micros(100));
+        assert!(cache.blocked(1, &k, 1, q, 1_050).is_some(), "an earlier end recorded later");
         assert!(cache.blocked(1, &k, 2, q, 1_200).is_none());
         for i in 0..10_000 {
             cache.insert(0, &Key::from(format!("k{i}")), 1, q, 2_000, Duration::from_secs(1));
