@@ -69,14 +69,15 @@ where
 }
 
 /// The checks of one request for one kind of rule (enforced or shadow), with, for each,
-/// the index of its rule and its quota. Inline up to two rules: no allocation per request.
+/// the index of its rule and its quota. Up to `N` rules are kept inline: no allocation per
+/// request, in a future that stays small (it is boxed once per request).
 #[derive(Default)]
-struct Plan {
-    checks: SmallVec<[Check; 2]>,
-    rules: SmallVec<[(usize, Quota); 2]>,
+struct Plan<const N: usize> {
+    checks: SmallVec<[Check; N]>,
+    rules: SmallVec<[(usize, Quota); N]>,
 }
 
-impl Plan {
+impl<const N: usize> Plan<N> {
     fn is_empty(&self) -> bool {
         self.checks.is_empty()
     }
@@ -131,7 +132,8 @@ where
     } else if enforced.is_empty() {
         (Ok(Decisions::new()), decide(&layer, &shadow.checks).await)
     } else {
-        tokio::join!(decide(&layer, &enforced.checks), decide(&layer, &shadow.checks))
+        // The shadow call boxed: both calls inline would double the request's future.
+        tokio::join!(decide(&layer, &enforced.checks), Box::pin(decide(&layer, &shadow.checks)))
     };
     let store_latency = started.elapsed();
 
@@ -236,8 +238,9 @@ where
     Ok(res)
 }
 
-/// The checks of `req`: (enforced, shadow).
-fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -> (Plan, Plan) {
+/// The checks of `req`: (enforced, shadow). Two enforced rules (say per IP and per key)
+/// and one shadow rule fit inline.
+fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -> (Plan<2>, Plan<1>) {
     let mut enforced = Plan::default();
     let mut shadow = Plan::default();
     for (i, rule) in layer.rules.iter().enumerate() {
@@ -261,9 +264,13 @@ fn plan<St, B: 'static, R>(layer: &RateLimitLayer<St, B, R>, req: &Request<B>) -
             algorithm: rule.algorithm.unwrap_or(layer.options.algorithm),
             params,
         };
-        let into = if rule.shadow { &mut shadow } else { &mut enforced };
-        into.checks.push(check);
-        into.rules.push((i, quota));
+        if rule.shadow {
+            shadow.checks.push(check);
+            shadow.rules.push((i, quota));
+        } else {
+            enforced.checks.push(check);
+            enforced.rules.push((i, quota));
+        }
     }
     (enforced, shadow)
 }

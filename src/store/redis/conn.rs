@@ -208,7 +208,8 @@ impl Link {
         self.state().last_error.clone()
     }
 
-    fn ready(&self) -> Option<(Conn, u64)> {
+    /// The connection and its generation, if there is one now.
+    pub(crate) fn ready(&self) -> Option<(Conn, u64)> {
         let s = self.state();
         s.conn.clone().map(|c| (c, s.generation))
     }

@@ -438,6 +438,15 @@ impl Inner {
         cmd
     }
 
+    /// The connection to use: at once when there is one (every request but the first); the
+    /// rare wait for one is boxed so that it does not enlarge every request's future.
+    async fn connection(&self) -> Result<(conn::Conn, u64), StoreError> {
+        match self.link.ready() {
+            Some(ready) => Ok(ready),
+            None => Box::pin(self.link.get(self.config.timeouts.response)).await.map_err(|why| self.unavailable(&why)),
+        }
+    }
+
     /// Sends `cmd` on `conn` within the response timeout (a multiplexed connection keeps it
     /// itself, per command); on `NOSCRIPT`, sends `fallback`.
     async fn query(
@@ -457,8 +466,12 @@ impl Inner {
                 other => other,
             }
         };
-        let answer =
-            if conn_times_out { Ok(run.await) } else { tokio::time::timeout(self.config.timeouts.response, run).await };
+        let answer = if conn_times_out {
+            Ok(run.await)
+        } else {
+            // Boxed: the timer would enlarge every request's future, also where unused.
+            Box::pin(tokio::time::timeout(self.config.timeouts.response, run)).await
+        };
         match answer {
             Err(_) => {
                 self.link.on_timeout(generation);
@@ -485,8 +498,7 @@ impl Inner {
         now: Option<u64>,
     ) -> Result<Value, StoreError> {
         checks.iter().try_for_each(|c| validate(c))?;
-        let (conn, generation) =
-            self.link.get(self.config.timeouts.response).await.map_err(|why| self.unavailable(&why))?;
+        let (conn, generation) = self.connection().await?;
         let evalsha = self.script_cmd("EVALSHA", &script.sha, checks, mode, now);
         let eval = || self.script_cmd("EVAL", script.text, checks, mode, now);
         self.query(conn, generation, &evalsha, Some(&eval)).await
@@ -581,8 +593,7 @@ impl Inner {
     }
 
     async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
-        let (conn, generation) =
-            self.link.get(self.config.timeouts.response).await.map_err(|why| self.unavailable(&why))?;
+        let (conn, generation) = self.connection().await?;
         let mut cmd = redis::cmd("DEL");
         cmd.arg(keys::name(&self.config.prefix, rule, key, algorithm));
         self.query(conn, generation, &cmd, None).await.map(drop)
