@@ -3,17 +3,31 @@
 //! Entries `<= now - W` are dropped; accept iff `len + c <= L`. Exact: for every `t`, the
 //! units accepted in `(t - W, t]` never exceed `L`. Memory per key is bounded by `L`
 //! entries (here run-length encoded: units accepted at the same µs share one entry).
+//!
+//! A decision is amortised O(1) for cost-1 requests: the log keeps a running total of its
+//! units, so the count in the window is that total less the expired prefix, which every
+//! commit drains and so is short. Only a rejection walks further, to the `k`-th oldest
+//! unit in the window, where `k` is how many units must leave first (1 for a cost-1
+//! request at the limit).
 
 use std::collections::VecDeque;
 
 use super::Params;
 use crate::Decision;
 
-/// Accepted units as `(timestamp, units)`, oldest first.
+/// How many expired entries [`SlidingWindowLog::summary`] steps over one by one before it
+/// binary-searches for the first live one. A commit drains the expired prefix, so it is
+/// usually 0 or 1 entries long; it grows only while a key is decided but not committed (for
+/// example, another rule on the same request keeps rejecting it).
+const WALK: usize = 8;
+
+/// Accepted units as `(timestamp, units)`, oldest first, with their running total.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingWindowLog {
     /// `(µs since the epoch, units accepted then)`, in non-decreasing time order.
-    pub entries: VecDeque<(u64, u64)>,
+    entries: VecDeque<(u64, u64)>,
+    /// The units of every entry, expired or not: `commit` and `refund` keep it in step.
+    total: u64,
 }
 
 /// What a decision needs to know of a log: what the Redis script reports.
@@ -57,22 +71,41 @@ impl Summary {
 }
 
 impl SlidingWindowLog {
-    /// Index of the first entry inside the window `(now - W, now]`.
-    fn first_live(&self, p: &Params, now: u64) -> usize {
+    /// The expired prefix at `now`, the entries `<= now - W`: how many there are, and
+    /// their units.
+    fn expired(&self, p: &Params, now: u64) -> (usize, u64) {
         let w = p.quota.period_micros();
-        self.entries.partition_point(|&(ts, _)| ts + w <= now)
+        let mut units = 0;
+        for (i, &(ts, n)) in self.entries.iter().enumerate().take(WALK) {
+            if ts + w > now {
+                return (i, units);
+            }
+            units += n;
+        }
+        let len = self.entries.len();
+        if len <= WALK {
+            return (len, units);
+        }
+        // A long prefix: find where it ends, then add up whichever side is shorter.
+        let first = self.entries.partition_point(|&(ts, _)| ts + w <= now);
+        let sum = |range| self.entries.range(range).map(|&(_, n)| n).sum::<u64>();
+        if first - WALK <= len - first {
+            (first, units + sum(WALK..first))
+        } else {
+            (first, self.total - sum(first..len))
+        }
     }
 
     /// The summary a decision needs.
     #[must_use]
     pub fn summary(&self, p: &Params, now: u64) -> Summary {
-        let live = self.entries.range(self.first_live(p, now)..);
-        let in_window: u64 = live.clone().map(|&(_, n)| n).sum();
+        let (first, expired) = self.expired(p, now);
+        let in_window = self.total - expired;
         let k = Summary::units_to_leave(in_window, p);
         let mut kth = 0;
         if k > 0 {
             let mut seen = 0;
-            for &(ts, n) in live {
+            for &(ts, n) in self.entries.range(first..) {
                 seen += n;
                 if seen >= k {
                     kth = ts;
@@ -92,13 +125,15 @@ impl SlidingWindowLog {
 
     /// Applies an accepted request: drops expired entries, records the units at `now`.
     pub fn commit(&mut self, p: &Params, now: u64) {
-        let first = self.first_live(p, now);
+        let (first, expired) = self.expired(p, now);
         self.entries.drain(..first);
+        self.total -= expired;
         match self.entries.back_mut() {
             // A clock that stepped back still records in order.
             Some((ts, n)) if *ts >= now => *n += p.cost,
             _ => self.entries.push_back((now, p.cost)),
         }
+        self.total += p.cost;
     }
 
     /// Gives back the newest `cost` units.
@@ -109,6 +144,7 @@ impl SlidingWindowLog {
             let take = left.min(*n);
             *n -= take;
             left -= take;
+            self.total -= take;
             if *n == 0 {
                 self.entries.pop_back();
             }

@@ -310,3 +310,152 @@ proptest! {
         }
     }
 }
+
+/// The sliding window log as it was before it kept a running total: a plain list of
+/// `(µs, units)` whose summary adds up the live entries on every call.
+#[derive(Default)]
+struct ReferenceLog(Vec<(u64, u64)>);
+
+impl ReferenceLog {
+    fn first_live(&self, w: u64, now: u64) -> usize {
+        self.0.partition_point(|&(ts, _)| ts + w <= now)
+    }
+
+    fn summary(&self, p: &Params, now: u64) -> sliding_window_log::Summary {
+        let live = &self.0[self.first_live(p.quota.period_micros(), now)..];
+        let in_window: u64 = live.iter().map(|&(_, n)| n).sum();
+        let k = sliding_window_log::Summary::units_to_leave(in_window, p);
+        let mut kth = 0;
+        let mut seen = 0;
+        for &(ts, n) in live.iter().take_while(|_| k > 0) {
+            seen += n;
+            if seen >= k {
+                kth = ts;
+                break;
+            }
+        }
+        let newest = if in_window == 0 { 0 } else { self.0.last().map_or(0, |&(ts, _)| ts) };
+        sliding_window_log::Summary { in_window, kth, newest }
+    }
+
+    fn commit(&mut self, p: &Params, now: u64) {
+        let first = self.first_live(p.quota.period_micros(), now);
+        self.0.drain(..first);
+        match self.0.last_mut() {
+            Some((ts, n)) if *ts >= now => *n += p.cost,
+            _ => self.0.push((now, p.cost)),
+        }
+    }
+
+    fn refund(&mut self, p: &Params) {
+        let mut left = p.cost;
+        while let Some((_, n)) = self.0.last_mut().filter(|_| left > 0) {
+            let take = left.min(*n);
+            *n -= take;
+            left -= take;
+            if *n == 0 {
+                self.0.pop();
+            }
+        }
+    }
+
+    fn expires_at(&self, p: &Params) -> u64 {
+        self.0.last().map_or(0, |&(ts, _)| ts + p.quota.period_micros())
+    }
+}
+
+/// Checks a log against the reference at `now`: summary, decision and expiry.
+fn same_as_reference(
+    log: &sliding_window_log::SlidingWindowLog,
+    reference: &ReferenceLog,
+    p: &Params,
+    now: u64,
+) -> Result<(), TestCaseError> {
+    let (got, want) = (log.summary(p, now), reference.summary(p, now));
+    prop_assert_eq!(got, want, "summary at {}", now);
+    prop_assert_eq!(log.decide(p, now), want.decide(p, now), "decision at {}", now);
+    prop_assert_eq!(log.expires_at(p), reference.expires_at(p));
+    Ok(())
+}
+
+#[test]
+fn sliding_log_summary_with_a_long_expired_prefix() {
+    // A key decided but never committed (another rule keeps rejecting) keeps its expired
+    // entries: 30 one-unit entries 1 µs apart, read at every µs as they expire.
+    let p = Params::new(Quota::new(40, Duration::from_micros(100)));
+    let mut log = sliding_window_log::SlidingWindowLog::default();
+    let mut reference = ReferenceLog::default();
+    for t in 0..30 {
+        log.commit(&p, T0 + t);
+        reference.commit(&p, T0 + t);
+    }
+    for now in T0..T0 + 140 {
+        for cost in [1, 5, 40, 41] {
+            let p = p.cost(cost);
+            same_as_reference(&log, &reference, &p, now).unwrap();
+        }
+    }
+}
+
+/// One step of a random session against a sliding window log.
+#[derive(Debug, Clone, Copy)]
+enum LogOp {
+    /// Decide, and commit if allowed (what a store does for one rule).
+    Run,
+    /// Commit without deciding (a check list naming one state twice).
+    Commit,
+    /// Give back the newest units.
+    Refund,
+    /// Decide this many µs from now without committing (a later read of a key).
+    Peek(u64),
+}
+
+proptest! {
+    #[test]
+    fn sliding_log_summary_matches_the_sum_of_live_entries(
+        limit in 1u64..7,
+        w in prop_oneof![Just(1u64), Just(3), Just(10), Just(100)],
+        steps in prop::collection::vec(
+            (
+                prop_oneof![
+                    5 => Just(LogOp::Run),
+                    2 => Just(LogOp::Commit),
+                    1 => Just(LogOp::Refund),
+                    2 => (0u64..300).prop_map(LogOp::Peek),
+                ],
+                // Time moves by a fraction of the period to twice it; now and then back.
+                prop_oneof![9 => (0u64..200).prop_map(|pct| pct as i64), 1 => -100i64..0],
+                1u64..6,
+            ),
+            1..150,
+        ),
+    ) {
+        let q = Quota::new(limit, Duration::from_micros(w));
+        let mut log = sliding_window_log::SlidingWindowLog::default();
+        let mut reference = ReferenceLog::default();
+        let mut now = T0;
+        for (op, pct, cost) in steps {
+            now = now.saturating_add_signed(pct * w as i64 / 100);
+            let p = Params::new(q).cost(cost);
+            same_as_reference(&log, &reference, &p, now)?;
+            match op {
+                LogOp::Run => {
+                    if log.decide(&p, now).allowed {
+                        log.commit(&p, now);
+                        reference.commit(&p, now);
+                    }
+                }
+                LogOp::Commit => {
+                    log.commit(&p, now);
+                    reference.commit(&p, now);
+                }
+                LogOp::Refund => {
+                    log.refund(&p, now);
+                    reference.refund(&p);
+                }
+                LogOp::Peek(pct) => same_as_reference(&log, &reference, &p, now + pct * w / 100)?,
+            }
+            same_as_reference(&log, &reference, &p, now)?;
+        }
+    }
+}
