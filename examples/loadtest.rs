@@ -13,7 +13,7 @@
 //! - **W1**: 10,000 keys drawn uniformly at random (fixed seed), 100/min per key,
 //!   200,000 decisions, for each algorithm (1) through the full layer path: a
 //!   `RateLimitLayer` over a trivial service, called with `ready().call()` and requests
-//!   that carry the key in `x-api-key`; (2) through `Store::check`; (3) the algorithm's own
+//!   that carry the key in `x-api-key`; (2) through `Store::check_one`; (3) the algorithm's own
 //!   script by raw `EVALSHA` with the KEYS and ARGV the store sends (baseline b).
 //! - **W2**: one hot key, 1,000/min, 50,000 decisions through the layer, with the local
 //!   blocked-key cache on (the default) and off, and the accepted count checked.
@@ -185,7 +185,7 @@ mod run {
         }
     }
 
-    /// `Store::check`, one rule.
+    /// `Store::check_one`: what the layer calls for a request with one rule.
     #[derive(Clone)]
     struct ViaStore {
         store: RedisStore,
@@ -194,8 +194,8 @@ mod run {
 
     impl Target for ViaStore {
         async fn call(&mut self, k: usize) -> Outcome {
-            match self.store.check(std::slice::from_ref(&self.checks[k])).await {
-                Ok(d) if d[0].allowed => Outcome::Accepted,
+            match self.store.check_one(&self.checks[k]).await {
+                Ok(d) if d.allowed => Outcome::Accepted,
                 Ok(_) => Outcome::Rejected,
                 Err(_) => Outcome::Failed,
             }
@@ -775,7 +775,7 @@ mod run {
         for w in w1 {
             let alg = w.algorithm.name();
             row(&mut s, "(b) script by EVALSHA", alg, &w.script, None);
-            row(&mut s, "`Store::check`", alg, &w.store, Some(&w.script));
+            row(&mut s, "`Store::check_one`", alg, &w.store, Some(&w.script));
             let path = if w.algorithm == Algorithm::LeakyBucket { "layer (cache off)" } else { "layer" };
             row(&mut s, path, alg, &w.layer, Some(&w.script));
         }
