@@ -125,6 +125,16 @@ impl MemoryStore {
         self.inner.clock.now()
     }
 
+    /// The shard of a hash: from its upper half. The table inside the shard picks buckets
+    /// by the low bits (and its tags by the top 7): a shard chosen by low bits too would
+    /// leave each table only 1/`shards` of its buckets to start probes at, and every probe
+    /// long once the table fills.
+    fn shard_of(&self, hash: u64) -> usize {
+        #[allow(clippy::cast_possible_truncation)]
+        let high = (hash >> 32) as usize;
+        high & (self.inner.shards.len() - 1)
+    }
+
     fn hash(&self, rule: &str, algorithm: Algorithm, key: &Key) -> u64 {
         self.inner.hasher.hash_one((rule, algorithm, key))
     }
@@ -132,9 +142,7 @@ impl MemoryStore {
     /// Decides one rule synchronously at `now`, with no allocation.
     pub fn check_one_at(&self, check: &Check, now: u64) -> Decision {
         let hash = self.hash(&check.rule, check.algorithm, &check.key);
-        #[allow(clippy::cast_possible_truncation)]
-        let shard = (hash as usize) & (self.inner.shards.len() - 1);
-        let mut shard = lock(&self.inner.shards[shard]);
+        let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
         let entry = shard.entry(hash, check, now, &self.inner.hasher);
         let d = entry.state.decide(&check.params, now);
         if d.allowed {
@@ -146,9 +154,7 @@ impl MemoryStore {
 
     /// Decides synchronously at `now` (the `Store` impl calls this with the clock's time).
     pub fn check_at(&self, checks: &[Check], now: u64) -> Vec<Decision> {
-        let mask = self.inner.shards.len() - 1;
-        #[allow(clippy::cast_possible_truncation)]
-        let shard_of = |h: u64| (h as usize) & mask;
+        let shard_of = |h: u64| self.shard_of(h);
         if let [check] = checks {
             return vec![self.check_one_at(check, now)];
         }
@@ -186,9 +192,7 @@ impl MemoryStore {
         f: impl FnOnce(&mut HashTable<Entry>, u64) -> R,
     ) -> R {
         let h = self.hash(rule, algorithm, key);
-        #[allow(clippy::cast_possible_truncation)]
-        let i = (h as usize) & (self.inner.shards.len() - 1);
-        f(&mut lock(&self.inner.shards[i]).table, h)
+        f(&mut lock(&self.inner.shards[self.shard_of(h)]).table, h)
     }
 }
 

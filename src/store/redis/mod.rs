@@ -325,6 +325,8 @@ impl RedisStore {
 
     /// How long one request to Redis may take before it fails with
     /// [`StoreError::Timeout`] (default 100 ms). The layer's own deadline applies on top.
+    /// It is set on the connection the store takes, also when that comes from a pool given
+    /// to [`RedisStore::new`] (whose other connections keep their own setting).
     /// Call before the store is used.
     #[must_use]
     pub fn response_timeout(self, timeout: Duration) -> Self {
