@@ -232,8 +232,8 @@ impl BlockedCache {
 
     fn shard(&self, rule: usize, key: &Key) -> (u64, std::sync::MutexGuard<'_, Blocked>) {
         let h = self.hasher.hash_one((rule, key));
-        #[allow(clippy::cast_possible_truncation)]
         // The upper half: the table inside the shard picks buckets by the low bits.
+        #[allow(clippy::cast_possible_truncation)]
         let i = ((h >> 32) as usize) % SHARDS;
         (h, self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }

@@ -154,14 +154,13 @@ impl MemoryStore {
 
     /// Decides synchronously at `now` (the `Store` impl calls this with the clock's time).
     pub fn check_at(&self, checks: &[Check], now: u64) -> Vec<Decision> {
-        let shard_of = |h: u64| self.shard_of(h);
         if let [check] = checks {
             return vec![self.check_one_at(check, now)];
         }
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
         // commit only if all pass.
         let hashes: Vec<u64> = checks.iter().map(|c| self.hash(&c.rule, c.algorithm, &c.key)).collect();
-        let mut order: Vec<usize> = hashes.iter().map(|&h| shard_of(h)).collect();
+        let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
@@ -170,13 +169,13 @@ impl MemoryStore {
             .iter()
             .zip(&hashes)
             .map(|(c, &h)| {
-                let shard = guard_for(&mut guards, shard_of(h));
+                let shard = guard_for(&mut guards, self.shard_of(h));
                 shard.entry(h, c, now, &self.inner.hasher).state.decide(&c.params, now)
             })
             .collect();
         if decisions.iter().all(|d| d.allowed) {
             for (c, &h) in checks.iter().zip(&hashes) {
-                let e = guard_for(&mut guards, shard_of(h)).entry(h, c, now, &self.inner.hasher);
+                let e = guard_for(&mut guards, self.shard_of(h)).entry(h, c, now, &self.inner.hasher);
                 e.state.commit(&c.params, now);
                 e.expires_at = e.state.expires_at(&c.params);
             }
