@@ -187,7 +187,7 @@ pub fn limits<St: Store + Clone>(
         matches!((&internal_token, sent), (Some(token), Some(sent)) if token.as_bytes() == sent)
     };
     let internal = Arc::new(internal);
-    let bypass = |rule: Rule<Body>| {
+    let bypass = |rule: Rule<Request>| {
         let internal = internal.clone();
         rule.bypass_if(move |req: &Request| internal(req))
     };

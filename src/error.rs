@@ -21,6 +21,16 @@ pub enum BuildError {
         /// What is wrong with it.
         why: String,
     },
+    /// An algorithm name that is not one of the six.
+    #[error(
+        "unknown algorithm {0:?}: use one of fixed_window, sliding_window_log, sliding_window_counter, \
+         token_bucket, leaky_bucket, gcra"
+    )]
+    UnknownAlgorithm(String),
+    /// A key extractor cannot be built as configured (a trusted proxy network that does not
+    /// parse, a header name that is not one).
+    #[error("invalid key: {0}")]
+    InvalidKey(String),
     /// A store could not be configured (bad URL, bad prefix, …).
     #[error("invalid store configuration: {0}")]
     InvalidStore(String),

@@ -1,13 +1,15 @@
-//! Rate-limit response headers: which ones ([`HeaderStyle`]) and how a [`Decision`]
+//! Rate-limit response headers: which ones ([`HeaderStyle`]) and how a [`Decision`](crate::Decision)
 //! becomes them.
 
 use std::fmt::Write as _;
-use std::sync::{Arc, LazyLock};
+use std::str::FromStr;
+use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
-use crate::{Decision, Quota};
+use crate::verdict::RuleDecision;
+use crate::BuildError;
 
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -27,6 +29,25 @@ pub enum HeaderStyle {
     None,
 }
 
+impl FromStr for HeaderStyle {
+    type Err = BuildError;
+
+    /// `legacy`, `ietf`, `both` or `none`, in any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "legacy" => Ok(HeaderStyle::Legacy),
+            "ietf" => Ok(HeaderStyle::Ietf),
+            "both" => Ok(HeaderStyle::Both),
+            "none" => Ok(HeaderStyle::None),
+            _ => Err(BuildError::InvalidConfig {
+                rule: String::new(),
+                field: "headers".into(),
+                why: format!("unknown header style {s:?}: use legacy, ietf, both or none"),
+            }),
+        }
+    }
+}
+
 /// `X-RateLimit-Limit`
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`
@@ -39,14 +60,6 @@ pub const X_RATELIMIT_RULE: HeaderName = HeaderName::from_static("x-ratelimit-ru
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `RateLimit-Policy`
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-
-/// One rule's outcome as the headers see it.
-pub(crate) struct Outcome<'a> {
-    /// The rule's own name (borrowed, so a rejection can share it without copying).
-    pub(crate) rule: &'a Arc<str>,
-    pub(crate) quota: Quota,
-    pub(crate) decision: &'a Decision,
-}
 
 /// The decimal digits of 0, 1, …, [`SMALL`] − 1 written one after the other, made once.
 static DIGITS: LazyLock<&'static str> = LazyLock::new(|| {
@@ -95,8 +108,8 @@ pub(crate) fn retry_after(headers: &mut HeaderMap, d: Duration) {
 pub(crate) fn apply(
     headers: &mut HeaderMap,
     style: HeaderStyle,
-    most: &Outcome<'_>,
-    all: &[Outcome<'_>],
+    most: &RuleDecision<'_>,
+    all: &[RuleDecision<'_>],
     name_rule: bool,
 ) {
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
@@ -106,7 +119,7 @@ pub(crate) fn apply(
         headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
         headers.insert(X_RATELIMIT_RESET, number(now + ceil_secs(d.reset_after)));
         if name_rule {
-            if let Ok(v) = HeaderValue::from_str(&most.rule[..]) {
+            if let Ok(v) = HeaderValue::from_str(most.rule) {
                 headers.insert(X_RATELIMIT_RULE, v);
             }
         }
@@ -148,6 +161,7 @@ fn sf_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Decision, Quota};
 
     fn decision(remaining: u64, reset_ms: u64) -> Decision {
         Decision {
@@ -164,8 +178,8 @@ mod tests {
     fn ietf_headers_list_every_policy() {
         let (a, b) = (decision(45, 29_001), decision(900, 3_600_000));
         let all = [
-            Outcome { rule: &Arc::from("per-min"), quota: Quota::per_minute(100), decision: &a },
-            Outcome { rule: &Arc::from("say \"hi\""), quota: Quota::per_day(1000), decision: &b },
+            RuleDecision { rule: "per-min", quota: Quota::per_minute(100), decision: &a },
+            RuleDecision { rule: "say \"hi\"", quota: Quota::per_day(1000), decision: &b },
         ];
         let mut h = HeaderMap::new();
         apply(&mut h, HeaderStyle::Ietf, &all[0], &all, true);
@@ -177,8 +191,7 @@ mod tests {
     #[test]
     fn legacy_headers() {
         let a = decision(7, 1_500);
-        let rule = Arc::from("r");
-        let all = [Outcome { rule: &rule, quota: Quota::per_minute(100), decision: &a }];
+        let all = [RuleDecision { rule: "r", quota: Quota::per_minute(100), decision: &a }];
         let mut h = HeaderMap::new();
         apply(&mut h, HeaderStyle::Legacy, &all[0], &all, false);
         assert_eq!(h[&X_RATELIMIT_LIMIT], "100");

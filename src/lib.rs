@@ -44,6 +44,13 @@
 //! ([`Rule::quota_fn`], for tiers), and a request can cost more than one unit
 //! ([`Rule::cost`]).
 //!
+//! # Beyond HTTP: [`Limiter`]
+//!
+//! The layer is the HTTP adapter of a [`Limiter`] — the rules, the store and the runtime
+//! protections, with nothing about HTTP. Use one directly for WebSocket messages, jobs or
+//! outgoing calls: [`Limiter::check`] returns a [`Verdict`], [`Limiter::wait`] waits for
+//! the input's turn up to a bound.
+//!
 //! # When the store fails
 //!
 //! A rate limiter must never be why a request fails or hangs. Every store call has a
@@ -85,11 +92,16 @@ mod future;
 pub mod headers;
 pub mod key;
 mod layer;
+mod limiter;
 mod metrics;
 mod quota;
+mod response;
+mod rule;
 mod runtime;
 mod service;
 pub mod store;
+mod verdict;
+
 pub use algorithm::Algorithm;
 #[cfg(any(test, feature = "test-util"))]
 pub use clock::ManualClock;
@@ -100,13 +112,15 @@ pub use decision::Decision;
 pub use error::{BuildError, StoreError};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
-pub use layer::{
-    DefaultRejection, FailMode, OnRejected, RateLimitLayer, RateLimitLayerBuilder, Rejection, Rule, MAX_RULE_NAME,
-};
+pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use limiter::{Limiter, LimiterBuilder};
 pub use quota::Quota;
+pub use response::{DefaultRejection, OnRejected, Rejection};
+pub use rule::{FailMode, Rule, MAX_RULE_NAME};
 pub use service::RateLimit;
 #[cfg(feature = "memory")]
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
 pub use store::{Check, Store};
+pub use verdict::{RuleDecision, Verdict};

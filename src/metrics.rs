@@ -51,6 +51,7 @@ pub(crate) fn fail_closed() {
     metrics::counter!("tollgate_fail_closed_total").increment(1);
 }
 
+#[cfg_attr(not(feature = "memory"), allow(dead_code))]
 pub(crate) fn fallback(outcome: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_fallback_decisions_total", "outcome" => outcome).increment(1);

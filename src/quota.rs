@@ -250,19 +250,27 @@ impl FromStr for Quota {
         } else {
             count.parse().map_err(|_| bad("the period count is not a whole number"))?
         };
-        let unit_us: u64 = match unit.trim() {
-            "us" | "µs" => 1,
-            "ms" => 1_000,
-            "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
-            "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000,
-            "h" | "hr" | "hour" | "hours" => 3_600_000_000,
-            "d" | "day" | "days" => 86_400_000_000,
+        let unit_us = match unit.trim() {
             "" => return Err(bad("the period has no unit (s, min, h, day)")),
-            _ => return Err(bad("unknown period unit (use s, min, h or day)")),
+            unit => unit_micros(unit).ok_or_else(|| bad("unknown period unit (use s, min, h or day)"))?,
         };
         let period_us = count.checked_mul(unit_us).ok_or_else(|| bad("the period is longer than 366 days"))?;
         Self::check(limit, Duration::from_micros(period_us)).map_err(bad)
     }
+}
+
+/// Microseconds per unit of a period (`"100/5min"`) or a duration (`timeout = "50ms"`):
+/// `us`, `ms`, `s`, `min`, `h`, `day`, with their long and plural forms.
+pub(crate) fn unit_micros(unit: &str) -> Option<u64> {
+    Some(match unit {
+        "us" | "µs" => 1,
+        "ms" => 1_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000,
+        "h" | "hr" | "hour" | "hours" => 3_600_000_000,
+        "d" | "day" | "days" => 86_400_000_000,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -164,6 +164,32 @@ fn quickstart_limits_each_client_to_ten_a_minute() {
     assert!((1..=120).contains(&retry), "{retry}");
 }
 
+/// `summary <customer>: started S of N, deferred D, last start at T ms` → (S, N, D, T).
+fn summary(lines: &[String], customer: &str) -> (u64, u64, u64, u64) {
+    let prefix = format!("summary {customer}: started ");
+    let line = lines.iter().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("no summary: {lines:#?}"));
+    let n: Vec<u64> = line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+    (n[0], n[1], n[2], n[3])
+}
+
+#[test]
+fn job_queue_limits_each_customer_through_a_limiter() {
+    let (lines, ok) = Example::start("job_queue", &[], &[]).finish();
+    assert!(ok, "{lines:#?}");
+    // acme: 14 jobs at once, 5 a second with a burst of 5, each waiting at most 1 s: the
+    // burst, then one every 200 ms for a second; the rest are deferred.
+    let (started, total, deferred, last) = summary(&lines, "acme");
+    assert_eq!(total, 14);
+    assert!((9..=11).contains(&started), "acme started {started}: {lines:#?}");
+    assert_eq!(started + deferred, 14);
+    assert!((700..=1_300).contains(&last), "acme's last start at {last} ms: {lines:#?}");
+    // globex is not held up by acme's backlog; its oversized job is refused at once.
+    let (started, total, _, last) = summary(&lines, "globex");
+    assert_eq!((started, total), (3, 4), "{lines:#?}");
+    assert!(last < 300, "globex waited {last} ms behind acme: {lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("globex#4 (weight 50): refused: larger than any second allows")));
+}
+
 #[cfg(all(feature = "metrics", feature = "config"))]
 #[test]
 fn production_app_tiers_login_admin_and_metrics() {

@@ -89,12 +89,7 @@ impl FromStr for Algorithm {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let norm = s.trim().to_ascii_lowercase().replace(['-', ' '], "_");
-        Algorithm::ALL.into_iter().find(|a| a.name() == norm).ok_or_else(|| {
-            BuildError::InvalidQuota(format!(
-                "unknown algorithm {s:?}: use one of fixed_window, sliding_window_log, \
-                     sliding_window_counter, token_bucket, leaky_bucket, gcra"
-            ))
-        })
+        Algorithm::ALL.into_iter().find(|a| a.name() == norm).ok_or_else(|| BuildError::UnknownAlgorithm(s.to_owned()))
     }
 }
 

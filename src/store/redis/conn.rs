@@ -12,29 +12,11 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::cluster::ClusterConnection;
 use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, RedisError, RedisResult, Value};
+use deadpool_redis::redis::{AsyncConnectionConfig, Cmd, RedisError, RedisResult, Value};
 use deadpool_redis::Runtime;
 use tokio::sync::watch;
 
-/// Where connections come from.
-#[derive(Clone)]
-#[allow(clippy::large_enum_variant, reason = "one per store; a TLS ConnectionInfo holds its root certificates")]
-pub(crate) enum Origin {
-    /// A URL given to `from_url`: the store builds its own pool with its timeouts.
-    Url(ConnectionInfo),
-    /// A pool given by the application.
-    Pool(deadpool_redis::Pool),
-    /// Cluster node URLs given to `cluster`.
-    ClusterUrls(Vec<ConnectionInfo>),
-    /// A cluster pool given by the application.
-    ClusterPool(deadpool_redis::cluster::Pool),
-}
-
-impl Origin {
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Origin::ClusterUrls(_) | Origin::ClusterPool(_))
-    }
-}
+use super::origin::Origin;
 
 #[derive(Clone)]
 enum Pools {

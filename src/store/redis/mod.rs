@@ -48,28 +48,35 @@
 //! The only wait is a new store's very first request, for the first connection attempt
 //! (at most the response timeout); [`RedisStore::ping`] at start-up connects ahead.
 
+mod call;
+mod cluster;
 mod conn;
 mod keys;
+mod origin;
 mod script;
 mod security;
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
+use deadpool_redis::redis::{self, Value};
 
-use self::conn::{Link, Origin, Timeouts};
-use self::script::{parse_check, validate, write_rule_args, Reply, Script, MODE_CHECK, MODE_PEEK, SCRIPTS};
+use self::call::{Config, Inner};
+use self::conn::{Link, Timeouts};
+use self::origin::{parse_url, Origin};
+#[cfg(feature = "bench-internals")]
+use self::script::{validate, MODE_CHECK, SCRIPTS};
 use super::{Check, Store};
+#[cfg(feature = "test-util")]
 use crate::clock::SharedClock;
 use crate::key::Key;
 use crate::{Algorithm, BuildError, Decision, StoreError};
 
-/// Not part of the API: one check script call, see `RedisStore::__check_script_call`.
+/// Not part of the API (feature `bench-internals`): one check script call, see
+/// `RedisStore::__check_script_call`.
+#[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 #[derive(Debug, Clone)]
 pub struct ScriptCall {
@@ -108,21 +115,6 @@ pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
-#[derive(Clone)]
-struct Config {
-    origin: Origin,
-    /// Where the store connects to, for messages: `host:port`, never a password.
-    addr: String,
-    prefix: Arc<str>,
-    timeouts: Timeouts,
-    clock: Option<SharedClock>,
-}
-
-struct Inner {
-    config: Config,
-    link: Arc<Link>,
-}
-
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.inner.config;
@@ -137,42 +129,6 @@ impl fmt::Debug for RedisStore {
             .field("connected", &self.inner.link.is_connected())
             .finish()
     }
-}
-
-/// `url` without its user name and password, for messages: everything up to the last `@`
-/// (after the scheme, if any), so that a password with an unescaped `/`, `?` or `#` does
-/// not end the user info early and get shown.
-fn redact(url: &str) -> String {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    match url[start..].rfind('@') {
-        Some(at) => format!("{}***@{}", &url[..start], &url[start + at + 1..]),
-        None => url.to_owned(),
-    }
-}
-
-fn parse_url(url: &str) -> Result<redis::ConnectionInfo, BuildError> {
-    let shown = redact(url);
-    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-    match scheme.as_deref() {
-        Some("redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix") => {}
-        Some(other) => {
-            return Err(BuildError::InvalidStore(format!(
-                "redis URL {shown:?} has the scheme {other:?}: use redis://host:port \
-                 (or rediss://, redis+unix://)"
-            )))
-        }
-        None => {
-            return Err(BuildError::InvalidStore(format!(
-                "{shown:?} is not a redis URL: expected redis://[user:password@]host[:port][/db]"
-            )))
-        }
-    }
-    security::check_url(scheme.as_deref().unwrap_or_default(), url, &shown).map_err(BuildError::InvalidStore)?;
-    url.into_connection_info().map_err(|e| {
-        BuildError::InvalidStore(format!(
-            "invalid redis URL {shown:?}: {e} (expected redis://[user:password@]host[:port][/db])"
-        ))
-    })
 }
 
 impl RedisStore {
@@ -357,13 +313,15 @@ impl RedisStore {
         self.rebuild(|c| c.clock = Some(clock))
     }
 
-    /// Not part of the API (for `examples/loadtest.rs`, which measures the script alone as
-    /// a baseline): what [`Store::check`] sends for `checks` on a standalone server, by
-    /// `EVALSHA` of `sha` (or `EVAL` of `text` after a `NOSCRIPT`). May change in any release.
+    /// Not part of the API (feature `bench-internals`, for `examples/loadtest.rs`, which
+    /// measures the script alone as a baseline): what [`Store::check`] sends for `checks`
+    /// on a standalone server, by `EVALSHA` of `sha` (or `EVAL` of `text` after a
+    /// `NOSCRIPT`). May change in any release.
     ///
     /// # Errors
     ///
     /// As [`Store::check`], for quotas that Lua cannot compute exactly.
+    #[cfg(feature = "bench-internals")]
     #[doc(hidden)]
     pub fn __check_script_call(&self, checks: &[Check]) -> Result<ScriptCall, StoreError> {
         let checks: Vec<&Check> = checks.iter().collect();
@@ -391,239 +349,6 @@ impl RedisStore {
             other => Err(StoreError::Backend(format!("unexpected answer to PING: {other:?}"))),
         }
     }
-}
-
-impl Inner {
-    fn unavailable(&self, why: &str) -> StoreError {
-        StoreError::Unavailable(format!("redis at {} is not connected: {why}", self.config.addr))
-    }
-
-    fn error(&self, e: &RedisError) -> StoreError {
-        let unavailable = e.is_io_error()
-            || e.is_unrecoverable_error()
-            || matches!(
-                e.kind(),
-                ErrorKind::Server(
-                    ServerErrorKind::ClusterDown
-                        | ServerErrorKind::TryAgain
-                        | ServerErrorKind::MasterDown
-                        | ServerErrorKind::BusyLoading
-                ) | ErrorKind::ClusterConnectionNotFound
-            );
-        if e.is_timeout() {
-            StoreError::Timeout(self.config.timeouts.response)
-        } else if unavailable {
-            StoreError::Unavailable(format!("redis at {}: {}", self.config.addr, security::explain(e)))
-        } else {
-            StoreError::Backend(format!("redis at {}: {}", self.config.addr, security::explain(e)))
-        }
-    }
-
-    /// `verb` (`EVALSHA` or `EVAL`) of `script` (its SHA1 or text) over `checks`, written
-    /// straight into one command: `KEYS` are the rules' names, `ARGV` the time (`now`,
-    /// else the store's clock, else empty for the server's `TIME`), the mode, and each
-    /// rule's 7 arguments. Call [`validate`] on every check first.
-    fn script_cmd(&self, verb: &str, script: &str, checks: &[&Check], mode: &str, now: Option<u64>) -> redis::Cmd {
-        let mut cmd = redis::Cmd::with_capacity(5 + 8 * checks.len(), script.len() + 16 + 96 * checks.len());
-        cmd.arg(verb).arg(script).arg(checks.len());
-        for c in checks {
-            cmd.arg(keys::name(&self.config.prefix, &c.rule, &c.key, c.algorithm));
-        }
-        match now.or_else(|| self.config.clock.as_ref().map(SharedClock::now)) {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
-        };
-        cmd.arg(mode);
-        for c in checks {
-            write_rule_args(&mut cmd, c);
-        }
-        cmd
-    }
-
-    /// The connection to use: at once when there is one (every request but the first); the
-    /// rare wait for one is boxed so that it does not enlarge every request's future.
-    async fn connection(&self) -> Result<(conn::Conn, u64), StoreError> {
-        match self.link.ready() {
-            Some(ready) => Ok(ready),
-            None => Box::pin(self.link.get(self.config.timeouts.response)).await.map_err(|why| self.unavailable(&why)),
-        }
-    }
-
-    /// Sends `cmd` on `conn` within the response timeout (a multiplexed connection keeps it
-    /// itself, per command); on `NOSCRIPT`, sends `fallback`.
-    async fn query(
-        &self,
-        mut conn: conn::Conn,
-        generation: u64,
-        cmd: &redis::Cmd,
-        fallback: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
-    ) -> Result<Value, StoreError> {
-        let conn_times_out = conn.times_out_itself();
-        let run = async {
-            match conn.query(cmd).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => match fallback {
-                    Some(f) => conn.query(&f()).await,
-                    None => Err(e),
-                },
-                other => other,
-            }
-        };
-        let answer = if conn_times_out {
-            Ok(run.await)
-        } else {
-            // Boxed: the timer would enlarge every request's future, also where unused.
-            Box::pin(tokio::time::timeout(self.config.timeouts.response, run)).await
-        };
-        match answer {
-            Err(_) => {
-                self.link.on_timeout(generation);
-                Err(StoreError::Timeout(self.config.timeouts.response))
-            }
-            Ok(Err(e)) => {
-                self.link.on_error(generation, &e);
-                Err(self.error(&e))
-            }
-            Ok(Ok(Value::ServerError(e))) => Err(StoreError::Backend(format!("redis at {}: {e:?}", self.config.addr))),
-            Ok(Ok(v)) => {
-                self.link.on_ok();
-                Ok(v)
-            }
-        }
-    }
-
-    /// Runs `script` over `checks` by `EVALSHA`, by `EVAL` when the server does not know it.
-    async fn eval(
-        &self,
-        script: &Script,
-        checks: &[&Check],
-        mode: &str,
-        now: Option<u64>,
-    ) -> Result<Value, StoreError> {
-        checks.iter().try_for_each(|c| validate(c))?;
-        let (conn, generation) = self.connection().await?;
-        let evalsha = self.script_cmd("EVALSHA", &script.sha, checks, mode, now);
-        let eval = || self.script_cmd("EVAL", script.text, checks, mode, now);
-        self.query(conn, generation, &evalsha, Some(&eval)).await
-    }
-
-    /// Runs a check script over `checks` (all in one slot, or standalone).
-    async fn run_check(&self, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
-        let reply = self.eval(SCRIPTS.check_for(checks), checks, mode, None).await?;
-        parse_check(&reply, checks)
-    }
-
-    /// Runs the refund script over `checks` (all in one slot, or standalone), at `now`
-    /// when given.
-    async fn run_refund(&self, checks: &[&Check], now: Option<u64>) -> Result<(), StoreError> {
-        match self.eval(&SCRIPTS.refund, checks, MODE_CHECK, now).await? {
-            Value::Int(_) => Ok(()),
-            other => Err(StoreError::Backend(format!("unexpected reply from the tollgate refund script: {other:?}"))),
-        }
-    }
-
-    /// The checks grouped so that each group is one script call: everything at once on
-    /// a standalone server, one group per slot on a cluster.
-    fn groups<'c>(&self, checks: &'c [Check]) -> Vec<Vec<&'c Check>> {
-        if !self.config.origin.is_cluster() {
-            return vec![checks.iter().collect()];
-        }
-        let mut groups: Vec<(u16, Vec<&Check>)> = Vec::new();
-        for c in checks {
-            let slot = keys::key_slot(&c.key);
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, g)) => g.push(c),
-                None => groups.push((slot, vec![c])),
-            }
-        }
-        groups.into_iter().map(|(_, g)| g).collect()
-    }
-
-    async fn check_one(&self, check: &Check) -> Result<Decision, StoreError> {
-        let reply = self.run_check(&[check], MODE_CHECK).await?;
-        reply.decisions.into_iter().next().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))
-    }
-
-    async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
-        if checks.is_empty() {
-            return Ok(Vec::new());
-        }
-        let groups = self.groups(checks);
-        if let [group] = groups.as_slice() {
-            return Ok(self.run_check(group, MODE_CHECK).await?.decisions.into_vec());
-        }
-        // Several slots: each decides atomically, all at once; the units of slots that
-        // accepted are given back when another rejected (or failed).
-        let replies = join_all(groups.iter().map(|g| self.run_check(g, MODE_CHECK))).await;
-        let everyone = replies.iter().all(|r| matches!(r, Ok(reply) if reply.all));
-        if !everyone {
-            let rollbacks = groups.iter().zip(&replies).filter_map(|(g, r)| match r {
-                Ok(reply) if reply.all => Some(self.run_refund(g, Some(reply.now))),
-                _ => None,
-            });
-            for result in join_all(rollbacks).await {
-                if let Err(e) = result {
-                    tracing::warn!(target: "tollgate", error = %e, "could not give back the units of a rejected multi-slot check");
-                }
-            }
-        }
-        // Decisions back in the order of `checks`.
-        let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
-        for (group, reply) in groups.iter().zip(replies) {
-            for (c, d) in group.iter().zip(reply?.decisions) {
-                if let Some(i) = checks.iter().position(|x| std::ptr::eq(x, *c)) {
-                    decisions[i] = Some(d);
-                }
-            }
-        }
-        decisions.into_iter().map(|d| d.ok_or_else(|| StoreError::Backend("a rule got no decision".into()))).collect()
-    }
-
-    async fn refund(&self, checks: &[Check]) -> Result<(), StoreError> {
-        if checks.is_empty() {
-            return Ok(());
-        }
-        let groups = self.groups(checks);
-        for result in join_all(groups.iter().map(|g| self.run_refund(g, None))).await {
-            result?;
-        }
-        Ok(())
-    }
-
-    async fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
-        let reply = self.run_check(&[check], MODE_PEEK).await?;
-        reply.decisions.into_iter().next().ok_or_else(|| StoreError::Backend("peek got no decision".into()))
-    }
-
-    async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
-        let (conn, generation) = self.connection().await?;
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(keys::name(&self.config.prefix, rule, key, algorithm));
-        self.query(conn, generation, &cmd, None).await.map(drop)
-    }
-}
-
-/// Polls every future to completion, concurrently, on the caller's task.
-async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if out.is_none() {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(v) => *out = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 impl Store for RedisStore {
@@ -660,16 +385,6 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(redact("redis://:secret@host:1/0"), "redis://***@host:1/0");
-        assert_eq!(redact("redis://user:secret@host"), "redis://***@host");
-        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
-        assert_eq!(redact("no url"), "no url");
-        assert_eq!(redact("user:secret@host:1"), "***@host:1");
-        assert_eq!(redact("redis://:pa/ss?w#d@host:1"), "redis://***@host:1");
-    }
 
     #[test]
     fn debug_never_shows_the_password() {

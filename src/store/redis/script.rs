@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
+use super::keys;
 use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::leaky_bucket::LeakyBucket;
@@ -138,10 +139,38 @@ pub(crate) fn validate(check: &Check) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// `verb` (`EVALSHA` or `EVAL`) of `script` (its SHA1 or text) over `checks`, written
+/// straight into one command: `KEYS` are the rules' names under `prefix`, `ARGV` the time
+/// (`now`, else empty for the server's `TIME`), the mode, and each rule's 7 arguments.
+/// Call [`validate`] on every check first.
+pub(crate) fn script_cmd(
+    verb: &str,
+    script: &str,
+    prefix: &str,
+    checks: &[&Check],
+    mode: &str,
+    now: Option<u64>,
+) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(5 + 8 * checks.len(), script.len() + 16 + 96 * checks.len());
+    cmd.arg(verb).arg(script).arg(checks.len());
+    for c in checks {
+        cmd.arg(keys::name(prefix, &c.rule, &c.key, c.algorithm));
+    }
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    cmd.arg(mode);
+    for c in checks {
+        write_rule_args(&mut cmd, c);
+    }
+    cmd
+}
+
 /// Writes the 7 script arguments of one rule (see `scripts/lib.lua`) into `cmd`: numbers
 /// are formatted straight into the command's buffer, with no string per argument.
 /// Call [`validate`] first.
-pub(crate) fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
+fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
     let q = &check.params.quota;
     cmd.arg(check.algorithm.tag())
         .arg(q.limit())

@@ -6,7 +6,7 @@
 use deadpool_redis::redis::ConnectionInfo;
 use deadpool_redis::redis::{ConnectionAddr, ErrorKind, RedisError};
 
-use super::conn::Origin;
+use super::origin::Origin;
 
 /// Whether `info` connects over TLS.
 #[cfg(feature = "redis-tls")]
@@ -29,23 +29,6 @@ pub(super) fn describe(origin: &Origin) -> &'static str {
         ConnectionAddr::TcpTls { .. } => "rediss (system root certificates)",
         _ => "off",
     }
-}
-
-/// `rediss://` needs the `redis-tls` feature; `#insecure` (no certificate check) is refused.
-pub(super) fn check_url(scheme: &str, url: &str, shown: &str) -> Result<(), String> {
-    let tls = matches!(scheme, "rediss" | "valkeys");
-    if tls && !cfg!(feature = "redis-tls") {
-        return Err(format!(
-            "redis URL {shown:?} asks for TLS ({scheme}://), which needs the `redis-tls` feature of tollgate"
-        ));
-    }
-    if tls && url.contains('#') {
-        return Err(format!(
-            "redis URL {shown:?} has a #fragment: tollgate always checks the server's certificate \
-             (no #insecure); for a private CA use RedisStore::tls_root_certificates"
-        ));
-    }
-    Ok(())
 }
 
 /// `info` with the CA certificates of `pem` as its only trust anchors.

@@ -27,7 +27,7 @@
 //!
 //! Key specs ([`KeySpec`]): `peer_ip` (IPv6 grouped by /64), `peer_ip/48` (another IPv6
 //! prefix), `global`, `header:<name>`, and `trusted_proxy_ip:<cidr>,<cidr>` (the client
-//! address behind these proxies, see [`TrustedProxyIp`]).
+//! address behind these proxies, see [`TrustedProxyIp`](crate::key::TrustedProxyIp)).
 //!
 //! ```
 //! use tollgate::{LayerConfig, MemoryStore};
@@ -72,18 +72,18 @@
 
 #![cfg_attr(docsrs, doc(cfg(feature = "config")))]
 
-use std::fmt;
-use std::str::FromStr;
+mod key_spec;
+
 use std::time::Duration;
 
-use http::{HeaderName, Request};
+use http::Request;
 use serde::{Deserialize, Deserializer};
 use toml::{Table, Value};
 
-use crate::key::{Key, KeyExtractor, PeerIp, TrustedProxyIp};
-use crate::{
-    Algorithm, BuildError, FailMode, HeaderStyle, Quota, RateLimitLayer, RateLimitLayerBuilder, Rule, MAX_RULE_NAME,
-};
+pub use self::key_spec::KeySpec;
+use crate::quota::unit_micros;
+use crate::rule::check_rule_name;
+use crate::{Algorithm, BuildError, FailMode, HeaderStyle, Quota, RateLimitLayer, RateLimitLayerBuilder, Rule};
 
 /// The rules of one layer and its layer-wide settings, read and checked from a
 /// configuration file. See the [module docs](self) for the format.
@@ -123,7 +123,7 @@ pub struct RuleConfig {
 impl RuleConfig {
     /// The [`Rule`] this entry describes, for requests with body type `B`.
     #[must_use]
-    pub fn to_rule<B>(&self) -> Rule<B> {
+    pub fn to_rule<B>(&self) -> Rule<Request<B>> {
         let mut rule = Rule::new(self.name.clone(), self.quota, self.key.clone()).shadow(self.shadow);
         if let Some(a) = self.algorithm {
             rule = rule.algorithm(a);
@@ -135,111 +135,6 @@ impl RuleConfig {
             rule = rule.max_delay(d);
         }
         rule
-    }
-}
-
-/// What a configured rule limits: the `key` field, parsed.
-///
-/// | spec | extractor |
-/// |---|---|
-/// | `peer_ip` | [`PeerIp`] (IPv6 grouped by /64) |
-/// | `peer_ip/<bits>` | [`PeerIp::ipv6_prefix`]`(bits)` |
-/// | `global` | [`Global`](crate::key::Global) |
-/// | `header:<name>` | [`header`](crate::key::header)`(name)`: requests without it are not limited by the rule |
-/// | `trusted_proxy_ip:<cidr>,<cidr>,…` | [`TrustedProxyIp::new`] |
-///
-/// ```
-/// use tollgate::config::KeySpec;
-///
-/// assert!(matches!("peer_ip/48".parse(), Ok(KeySpec::PeerIp { ipv6_prefix: 48 })));
-/// assert!("header:X-Api-Key".parse::<KeySpec>().is_ok());
-/// assert!("cookie:session".parse::<KeySpec>().is_err());
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum KeySpec {
-    /// `peer_ip` or `peer_ip/<bits>`.
-    PeerIp {
-        /// The IPv6 prefix length peers are grouped by (64 for plain `peer_ip`).
-        ipv6_prefix: u8,
-    },
-    /// `global`: one key for every request.
-    Global,
-    /// `header:<name>`.
-    Header(HeaderName),
-    /// `trusted_proxy_ip:<cidr>,<cidr>,…`.
-    TrustedProxyIp(TrustedProxyIp),
-}
-
-impl FromStr for KeySpec {
-    type Err = BuildError;
-
-    /// # Errors
-    ///
-    /// [`BuildError::InvalidConfig`] with field `key` (and an empty rule name) saying
-    /// what is wrong.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |why: String| BuildError::InvalidConfig { rule: String::new(), field: "key".into(), why };
-        let s = s.trim();
-        if s == "global" {
-            return Ok(KeySpec::Global);
-        }
-        if s == "peer_ip" {
-            return Ok(KeySpec::PeerIp { ipv6_prefix: 64 });
-        }
-        if let Some(bits) = s.strip_prefix("peer_ip/") {
-            return match bits.trim().parse::<u8>() {
-                Ok(bits) if bits <= 128 => Ok(KeySpec::PeerIp { ipv6_prefix: bits }),
-                _ => Err(bad(format!("{s:?}: expected peer_ip/<IPv6 prefix length 0..=128>, e.g. peer_ip/48"))),
-            };
-        }
-        if let Some(name) = s.strip_prefix("header:") {
-            let name = name.trim();
-            return HeaderName::from_bytes(name.as_bytes())
-                .map(KeySpec::Header)
-                .map_err(|_| bad(format!("{name:?} is not a valid HTTP header name")));
-        }
-        if let Some(nets) = s.strip_prefix("trusted_proxy_ip:") {
-            let nets: Vec<&str> = nets.split(',').map(str::trim).collect();
-            if nets.iter().any(|n| n.is_empty()) {
-                return Err(bad(format!("{s:?}: expected trusted_proxy_ip:<cidr>,<cidr>, e.g. 10.0.0.0/8")));
-            }
-            return TrustedProxyIp::new(nets).map(KeySpec::TrustedProxyIp).map_err(|e| bad(why(e)));
-        }
-        let kind = s.split([':', '/']).next().unwrap_or(s);
-        if ["global", "peer_ip", "header", "trusted_proxy_ip"].contains(&kind) {
-            Err(bad(format!("{s:?} is malformed: expected one of {KEY_KINDS}")))
-        } else {
-            Err(bad(format!("unknown key kind {kind:?}: expected one of {KEY_KINDS}")))
-        }
-    }
-}
-
-const KEY_KINDS: &str = "peer_ip, peer_ip/<bits>, global, header:<name>, trusted_proxy_ip:<cidr>,<cidr>";
-
-impl fmt::Display for KeySpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KeySpec::PeerIp { ipv6_prefix: 64 } => f.write_str("peer_ip"),
-            KeySpec::PeerIp { ipv6_prefix } => write!(f, "peer_ip/{ipv6_prefix}"),
-            KeySpec::Global => f.write_str("global"),
-            KeySpec::Header(name) => write!(f, "header:{name}"),
-            KeySpec::TrustedProxyIp(_) => f.write_str("trusted_proxy_ip:…"),
-        }
-    }
-}
-
-impl<B> KeyExtractor<B> for KeySpec {
-    fn extract(&self, req: &Request<B>) -> Option<Key> {
-        match self {
-            KeySpec::PeerIp { ipv6_prefix } => PeerIp.ipv6_prefix(*ipv6_prefix).extract(req),
-            KeySpec::Global => crate::key::Global.extract(req),
-            // As `key::header`: a missing or empty header means "not limited by this rule".
-            KeySpec::Header(name) => {
-                req.headers().get(name).map(http::HeaderValue::as_bytes).filter(|v| !v.is_empty()).map(Key::new)
-            }
-            KeySpec::TrustedProxyIp(t) => t.extract(req),
-        }
     }
 }
 
@@ -271,14 +166,14 @@ impl LayerConfig {
     /// Every configured rule as a [`Rule`], to adjust before building (e.g. add
     /// `bypass_if` to each).
     #[must_use]
-    pub fn to_rules<B>(&self) -> Vec<Rule<B>> {
+    pub fn to_rules<B>(&self) -> Vec<Rule<Request<B>>> {
         self.rules.iter().map(RuleConfig::to_rule).collect()
     }
 
     /// A builder holding the configured rules, to add rules defined in code. Build it,
     /// then [`LayerConfig::apply`] the layer-wide settings.
     #[must_use]
-    pub fn builder<St, B>(&self, store: St) -> RateLimitLayerBuilder<St, B> {
+    pub fn builder<St, B: 'static>(&self, store: St) -> RateLimitLayerBuilder<St, B> {
         self.rules.iter().fold(RateLimitLayer::<St, B>::builder(store), |b, r| b.add_rule(r.to_rule()))
     }
 
@@ -287,14 +182,14 @@ impl LayerConfig {
     /// # Errors
     ///
     /// [`BuildError::InvalidConfig`] when the configuration has no rule.
-    pub fn build<St, B>(&self, store: St) -> Result<RateLimitLayer<St, B>, BuildError> {
+    pub fn build<St, B: 'static>(&self, store: St) -> Result<RateLimitLayer<St, B>, BuildError> {
         Ok(self.apply(self.builder(store).build()?))
     }
 
     /// Sets the layer-wide settings that the configuration names (`algorithm`,
     /// `headers`, `fail_mode`, `timeout`) on `layer`; the others stay as they are.
     #[must_use]
-    pub fn apply<St, B, R>(&self, mut layer: RateLimitLayer<St, B, R>) -> RateLimitLayer<St, B, R> {
+    pub fn apply<St, B: 'static, R>(&self, mut layer: RateLimitLayer<St, B, R>) -> RateLimitLayer<St, B, R> {
         if let Some(a) = self.algorithm {
             layer = layer.algorithm(a);
         }
@@ -323,9 +218,9 @@ impl LayerConfig {
         let mut config = LayerConfig {
             rules: Vec::new(),
             algorithm: top.optional("algorithm", "an algorithm name", parse_algorithm)?,
-            headers: top.optional("headers", "legacy, ietf, both or none", parse_headers)?,
-            fail_mode: top.optional("fail_mode", "open or closed", parse_fail_mode)?,
-            timeout: top.optional("timeout", "a duration like \"50ms\"", parse_duration)?,
+            headers: top.optional("headers", "legacy, ietf, both or none", |s| s.parse().map_err(why))?,
+            fail_mode: top.optional("fail_mode", "open or closed", |s| s.parse().map_err(why))?,
+            timeout: top.optional("timeout", "a duration like \"50ms\"", parse_timeout)?,
         };
         let entries = match table.get("rule") {
             None => &[][..],
@@ -362,20 +257,14 @@ impl RuleConfig {
     fn from_table(table: &Table, label: String) -> Result<Self, BuildError> {
         // Errors name the rule by its name once it is known to be a usable one.
         let rule = match table.get("name") {
-            Some(Value::String(n)) if !n.is_empty() && n.len() <= MAX_RULE_NAME => n.clone(),
+            Some(Value::String(n)) if check_rule_name(n).is_ok() => n.clone(),
             _ => label,
         };
         let f = Fields { rule, table };
         if let Some(unknown) = table.keys().find(|k| !RULE_FIELDS.contains(&k.as_str())) {
             return Err(f.err(unknown, format!("unknown field: expected one of {}", RULE_FIELDS.join(", "))));
         }
-        let name = f.required("name", "a rule name", |s| {
-            if s.is_empty() || s.len() > MAX_RULE_NAME {
-                Err(format!("a rule name needs 1 to {MAX_RULE_NAME} bytes"))
-            } else {
-                Ok(s.to_owned())
-            }
-        })?;
+        let name = f.required("name", "a rule name", |s| check_rule_name(s).map(|()| s.to_owned()).map_err(why))?;
         let key = f.required("key", "a key spec like \"peer_ip\"", |s| s.parse::<KeySpec>().map_err(why))?;
         let mut quota = f.required("quota", "a quota like \"100/min\"", |s| s.parse::<Quota>().map_err(why))?;
         if let Some(v) = table.get("burst") {
@@ -386,7 +275,7 @@ impl RuleConfig {
             quota = quota.try_burst(burst).map_err(|e| f.err("burst", why(e)))?;
         }
         let algorithm = f.optional("algorithm", "an algorithm name", parse_algorithm)?;
-        let fail_mode = f.optional("fail_mode", "open or closed", parse_fail_mode)?;
+        let fail_mode = f.optional("fail_mode", "open or closed", |s| s.parse().map_err(why))?;
         let max_delay = f.optional("max_delay", "a duration like \"2s\"", parse_duration)?;
         let shadow = match table.get("shadow") {
             None => false,
@@ -446,7 +335,11 @@ impl Fields<'_> {
 /// The message of an error from a parser of this crate, without its variant's prefix.
 fn why(e: BuildError) -> String {
     match e {
-        BuildError::InvalidQuota(why) | BuildError::InvalidStore(why) | BuildError::InvalidConfig { why, .. } => why,
+        BuildError::InvalidQuota(why)
+        | BuildError::InvalidStore(why)
+        | BuildError::InvalidKey(why)
+        | BuildError::InvalidRuleName { why, .. }
+        | BuildError::InvalidConfig { why, .. } => why,
         other => other.to_string(),
     }
 }
@@ -455,39 +348,27 @@ fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
     s.parse().map_err(why)
 }
 
-fn parse_headers(s: &str) -> Result<HeaderStyle, String> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "legacy" => Ok(HeaderStyle::Legacy),
-        "ietf" => Ok(HeaderStyle::Ietf),
-        "both" => Ok(HeaderStyle::Both),
-        "none" => Ok(HeaderStyle::None),
-        _ => Err(format!("unknown header style {s:?}: use legacy, ietf, both or none")),
-    }
-}
-
-fn parse_fail_mode(s: &str) -> Result<FailMode, String> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "open" => Ok(FailMode::Open),
-        "closed" => Ok(FailMode::Closed),
-        _ => Err(format!("unknown fail mode {s:?}: use open or closed")),
-    }
-}
-
-/// `"50ms"`, `"2s"`, `"1min"`, `"250us"`, `"1h"`: a whole number and a unit.
+/// `"50ms"`, `"2s"`, `"1min"`, `"250us"`, `"1h"`: a whole number and a unit (the units of
+/// a quota's period).
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (n, unit) = t.split_at(digits);
     let n: u64 = n.parse().map_err(|_| format!("{s:?}: expected a whole number and a unit, e.g. 2s or 500ms"))?;
-    let d = match unit.trim() {
-        "us" | "µs" => Duration::from_micros(n),
-        "ms" => Duration::from_millis(n),
-        "s" | "sec" | "secs" => Duration::from_secs(n),
-        "m" | "min" | "mins" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
+    let unit_us = match unit.trim() {
         "" => return Err(format!("{s:?}: the duration has no unit (ms, s, min, h)")),
-        _ => return Err(format!("{s:?}: unknown unit (use us, ms, s, min or h)")),
+        unit => unit_micros(unit).ok_or_else(|| format!("{s:?}: unknown unit (use us, ms, s, min or h)"))?,
     };
+    Ok(Duration::from_micros(n.saturating_mul(unit_us)))
+}
+
+/// A store deadline: a duration above zero (a zero deadline would fail every call, and
+/// with the default fail mode silently turn limiting off).
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: the store deadline must be above zero (e.g. 50ms)"));
+    }
     Ok(d)
 }
 
@@ -513,17 +394,9 @@ mod tests {
         assert!(parse_duration("2").unwrap_err().contains("no unit"));
         assert!(parse_duration("1.5s").unwrap_err().contains("unknown unit"));
         assert!(parse_duration("s").unwrap_err().contains("whole number"));
-    }
-
-    #[test]
-    fn key_specs_round_trip_through_display() {
-        for s in ["peer_ip", "peer_ip/48", "global", "header:x-api-key"] {
-            assert_eq!(s.parse::<KeySpec>().unwrap().to_string(), s);
-        }
-        assert!(matches!("peer_ip/129".parse::<KeySpec>(), Err(BuildError::InvalidConfig { .. })));
-        assert!("peer_ip:48".parse::<KeySpec>().is_err());
-        assert!("global:x".parse::<KeySpec>().is_err());
-        assert!("header:".parse::<KeySpec>().is_err());
-        assert!("trusted_proxy_ip:".parse::<KeySpec>().is_err());
+        assert_eq!(parse_duration("1hour"), Ok(Duration::from_secs(3600)), "the units of a quota");
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(2 * 86_400)));
+        assert!(parse_timeout("0ms").unwrap_err().contains("above zero"));
+        assert_eq!(parse_timeout("20ms"), Ok(Duration::from_millis(20)));
     }
 }

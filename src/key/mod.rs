@@ -1,0 +1,287 @@
+//! What is being limited: [`Key`], the [`KeyExtractor`] trait, and the built-in extractors
+//! [`PeerIp`], [`TrustedProxyIp`], [`header`] and [`Global`].
+//!
+//! Any closure `Fn(&I) -> Option<K>` with `K: Into<Key>` is an extractor for inputs of
+//! type `I`; for the HTTP layer `I` is `http::Request<B>`. Annotate the request type, as
+//! Rust cannot infer it from the layer: `|req: &http::Request<axum::body::Body>| …` for
+//! axum, `|req: &http::Request<tonic::body::Body>| …` for tonic. A closure that returns
+//! `None` says "do not limit this input by this rule". The built-in IP extractors never
+//! return `None`: without connection info they warn once and limit under one shared
+//! `"unknown"` key rather than silently stop limiting.
+
+mod peer;
+mod proxy;
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, Request};
+use sha2::{Digest, Sha256};
+
+pub use self::peer::{PeerIp, PeerIpPrefix};
+pub use self::proxy::{IpNet, ProxyHeader, TrustedProxyIp};
+
+/// Keys longer than this many bytes are replaced by their SHA-256 digest.
+pub const MAX_KEY_LEN: usize = 128;
+const INLINE: usize = 46;
+
+/// The identity a rule limits (an IP, an API key, an account id…): up to
+/// [`MAX_KEY_LEN`] bytes; longer ones are replaced by their SHA-256 digest, so a client
+/// cannot make the limiter store arbitrarily large keys, and a digest never equals a
+/// short key.
+#[derive(Clone)]
+pub struct Key(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline(u8, [u8; INLINE]),
+    Heap(Arc<[u8]>),
+    Digest([u8; 32]),
+}
+
+impl Key {
+    /// A key from bytes (hashed when longer than [`MAX_KEY_LEN`]).
+    #[must_use]
+    pub fn new(bytes: &[u8]) -> Self {
+        if bytes.len() <= INLINE {
+            let mut buf = [0; INLINE];
+            buf[..bytes.len()].copy_from_slice(bytes);
+            #[allow(clippy::cast_possible_truncation)]
+            Self(Repr::Inline(bytes.len() as u8, buf))
+        } else if bytes.len() <= MAX_KEY_LEN {
+            Self(Repr::Heap(Arc::from(bytes)))
+        } else {
+            Self(Repr::Digest(Sha256::digest(bytes).into()))
+        }
+    }
+
+    /// A key from anything `Display`, formatted without a heap allocation when it fits
+    /// the inline buffer (IP addresses always do).
+    #[must_use]
+    pub fn display(value: impl fmt::Display) -> Self {
+        struct Inline {
+            buf: [u8; INLINE],
+            len: usize,
+            spill: Option<String>,
+        }
+        impl fmt::Write for Inline {
+            fn write_str(&mut self, s: &str) -> fmt::Result {
+                if let Some(spill) = &mut self.spill {
+                    spill.push_str(s);
+                } else if self.len + s.len() <= INLINE {
+                    self.buf[self.len..self.len + s.len()].copy_from_slice(s.as_bytes());
+                    self.len += s.len();
+                } else {
+                    let mut spill = String::from_utf8_lossy(&self.buf[..self.len]).into_owned();
+                    spill.push_str(s);
+                    self.spill = Some(spill);
+                }
+                Ok(())
+            }
+        }
+        let mut w = Inline { buf: [0; INLINE], len: 0, spill: None };
+        let _ = fmt::write(&mut w, format_args!("{value}"));
+        match w.spill {
+            Some(s) => Self::new(s.as_bytes()),
+            #[allow(clippy::cast_possible_truncation)]
+            None => Self(Repr::Inline(w.len as u8, w.buf)),
+        }
+    }
+
+    /// The key's bytes (for a hashed key: the 32 bytes of its digest).
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline(len, buf) => &buf[..usize::from(*len)],
+            Repr::Heap(b) => b,
+            Repr::Digest(d) => d,
+        }
+    }
+
+    /// Whether the key was longer than [`MAX_KEY_LEN`] and is stored as its digest.
+    #[must_use]
+    pub fn is_hashed(&self) -> bool {
+        matches!(self.0, Repr::Digest(_))
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.is_hashed() == other.is_hashed() && self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.is_hashed().hash(state);
+        self.as_bytes().hash(state);
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_hashed() {
+            f.write_str("Key(sha256:")?;
+            for b in self.as_bytes() {
+                write!(f, "{b:02x}")?;
+            }
+            f.write_str(")")
+        } else {
+            write!(f, "Key({:?})", String::from_utf8_lossy(self.as_bytes()))
+        }
+    }
+}
+
+impl From<&str> for Key {
+    fn from(s: &str) -> Self {
+        Self::new(s.as_bytes())
+    }
+}
+impl From<String> for Key {
+    fn from(s: String) -> Self {
+        Self::new(s.as_bytes())
+    }
+}
+impl From<&String> for Key {
+    fn from(s: &String) -> Self {
+        Self::new(s.as_bytes())
+    }
+}
+impl From<&[u8]> for Key {
+    fn from(b: &[u8]) -> Self {
+        Self::new(b)
+    }
+}
+impl From<Vec<u8>> for Key {
+    fn from(b: Vec<u8>) -> Self {
+        Self::new(&b)
+    }
+}
+impl From<u64> for Key {
+    fn from(n: u64) -> Self {
+        Self::display(n)
+    }
+}
+impl From<IpAddr> for Key {
+    fn from(ip: IpAddr) -> Self {
+        Self::display(ip)
+    }
+}
+
+/// Turns an input (for the HTTP layer, a request `http::Request<B>`) into the [`Key`] a
+/// rule limits, or `None` to skip the rule.
+///
+/// Implemented for closures `Fn(&I) -> Option<K>` where `K: Into<Key>`.
+pub trait KeyExtractor<I: ?Sized>: Send + Sync + 'static {
+    /// The key, or `None` when this rule does not apply to the input.
+    fn extract(&self, input: &I) -> Option<Key>;
+}
+
+impl<F, I, K> KeyExtractor<I> for F
+where
+    I: ?Sized,
+    F: Fn(&I) -> Option<K> + Send + Sync + 'static,
+    K: Into<Key>,
+{
+    fn extract(&self, input: &I) -> Option<Key> {
+        self(input).map(Into::into)
+    }
+}
+
+/// One key for every input: a global limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Global;
+
+impl<I: ?Sized> KeyExtractor<I> for Global {
+    fn extract(&self, _input: &I) -> Option<Key> {
+        Some(Key::from("global"))
+    }
+}
+
+/// The value of a request header, e.g. `header("x-api-key")`. A request without the
+/// header (or with an empty value) is not limited by the rule. Any bytes are accepted;
+/// long values are hashed.
+#[must_use]
+pub fn header(name: &'static str) -> Header {
+    Header(HeaderName::from_static(name))
+}
+
+/// See [`header`].
+#[derive(Debug, Clone)]
+pub struct Header(HeaderName);
+
+impl<B> KeyExtractor<Request<B>> for Header {
+    fn extract(&self, req: &Request<B>) -> Option<Key> {
+        header_key(req.headers(), &self.0)
+    }
+}
+
+/// The key of header `name`: its bytes, or `None` when it is missing or empty.
+pub(crate) fn header_key(headers: &HeaderMap, name: &HeaderName) -> Option<Key> {
+    let v = headers.get(name)?.as_bytes();
+    (!v.is_empty()).then(|| Key::new(v))
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::net::SocketAddr;
+
+    use http::Request;
+
+    use super::KeyExtractor;
+
+    pub(crate) fn req_from(peer: &str, headers: &[(&str, &str)]) -> Request<()> {
+        let mut b = Request::builder();
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let mut req = b.body(()).unwrap();
+        req.extensions_mut().insert(peer.parse::<SocketAddr>().unwrap());
+        req
+    }
+
+    pub(crate) fn key_of<E: KeyExtractor<Request<()>>>(e: &E, req: &Request<()>) -> String {
+        String::from_utf8(e.extract(req).unwrap().as_bytes().to_vec()).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::{key_of, req_from};
+    use super::*;
+
+    #[test]
+    fn long_keys_are_hashed_and_never_equal_short_ones() {
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        let k = Key::from(long.as_str());
+        assert!(k.is_hashed());
+        assert_eq!(k.as_bytes().len(), 32);
+        assert_eq!(k, Key::from(long.clone()));
+        assert_ne!(k, Key::from("k".repeat(MAX_KEY_LEN + 2)));
+        // A short key holding the digest's bytes is still a different key.
+        assert_ne!(k, Key::new(k.as_bytes()));
+        let exact = Key::from("x".repeat(MAX_KEY_LEN));
+        assert!(!exact.is_hashed());
+        assert_eq!(exact.as_bytes().len(), MAX_KEY_LEN);
+        assert_eq!(Key::from("abc").as_bytes(), b"abc");
+        assert_eq!(Key::display(42u64), Key::from("42"));
+        let long = "y".repeat(INLINE + 10);
+        assert_eq!(Key::display(&long), Key::from(long.as_str()));
+        assert_eq!(Key::display("z".repeat(MAX_KEY_LEN + 1)), Key::from("z".repeat(MAX_KEY_LEN + 1)));
+    }
+
+    #[test]
+    fn header_key() {
+        let e = header("x-api-key");
+        assert_eq!(key_of(&e, &req_from("1.1.1.1:1", &[("x-api-key", "abc")])), "abc");
+        assert!(e.extract(&req_from("1.1.1.1:1", &[])).is_none());
+        assert!(e.extract(&req_from("1.1.1.1:1", &[("x-api-key", "")])).is_none());
+        let mut req = Request::new(());
+        req.headers_mut().insert("x-api-key", http::HeaderValue::from_bytes(b"\xff\xfe").unwrap());
+        assert_eq!(e.extract(&req).unwrap().as_bytes(), b"\xff\xfe");
+    }
+}

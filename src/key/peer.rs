@@ -1,0 +1,132 @@
+//! [`PeerIp`]: the address of the connected peer, canonicalised.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use http::Request;
+
+use super::{Key, KeyExtractor};
+
+/// The address of the connected peer: from axum's `ConnectInfo<SocketAddr>` (serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's `TcpConnectInfo`
+/// (feature `tonic`), or a bare `SocketAddr` extension.
+///
+/// IPv4-mapped IPv6 addresses count as IPv4; other IPv6 addresses are grouped by their
+/// /64 prefix (one customer usually holds a whole /64) — see [`PeerIp::ipv6_prefix`].
+/// Without any connection info it warns once and limits under the key `"unknown"`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PeerIp;
+
+impl PeerIp {
+    /// Groups IPv6 peers by a prefix of this many bits instead of 64 (128: every address
+    /// on its own).
+    #[must_use]
+    pub fn ipv6_prefix(self, bits: u8) -> PeerIpPrefix {
+        PeerIpPrefix(bits.min(128))
+    }
+}
+
+/// [`PeerIp`] with another IPv6 prefix length.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerIpPrefix(u8);
+
+impl<B> KeyExtractor<Request<B>> for PeerIp {
+    fn extract(&self, req: &Request<B>) -> Option<Key> {
+        PeerIpPrefix(64).extract(req)
+    }
+}
+
+impl<B> KeyExtractor<Request<B>> for PeerIpPrefix {
+    fn extract(&self, req: &Request<B>) -> Option<Key> {
+        Some(match peer_addr(req) {
+            Some(ip) => ip_key(ip, self.0),
+            None => unknown_peer(),
+        })
+    }
+}
+
+static WARNED_NO_PEER: AtomicBool = AtomicBool::new(false);
+
+pub(super) fn unknown_peer() -> Key {
+    if !WARNED_NO_PEER.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "tollgate: no peer address in the request (axum: serve with \
+             into_make_service_with_connect_info::<SocketAddr>()); such requests share \
+             the key \"unknown\""
+        );
+    }
+    crate::metrics::peer_unknown();
+    Key::from("unknown")
+}
+
+/// The peer's IP from the request's connection info.
+pub(crate) fn peer_addr<B>(req: &Request<B>) -> Option<IpAddr> {
+    let ext = req.extensions();
+    #[cfg(feature = "axum")]
+    if let Some(ci) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(ci.0.ip());
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(ci) = ext.get::<tonic::transport::server::TcpConnectInfo>() {
+        if let Some(addr) = ci.remote_addr() {
+            return Some(addr.ip());
+        }
+    }
+    ext.get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+/// The canonical form of an address: IPv4-mapped IPv6 as IPv4, IPv6 masked to `v6_bits`.
+pub(crate) fn canonical_ip(ip: IpAddr, v6_bits: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask128(v6_bits))),
+        },
+    }
+}
+
+pub(super) fn mask128(bits: u8) -> u128 {
+    if bits == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(bits.min(128)))
+    }
+}
+
+pub(super) fn ip_key(ip: IpAddr, v6_bits: u8) -> Key {
+    let ip = canonical_ip(ip, v6_bits);
+    match ip {
+        IpAddr::V6(_) if v6_bits < 128 => Key::display(format_args!("{ip}/{v6_bits}")),
+        _ => Key::from(ip),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Request;
+
+    use super::super::test_support::{key_of, req_from};
+    use super::*;
+
+    #[test]
+    fn peer_ip_canonicalises() {
+        assert_eq!(key_of(&PeerIp, &req_from("1.2.3.4:5", &[])), "1.2.3.4");
+        assert_eq!(key_of(&PeerIp, &req_from("[::ffff:1.2.3.4]:5", &[])), "1.2.3.4");
+        assert_eq!(key_of(&PeerIp, &req_from("[2001:db8:1:2:3:4:5:6]:5", &[])), "2001:db8:1:2::/64");
+        assert_eq!(key_of(&PeerIp.ipv6_prefix(48), &req_from("[2001:db8:1:2:3:4:5:6]:5", &[])), "2001:db8:1::/48");
+        assert_eq!(key_of(&PeerIp.ipv6_prefix(128), &req_from("[2001:db8::6]:5", &[])), "2001:db8::6");
+    }
+
+    #[test]
+    fn peer_ip_without_connect_info_limits_under_unknown() {
+        let req = Request::new(());
+        assert_eq!(key_of(&PeerIp, &req), "unknown");
+    }
+
+    #[test]
+    fn peer_ip_ignores_forwarding_headers() {
+        let req = req_from("9.9.9.9:1", &[("x-forwarded-for", "1.1.1.1")]);
+        assert_eq!(key_of(&PeerIp, &req), "9.9.9.9");
+    }
+}

@@ -1,0 +1,228 @@
+//! [`TrustedProxyIp`]: the client address behind trusted reverse proxies.
+
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use http::Request;
+
+use super::peer::{canonical_ip, ip_key, mask128, peer_addr, unknown_peer};
+use super::{Key, KeyExtractor};
+use crate::BuildError;
+
+/// An IP network such as `10.0.0.0/8` or `::1/128` (a bare address is a /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: IpAddr,
+    bits: u8,
+}
+
+impl IpNet {
+    /// Whether `ip` is inside this network (IPv4-mapped addresses count as IPv4).
+    #[must_use]
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, canonical_ip(ip, 128)) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let m = if self.bits == 0 { 0 } else { u32::MAX << (32 - u32::from(self.bits)) };
+                u32::from(net) & m == u32::from(ip) & m
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let m = mask128(self.bits);
+                u128::from(net) & m == u128::from(ip) & m
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for IpNet {
+    type Err = BuildError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |why: &str| BuildError::InvalidKey(format!("trusted proxy network {s:?}: {why}"));
+        let (addr, bits) = match s.trim().split_once('/') {
+            Some((a, b)) => (a, Some(b)),
+            None => (s.trim(), None),
+        };
+        let addr: IpAddr = addr.parse().map_err(|_| bad("not an IP address"))?;
+        let addr = canonical_ip(addr, 128);
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let bits = match bits {
+            Some(b) => b.parse::<u8>().ok().filter(|&b| b <= max).ok_or_else(|| bad("bad prefix length"))?,
+            None => max,
+        };
+        Ok(Self { addr, bits })
+    }
+}
+
+/// Which header a trusted proxy writes the client address into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProxyHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client;proto=https, for="[2001:db8::1]:4711"`.
+    Forwarded,
+}
+
+/// The client address behind trusted reverse proxies.
+///
+/// Only when the connected peer is inside one of the trusted networks is the forwarding
+/// header read, right to left, skipping trusted proxies; the first untrusted address is
+/// the client. A client can therefore never choose its own key by sending the header:
+/// whatever it writes stands left of what the trusted proxies appended. A peer outside
+/// the trusted networks is itself the client. A header that cannot be read yields the
+/// nearest trusted hop, so the request is still limited.
+///
+/// ```
+/// use tollgate::key::TrustedProxyIp;
+///
+/// let key = TrustedProxyIp::new(["10.0.0.0/8", "::1"]).unwrap();
+/// assert!(TrustedProxyIp::new(["10.0.0.0/33"]).is_err());
+/// # let _ = key;
+/// ```
+#[derive(Debug, Clone)]
+pub struct TrustedProxyIp {
+    trusted: Arc<[IpNet]>,
+    header: ProxyHeader,
+    v6_bits: u8,
+}
+
+impl TrustedProxyIp {
+    /// Trusts these proxy networks (`"10.0.0.0/8"`, `"192.168.1.7"`, `"fd00::/8"`).
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidKey`] naming the network that does not parse.
+    pub fn new<I, S>(trusted: I) -> Result<Self, BuildError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let trusted = trusted.into_iter().map(|s| s.as_ref().parse()).collect::<Result<Vec<IpNet>, _>>()?;
+        Ok(Self { trusted: trusted.into(), header: ProxyHeader::default(), v6_bits: 64 })
+    }
+
+    /// Reads this header instead of `X-Forwarded-For`.
+    #[must_use]
+    pub fn header(mut self, header: ProxyHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Groups IPv6 clients by a prefix of this many bits instead of 64.
+    #[must_use]
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.v6_bits = bits.min(128);
+        self
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|n| n.contains(ip))
+    }
+
+    /// The client address for a request whose peer is `peer`.
+    pub(crate) fn client_ip<B>(&self, req: &Request<B>, peer: IpAddr) -> IpAddr {
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let mut nearest = peer;
+        let name = match self.header {
+            ProxyHeader::XForwardedFor => "x-forwarded-for",
+            ProxyHeader::Forwarded => "forwarded",
+        };
+        // All header lines, in order; entries read right to left across them.
+        let values: Vec<&[u8]> = req.headers().get_all(name).iter().map(http::HeaderValue::as_bytes).collect();
+        for value in values.iter().rev() {
+            let Ok(text) = std::str::from_utf8(value) else { return nearest };
+            for entry in text.rsplit(',') {
+                let parsed = match self.header {
+                    ProxyHeader::XForwardedFor => parse_xff_entry(entry),
+                    ProxyHeader::Forwarded => parse_forwarded_entry(entry),
+                };
+                let Some(ip) = parsed else { return nearest };
+                if !self.is_trusted(ip) {
+                    return ip;
+                }
+                nearest = ip;
+            }
+        }
+        nearest
+    }
+}
+
+impl<B> KeyExtractor<Request<B>> for TrustedProxyIp {
+    fn extract(&self, req: &Request<B>) -> Option<Key> {
+        Some(match peer_addr(req) {
+            Some(peer) => ip_key(self.client_ip(req, peer), self.v6_bits),
+            None => unknown_peer(),
+        })
+    }
+}
+
+/// `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:80`.
+fn parse_ip_port(s: &str) -> Option<IpAddr> {
+    let s = s.trim().trim_matches('"');
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Some(sa.ip());
+    }
+    let inner = s.strip_prefix('[')?.split(']').next()?;
+    inner.parse().ok()
+}
+
+fn parse_xff_entry(entry: &str) -> Option<IpAddr> {
+    parse_ip_port(entry)
+}
+
+fn parse_forwarded_entry(entry: &str) -> Option<IpAddr> {
+    entry.split(';').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        k.trim().eq_ignore_ascii_case("for").then(|| parse_ip_port(v)).flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{key_of, req_from};
+    use super::*;
+
+    #[test]
+    fn trusted_proxy_reads_right_to_left() {
+        let k = TrustedProxyIp::new(["10.0.0.0/8"]).unwrap();
+        // Untrusted peer: the header is ignored, whatever it says.
+        assert_eq!(key_of(&k, &req_from("8.8.8.8:1", &[("x-forwarded-for", "1.1.1.1")])), "8.8.8.8");
+        // Trusted peer: the rightmost untrusted entry; a spoofed left entry is ignored.
+        let req = req_from("10.0.0.1:1", &[("x-forwarded-for", "6.6.6.6, 7.7.7.7, 10.0.0.2")]);
+        assert_eq!(key_of(&k, &req), "7.7.7.7");
+        // Several header lines count as one list.
+        let req = req_from("10.0.0.1:1", &[("x-forwarded-for", "6.6.6.6"), ("x-forwarded-for", "7.7.7.7:443")]);
+        assert_eq!(key_of(&k, &req), "7.7.7.7");
+        // No header: the proxy itself. Garbage: the nearest trusted hop, never a panic.
+        assert_eq!(key_of(&k, &req_from("10.0.0.1:1", &[])), "10.0.0.1");
+        let req = req_from("10.0.0.1:1", &[("x-forwarded-for", "6.6.6.6, garbage, 10.0.0.3")]);
+        assert_eq!(key_of(&k, &req), "10.0.0.3");
+    }
+
+    #[test]
+    fn trusted_proxy_reads_forwarded() {
+        let k = TrustedProxyIp::new(["127.0.0.1", "::1"]).unwrap().header(ProxyHeader::Forwarded);
+        let req =
+            req_from("[::1]:1", &[("forwarded", "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https, for=127.0.0.1")]);
+        assert_eq!(key_of(&k, &req), "2001:db8::/64");
+    }
+
+    #[test]
+    fn networks() {
+        let n: IpNet = "10.0.0.0/8".parse().unwrap();
+        assert!(n.contains("10.200.1.1".parse().unwrap()));
+        assert!(n.contains("::ffff:10.1.1.1".parse().unwrap()));
+        assert!(!n.contains("11.0.0.1".parse().unwrap()));
+        let n: IpNet = "fd00::/8".parse().unwrap();
+        assert!(n.contains("fd12::1".parse().unwrap()));
+        assert!("1.2.3.4/40".parse::<IpNet>().is_err());
+        assert!("nope".parse::<IpNet>().unwrap_err().to_string().contains("nope"));
+    }
+}

@@ -1,0 +1,169 @@
+//! [`LimiterBuilder`], and the settings a layer may still change on its limiter.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Limiter;
+use crate::key::KeyExtractor;
+use crate::rule::{check_rule_name, Shared};
+use crate::runtime::{Runtime, Settings};
+use crate::{Algorithm, BuildError, FailMode, Quota, Rule};
+
+/// The settings a [`Limiter::configure`] closure may change.
+pub(crate) struct Config<'a, I: ?Sized> {
+    pub(crate) algorithm: &'a mut Algorithm,
+    pub(crate) fail_mode: &'a mut FailMode,
+    pub(crate) settings: &'a mut Settings,
+    pub(crate) rules: &'a mut Vec<Rule<I>>,
+}
+
+/// Builds a [`Limiter`]; see [`Limiter::builder`].
+pub struct LimiterBuilder<St, I: ?Sized> {
+    store: St,
+    rules: Vec<Rule<I>>,
+    algorithm: Algorithm,
+    fail_mode: FailMode,
+    cost: Option<Shared<I, u64>>,
+    settings: Settings,
+}
+
+impl<St: fmt::Debug, I: ?Sized> fmt::Debug for LimiterBuilder<St, I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("store", &self.store)
+            .field("rules", &self.rules)
+            .field("algorithm", &self.algorithm)
+            .field("fail_mode", &self.fail_mode)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St, I: ?Sized> LimiterBuilder<St, I> {
+    pub(super) fn new(store: St) -> Self {
+        Self {
+            store,
+            rules: Vec::new(),
+            algorithm: Algorithm::default(),
+            fail_mode: FailMode::default(),
+            cost: None,
+            settings: Settings::default(),
+        }
+    }
+
+    /// Adds a rule with default options.
+    #[must_use]
+    pub fn rule(self, name: impl Into<String>, quota: Quota, key: impl KeyExtractor<I>) -> Self {
+        self.add_rule(Rule::new(name, quota, key))
+    }
+
+    /// Adds a configured [`Rule`].
+    #[must_use]
+    pub fn add_rule(mut self, rule: Rule<I>) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// The algorithm of every rule that does not choose its own
+    /// (default: [`Algorithm::SlidingWindowCounter`]).
+    #[must_use]
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// What happens when the store fails, for rules that do not choose
+    /// (default: [`FailMode::Open`]).
+    #[must_use]
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = mode;
+        self
+    }
+
+    /// The cost of an input for every rule that has none of its own (default 1).
+    #[must_use]
+    pub fn cost(mut self, f: impl Fn(&I) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Arc::new(f));
+        self
+    }
+
+    /// The deadline of every store call (default 50 ms): a store that has not answered by
+    /// then is an error, handled by the fail mode.
+    #[must_use]
+    pub fn timeout(mut self, deadline: Duration) -> Self {
+        self.settings.deadline = deadline;
+        self
+    }
+
+    /// The most store calls in flight at once (default 1024); beyond it a call is a store
+    /// error at once, never queued.
+    #[must_use]
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.settings.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Circuit breaker: after `failures` consecutive store errors, stop calling the store
+    /// for `cool_down`, then let one call probe it (default: 5 failures, 1 s).
+    #[must_use]
+    pub fn circuit_breaker(mut self, failures: u32, cool_down: Duration) -> Self {
+        self.settings.breaker = (failures, cool_down);
+        self
+    }
+
+    /// An in-process limiter used while the store is failing, so fail-open is not
+    /// "unlimited": each rule's limit is divided by `instances` (the expected number of
+    /// servers; at least 1 unit per period).
+    #[cfg(feature = "memory")]
+    #[must_use]
+    pub fn fallback(mut self, store: crate::MemoryStore, instances: u64) -> Self {
+        self.settings.fallback = Some((store, instances.max(1)));
+        self
+    }
+
+    /// Turns the local blocked-key cache on or off (default on): once a key is rejected
+    /// with `retry_after = d`, this process rejects the same key and cost for `d` without
+    /// asking the store. Exact, because other servers can only consume more.
+    #[must_use]
+    pub fn local_cache(mut self, on: bool) -> Self {
+        self.settings.cache_enabled = on;
+        self
+    }
+
+    /// The limiter.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::DuplicateRule`] when two rules share a name,
+    /// [`BuildError::InvalidRuleName`] for an empty or over-long name, and
+    /// [`BuildError::InvalidConfig`] when there is no rule at all.
+    pub fn build(self) -> Result<Limiter<St, I>, BuildError> {
+        if self.rules.is_empty() {
+            return Err(BuildError::InvalidConfig {
+                rule: String::new(),
+                field: "rule".into(),
+                why: "a limiter needs at least one rule".into(),
+            });
+        }
+        for (i, r) in self.rules.iter().enumerate() {
+            check_rule_name(&r.name)?;
+            if self.rules[..i].iter().any(|o| o.name == r.name) {
+                return Err(BuildError::DuplicateRule(r.name.to_string()));
+            }
+        }
+        let mut rules = self.rules;
+        if let Some(cost) = &self.cost {
+            for r in &mut rules {
+                r.cost.get_or_insert_with(|| cost.clone());
+            }
+        }
+        Ok(Limiter {
+            store: Arc::new(self.store),
+            rules: rules.into(),
+            algorithm: self.algorithm,
+            fail_mode: self.fail_mode,
+            runtime: Runtime::new(self.settings),
+        })
+    }
+}

@@ -1,0 +1,375 @@
+//! [`Limiter`]: rules, a store and the runtime protections — everything that decides, and
+//! nothing about HTTP. [`RateLimitLayer`](crate::RateLimitLayer) is its HTTP adapter.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod builder;
+mod plan;
+
+use tokio::time::Instant;
+
+pub(crate) use self::builder::Config;
+pub use self::builder::LimiterBuilder;
+pub(crate) use self::plan::{Checks, Plan};
+use crate::algorithm::Params;
+use crate::key::Key;
+use crate::runtime::Runtime;
+use crate::store::{Check, Decisions, Store};
+use crate::verdict::State;
+use crate::{Algorithm, Decision, FailMode, Quota, Rule, StoreError, Verdict};
+
+/// Decides whether inputs of type `I` are within their limits: the rules, the store, and
+/// the protections that keep a failing store from failing the caller (a deadline and an
+/// in-flight cap on every store call, a circuit breaker, the fail mode, an optional
+/// fallback limiter, a local cache of blocked keys, metrics).
+///
+/// Use it directly to limit anything that is not an HTTP request — WebSocket messages,
+/// jobs of a queue, outgoing calls; [`RateLimitLayer`](crate::RateLimitLayer) wraps one
+/// for HTTP. Rules take their key, quota and cost from the input.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::BuildError> {
+/// use std::time::Duration;
+/// use tollgate::{Limiter, MemoryStore, Quota};
+///
+/// struct Message {
+///     user: String,
+///     bytes: usize,
+/// }
+///
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .rule("messages", Quota::per_second(5), |m: &Message| Some(m.user.clone()))
+///     .build()?;
+///
+/// let msg = Message { user: "ada".into(), bytes: 120 };
+/// let verdict = limiter.check(&msg).await;
+/// assert!(verdict.is_allowed());
+///
+/// // Jobs and streams can wait for their turn instead, up to a bound.
+/// let verdict = limiter.wait(&msg, Duration::from_secs(2)).await;
+/// assert!(verdict.is_allowed());
+/// # let _ = msg.bytes;
+/// # Ok(()) }
+/// ```
+pub struct Limiter<St, I: ?Sized> {
+    store: Arc<St>,
+    rules: Arc<[Rule<I>]>,
+    algorithm: Algorithm,
+    fail_mode: FailMode,
+    pub(crate) runtime: Runtime,
+}
+
+impl<St: fmt::Debug, I: ?Sized> fmt::Debug for Limiter<St, I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("store", &self.store)
+            .field("rules", &self.rules)
+            .field("algorithm", &self.algorithm)
+            .field("fail_mode", &self.fail_mode)
+            .field("runtime", &self.runtime)
+            .finish()
+    }
+}
+
+impl<St, I: ?Sized + 'static> Limiter<St, I> {
+    /// A builder: add rules, then [`LimiterBuilder::build`].
+    pub fn builder(store: St) -> LimiterBuilder<St, I> {
+        LimiterBuilder::new(store)
+    }
+
+    /// The rules.
+    #[must_use]
+    pub fn rules(&self) -> &[Rule<I>] {
+        &self.rules
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+
+    /// The same configuration with fresh runtime state (a layer reconfigured after it was
+    /// cloned is a limiter of its own).
+    pub(crate) fn fresh_copy(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            rules: self.rules.clone(),
+            algorithm: self.algorithm,
+            fail_mode: self.fail_mode,
+            runtime: Runtime::new(self.runtime.settings.clone()),
+        }
+    }
+
+    /// Changes the settings before first use (the layer's builder methods).
+    pub(crate) fn configure(&mut self, f: impl FnOnce(&mut Config<'_, I>)) {
+        let mut settings = self.runtime.settings.clone();
+        let mut rules: Vec<Rule<I>> = self.rules.to_vec();
+        f(&mut Config {
+            algorithm: &mut self.algorithm,
+            fail_mode: &mut self.fail_mode,
+            settings: &mut settings,
+            rules: &mut rules,
+        });
+        self.rules = rules.into();
+        self.runtime = Runtime::new(settings);
+    }
+}
+
+impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
+    /// Decides `input`: every rule that applies, in one store call (a rejected input
+    /// consumes nothing from any rule). A leaky bucket rule's [`Verdict::delay`] is for
+    /// the caller to wait; [`Limiter::wait`] waits itself.
+    ///
+    /// Never fails: a store that cannot decide within the deadline gives a verdict with
+    /// [`Verdict::store_error`], allowed or not by the fail mode.
+    pub fn check(&self, input: &I) -> impl Future<Output = Verdict> + Send + '_ {
+        let plan = self.plan(input);
+        self.decide(plan)
+    }
+
+    /// Waits until `input` is admitted, or until waiting longer would pass `max_wait`:
+    /// after a rejection it sleeps for the [`Verdict::retry_after`] and asks again (other
+    /// callers may have taken the units meanwhile), and a leaky bucket's delay is waited
+    /// here. Returns the last verdict: allowed, or the rejection that would have made it
+    /// wait too long (or that can never be accepted), or a store failure.
+    pub fn wait(&self, input: &I, max_wait: Duration) -> impl Future<Output = Verdict> + Send + '_ {
+        let plan = self.plan(input);
+        async move {
+            let until = Instant::now() + max_wait;
+            loop {
+                let verdict = self.decide(plan.clone()).await;
+                match (&verdict.state, verdict.retry_after()) {
+                    (State::Rejected, Some(retry)) if Instant::now() + retry <= until => {
+                        tokio::time::sleep(retry).await;
+                    }
+                    (State::Allowed, _) => {
+                        let delay = verdict.delay();
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                        return verdict;
+                    }
+                    _ => return verdict,
+                }
+            }
+        }
+    }
+
+    /// Gives back the units an allowed verdict took (work that was not done after all).
+    ///
+    /// # Errors
+    ///
+    /// The store's error (no deadline or circuit breaker applies here).
+    pub async fn refund(&self, verdict: &Verdict) -> Result<(), StoreError> {
+        if !matches!(verdict.state, State::Allowed) || verdict.checks.is_empty() {
+            return Ok(());
+        }
+        self.store.refund(&verdict.checks).await
+    }
+
+    /// Gives back, in a detached task, the units of the rules of `verdict` for which
+    /// `give_back` is true (count-by-outcome rules).
+    pub(crate) fn refund_where(&self, verdict: &Verdict, give_back: impl Fn(&Rule<I>) -> bool) {
+        let refunds: Vec<Check> = verdict
+            .checks
+            .iter()
+            .zip(&verdict.rules)
+            .filter(|(_, &rule)| give_back(&self.rules[rule]))
+            .map(|(c, _)| c.clone())
+            .collect();
+        if refunds.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(err) = store.refund(&refunds).await {
+                tracing::warn!(error = %err, "tollgate: could not give back units of a count-by-outcome rule");
+            }
+        });
+    }
+
+    /// Decides a plan: the blocked-key cache, then one guarded store call (shadow rules
+    /// beside it), the fail mode when the store cannot decide.
+    pub(crate) async fn decide(&self, plan: Plan) -> Verdict {
+        let Plan { enforced, shadow } = plan;
+        let remote = !self.store.is_local();
+        if remote && self.runtime.settings.cache_enabled {
+            if let Some(verdict) = self.blocked(&enforced) {
+                return verdict;
+            }
+        }
+        let started = Instant::now();
+        let (result, shadow_result) = if shadow.is_empty() {
+            (self.ask(&enforced.checks).await, Ok(Decisions::new()))
+        } else if enforced.is_empty() {
+            (Ok(Decisions::new()), self.ask(&shadow.checks).await)
+        } else {
+            // The shadow call boxed: both calls inline would double the request's future.
+            tokio::join!(self.ask(&enforced.checks), Box::pin(self.ask(&shadow.checks)))
+        };
+        let store_latency = started.elapsed();
+        if let Ok(ds) = &shadow_result {
+            record_shadow(&shadow.checks, ds);
+        }
+        let decisions = match result {
+            Ok(ds) => ds,
+            Err(error) => {
+                crate::metrics::store_error(&error);
+                let closed = enforced.rules.iter().any(|&r| self.fail_mode_of(r) == FailMode::Closed);
+                self.runtime.warn_store_failure(&error, !closed);
+                if closed {
+                    crate::metrics::fail_closed();
+                } else {
+                    crate::metrics::fail_open();
+                }
+                let Checks { checks, rules } = enforced;
+                return Verdict::new(State::Failed { error, closed }, checks, rules, Decisions::new());
+            }
+        };
+        for (c, d) in enforced.checks.iter().zip(&decisions) {
+            tracing::debug!(
+                rule = %c.rule,
+                allowed = d.allowed,
+                remaining = d.remaining,
+                store_latency_us = u64::try_from(store_latency.as_micros()).unwrap_or(u64::MAX),
+                "tollgate decision"
+            );
+            crate::metrics::decision(&c.rule, if d.allowed { "allowed" } else { "rejected" });
+        }
+        let rejected = decisions.iter().any(|d| !d.allowed);
+        if rejected && remote && self.runtime.settings.cache_enabled {
+            self.remember_rejections(&enforced, &decisions);
+        }
+        let Checks { checks, rules } = enforced;
+        Verdict::new(if rejected { State::Rejected } else { State::Allowed }, checks, rules, decisions)
+    }
+
+    /// One store call: direct for an in-process store; else guarded, with the fallback
+    /// limiter when the store fails.
+    async fn ask(&self, checks: &[Check]) -> Result<Decisions, StoreError> {
+        if checks.is_empty() {
+            return Ok(Decisions::new());
+        }
+        if self.store.is_local() {
+            return crate::runtime::ask(&*self.store, checks).await;
+        }
+        match self.runtime.call(&*self.store, checks).await {
+            Ok(ds) => Ok(ds),
+            Err(err) => self.runtime.fallback(&err, checks).ok_or(err),
+        }
+    }
+
+    fn fail_mode_of(&self, rule: usize) -> FailMode {
+        self.rules[rule].fail_mode.unwrap_or(self.fail_mode)
+    }
+
+    /// A rejection from the blocked-key cache, when one of the enforced keys is blocked.
+    fn blocked(&self, enforced: &Checks<2>) -> Option<Verdict> {
+        let now = self.runtime.mono_us();
+        for (check, &rule) in enforced.checks.iter().zip(&enforced.rules) {
+            if self.rules[rule].count_if.is_some() {
+                continue; // units may be given back: a rejection is not final
+            }
+            let quota = check.params.quota;
+            if let Some(left) = self.runtime.cache.blocked(rule, &check.key, check.params.cost, quota, now) {
+                crate::metrics::decision(&check.rule, "local_rejected");
+                let decision = Decision {
+                    allowed: false,
+                    limit: quota.limit(),
+                    remaining: 0,
+                    reset_after: left,
+                    retry_after: Some(left),
+                    delay: Duration::ZERO,
+                };
+                let checks = smallvec::smallvec![check.clone()];
+                return Some(Verdict::new(
+                    State::Rejected,
+                    checks,
+                    smallvec::smallvec![rule],
+                    smallvec::smallvec![decision],
+                ));
+            }
+        }
+        None
+    }
+
+    fn remember_rejections(&self, enforced: &Checks<2>, decisions: &Decisions) {
+        let now = self.runtime.mono_us();
+        for ((check, &rule), d) in enforced.checks.iter().zip(&enforced.rules).zip(decisions) {
+            if let (false, Some(retry), None) = (d.allowed, d.retry_after, &self.rules[rule].count_if) {
+                self.runtime.cache.insert(rule, &check.key, check.params.cost, check.params.quota, now, retry);
+            }
+        }
+    }
+
+    fn rule(&self, name: &str) -> Option<(usize, &Rule<I>)> {
+        self.rules.iter().enumerate().find(|(_, r)| &*r.name == name)
+    }
+
+    /// What rule `rule` would decide now for one unit of `key`, without consuming
+    /// anything ("why is this customer limited?"): `remaining` counts what would be left
+    /// after that unit. `Ok(None)` when there is no such rule. Uses the quota given to
+    /// [`Rule::new`]: for a rule whose quota is chosen per input ([`Rule::quota_fn`]), use
+    /// [`Limiter::peek_with`].
+    ///
+    /// # Errors
+    ///
+    /// The store's error (no deadline or circuit breaker applies here).
+    pub async fn peek(&self, rule: &str, key: impl Into<Key>) -> Result<Option<Decision>, StoreError> {
+        match self.rule(rule) {
+            Some((_, r)) => self.peek_with(rule, key, r.quota).await,
+            None => Ok(None),
+        }
+    }
+
+    /// [`Limiter::peek`] under `quota` (e.g. the key's tier).
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn peek_with(
+        &self,
+        rule: &str,
+        key: impl Into<Key>,
+        quota: Quota,
+    ) -> Result<Option<Decision>, StoreError> {
+        let Some((_, r)) = self.rule(rule) else { return Ok(None) };
+        let check = Check {
+            rule: r.name.clone(),
+            key: key.into(),
+            algorithm: r.algorithm_or(self.algorithm),
+            params: Params { quota, cost: 1, max_delay_us: r.max_delay_us() },
+        };
+        self.store.peek(&check).await.map(Some)
+    }
+
+    /// Forgets the state of `key` under rule `rule`, in the store and in this process's
+    /// blocked-key cache: the key starts afresh. `Ok(false)` when there is no such rule.
+    /// Other servers' blocked-key caches may still reject the key until their entry runs
+    /// out (at most its `Retry-After`).
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<bool, StoreError> {
+        let Some((i, r)) = self.rule(rule) else { return Ok(false) };
+        let key = key.into();
+        self.store.reset(rule, &key, r.algorithm_or(self.algorithm)).await?;
+        self.runtime.cache.forget(i, &key);
+        Ok(true)
+    }
+}
+
+fn record_shadow(checks: &[Check], decisions: &Decisions) {
+    for (check, d) in checks.iter().zip(decisions) {
+        let outcome = if d.allowed { "allowed" } else { "shadow_rejected" };
+        crate::metrics::decision(&check.rule, outcome);
+        if !d.allowed {
+            tracing::info!(rule = %check.rule, key = ?check.key, "tollgate: shadow rule would reject");
+        }
+    }
+}

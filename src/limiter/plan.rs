@@ -1,0 +1,71 @@
+//! What one input asks of the store: the [`Plan`] of its checks.
+
+use smallvec::SmallVec;
+
+use super::Limiter;
+use crate::algorithm::Params;
+use crate::store::Check;
+
+/// The checks of one input for one kind of rule (enforced or shadow), with each one's rule
+/// index. Up to `N` are kept inline: no allocation per request.
+#[derive(Clone, Default)]
+pub(crate) struct Checks<const N: usize> {
+    pub(crate) checks: SmallVec<[Check; N]>,
+    pub(crate) rules: SmallVec<[usize; N]>,
+}
+
+impl<const N: usize> Checks<N> {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.checks.is_empty()
+    }
+}
+
+/// What one input asks of the store: two enforced rules (say per IP and per key) and one
+/// shadow rule fit inline.
+#[derive(Clone, Default)]
+pub(crate) struct Plan {
+    pub(crate) enforced: Checks<2>,
+    pub(crate) shadow: Checks<1>,
+}
+
+impl Plan {
+    /// No rule applies.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.enforced.is_empty() && self.shadow.is_empty()
+    }
+}
+
+impl<St, I: ?Sized + 'static> Limiter<St, I> {
+    /// The checks `input` asks for: each rule that applies, with its key, quota and cost.
+    pub(crate) fn plan(&self, input: &I) -> Plan {
+        let mut plan = Plan::default();
+        for (i, rule) in self.rules.iter().enumerate() {
+            if rule.bypass.as_ref().is_some_and(|f| f(input)) {
+                continue;
+            }
+            let Some(key) = rule.key.extract(input) else { continue };
+            let quota = match &rule.quota_fn {
+                Some(f) => match f(input) {
+                    Some(q) => q,
+                    None => continue,
+                },
+                None => rule.quota,
+            };
+            let cost = rule.cost.as_ref().map_or(1, |f| f(input).max(1));
+            let check = Check {
+                rule: rule.name.clone(),
+                key,
+                algorithm: rule.algorithm_or(self.algorithm),
+                params: Params { quota, cost, max_delay_us: rule.max_delay_us() },
+            };
+            if rule.shadow {
+                plan.shadow.checks.push(check);
+                plan.shadow.rules.push(i);
+            } else {
+                plan.enforced.checks.push(check);
+                plan.enforced.rules.push(i);
+            }
+        }
+        plan
+    }
+}

@@ -1,0 +1,227 @@
+//! [`Rule`]: one limit of a [`Limiter`](crate::Limiter) or layer, and [`FailMode`].
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::key::KeyExtractor;
+use crate::{Algorithm, BuildError, Quota};
+
+/// What happens when the store cannot decide (error, timeout, open circuit, overload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Let the request through (the default): the limiter is never why a request fails.
+    /// A rate-limited warning is logged and `tollgate_fail_open_total` counted.
+    #[default]
+    Open,
+    /// Refuse: the layer answers `503 Service Unavailable` with `Retry-After` (gRPC:
+    /// `UNAVAILABLE`); a [`Verdict`](crate::Verdict) says not allowed. For login or
+    /// payment routes where an unlimited pass is worse than a refusal.
+    Closed,
+}
+
+impl FromStr for FailMode {
+    type Err = BuildError;
+
+    /// `open` or `closed`, in any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "open" => Ok(FailMode::Open),
+            "closed" => Ok(FailMode::Closed),
+            _ => Err(BuildError::InvalidConfig {
+                rule: String::new(),
+                field: "fail_mode".into(),
+                why: format!("unknown fail mode {s:?}: use open or closed"),
+            }),
+        }
+    }
+}
+
+/// Longest rule name, in bytes.
+pub const MAX_RULE_NAME: usize = 64;
+
+/// Checks a rule name: 1 to [`MAX_RULE_NAME`] bytes.
+pub(crate) fn check_rule_name(name: &str) -> Result<(), BuildError> {
+    if name.is_empty() || name.len() > MAX_RULE_NAME {
+        return Err(BuildError::InvalidRuleName {
+            name: name.to_owned(),
+            why: format!("a rule name needs 1 to {MAX_RULE_NAME} bytes"),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) type Shared<I, T> = Arc<dyn Fn(&I) -> T + Send + Sync>;
+
+/// One limit: a name, a quota, a key extractor, and options. `I` is what is limited: an
+/// HTTP request (`http::Request<B>`) for the layer, or anything else for a
+/// [`Limiter`](crate::Limiter) used directly (a WebSocket message, a job).
+///
+/// ```
+/// use tollgate::{key, Algorithm, Quota, Rule};
+///
+/// type Request = http::Request<axum::body::Body>;
+///
+/// let rule: Rule<Request> = Rule::new("per-ip", Quota::per_minute(100), key::PeerIp)
+///     .algorithm(Algorithm::Gcra)
+///     .cost(|req: &Request| if req.method() == "POST" { 5 } else { 1 });
+/// ```
+pub struct Rule<I: ?Sized> {
+    pub(crate) name: Arc<str>,
+    pub(crate) quota: Quota,
+    pub(crate) quota_fn: Option<Shared<I, Option<Quota>>>,
+    pub(crate) key: Arc<dyn KeyExtractor<I>>,
+    pub(crate) algorithm: Option<Algorithm>,
+    pub(crate) cost: Option<Shared<I, u64>>,
+    pub(crate) fail_mode: Option<FailMode>,
+    pub(crate) max_delay: Duration,
+    pub(crate) shadow: bool,
+    pub(crate) bypass: Option<Shared<I, bool>>,
+    pub(crate) count_if: Option<Arc<dyn Fn(StatusCode) -> bool + Send + Sync>>,
+}
+
+impl<I: ?Sized> Clone for Rule<I> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            quota: self.quota,
+            quota_fn: self.quota_fn.clone(),
+            key: self.key.clone(),
+            algorithm: self.algorithm,
+            cost: self.cost.clone(),
+            fail_mode: self.fail_mode,
+            max_delay: self.max_delay,
+            shadow: self.shadow,
+            bypass: self.bypass.clone(),
+            count_if: self.count_if.clone(),
+        }
+    }
+}
+
+impl<I: ?Sized> fmt::Debug for Rule<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rule")
+            .field("name", &self.name)
+            .field("quota", &self.quota)
+            .field("per_request_quota", &self.quota_fn.is_some())
+            .field("algorithm", &self.algorithm)
+            .field("cost", &self.cost.as_ref().map(|_| "fn"))
+            .field("fail_mode", &self.fail_mode)
+            .field("max_delay", &self.max_delay)
+            .field("shadow", &self.shadow)
+            .field("bypass", &self.bypass.as_ref().map(|_| "fn"))
+            .field("count_if", &self.count_if.as_ref().map(|_| "fn"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<I: ?Sized> Rule<I> {
+    /// A rule named `name` limiting each key to `quota`.
+    pub fn new(name: impl Into<String>, quota: Quota, key: impl KeyExtractor<I>) -> Self {
+        Self {
+            name: name.into().into(),
+            quota,
+            quota_fn: None,
+            key: Arc::new(key),
+            algorithm: None,
+            cost: None,
+            fail_mode: None,
+            max_delay: Duration::from_secs(10),
+            shadow: false,
+            bypass: None,
+            count_if: None,
+        }
+    }
+
+    /// The rule's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The quota given to [`Rule::new`].
+    #[must_use]
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// The algorithm (default: the limiter's, itself defaulting to the sliding window counter).
+    #[must_use]
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = Some(algorithm);
+        self
+    }
+
+    /// Chooses the quota per input (tiers): `None` means "no limit for this one".
+    /// The quota given to [`Rule::new`] is used for the headers' policy when this returns
+    /// the same, and as documentation otherwise.
+    #[must_use]
+    pub fn quota_fn(mut self, f: impl Fn(&I) -> Option<Quota> + Send + Sync + 'static) -> Self {
+        self.quota_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// The units an input consumes (default 1; 0 counts as 1).
+    #[must_use]
+    pub fn cost(mut self, f: impl Fn(&I) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Arc::new(f));
+        self
+    }
+
+    /// What to do when the store fails, for this rule (default: the limiter's).
+    #[must_use]
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = Some(mode);
+        self
+    }
+
+    /// Leaky bucket: the longest a request may wait for its slot (default 10 s).
+    ///
+    /// The queue holds `burst` waiting requests only while they fit in `max_delay`: at
+    /// 100/min (a slot every 0.6 s) at most 17 can wait by default, and at 100/hour
+    /// (a slot every 36 s) none can. Shaping is meant for per-second rates; raise
+    /// `max_delay` deliberately for slower ones.
+    #[must_use]
+    pub fn max_delay(mut self, max: Duration) -> Self {
+        self.max_delay = max;
+        self
+    }
+
+    /// Shadow (dry-run) mode: decide and record (log, metric), but never reject and send
+    /// no rate-limit headers — to roll out a new limit safely.
+    #[must_use]
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Inputs for which `f` returns true bypass this rule (health checks, partners).
+    #[must_use]
+    pub fn bypass_if(mut self, f: impl Fn(&I) -> bool + Send + Sync + 'static) -> Self {
+        self.bypass = Some(Arc::new(f));
+        self
+    }
+
+    /// Count by outcome (HTTP layer): a request's unit is taken before the call as usual,
+    /// and given back afterwards unless `f(status)` is true — e.g. `|s| s == 401` so only
+    /// failed logins count. With a [`Limiter`](crate::Limiter) used directly, give units
+    /// back with [`Limiter::refund`](crate::Limiter::refund) instead.
+    #[must_use]
+    pub fn count_if(mut self, f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.count_if = Some(Arc::new(f));
+        self
+    }
+
+    /// The algorithm this rule decides with, given the limiter's default.
+    pub(crate) fn algorithm_or(&self, default: Algorithm) -> Algorithm {
+        self.algorithm.unwrap_or(default)
+    }
+
+    /// The leaky bucket's max delay in µs.
+    pub(crate) fn max_delay_us(&self) -> u64 {
+        u64::try_from(self.max_delay.as_micros()).unwrap_or(u64::MAX)
+    }
+}

@@ -1,0 +1,134 @@
+//! The local blocked-key cache: keys known to be rejected until some time are rejected in
+//! this process, with no store call.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hashbrown::HashTable;
+
+use crate::key::Key;
+use crate::Quota;
+
+/// Keys known to be rejected until some time: rejected locally, with no store call.
+pub(crate) struct BlockedCache {
+    shards: Box<[Mutex<Blocked>]>,
+    /// foldhash with a random seed, as `MemoryStore`'s.
+    hasher: hashbrown::DefaultHashBuilder,
+    cap_per_shard: usize,
+    /// The latest `until` ever recorded: from then on nothing is blocked, and a lookup
+    /// takes no lock (the common case of a service whose clients stay within limits).
+    last_until: AtomicU64,
+}
+
+struct Blocked {
+    table: HashTable<BlockedEntry>,
+    sweep_at: usize,
+}
+
+struct BlockedEntry {
+    rule: usize,
+    key: Key,
+    /// The smallest cost known rejected, and the quota it was rejected under.
+    cost: u64,
+    quota: Quota,
+    until: u64,
+    retry: Duration,
+}
+
+const SHARDS: usize = 16;
+
+impl BlockedCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(Blocked { table: HashTable::new(), sweep_at: 64 })).collect(),
+            hasher: hashbrown::DefaultHashBuilder::default(),
+            cap_per_shard: capacity / SHARDS,
+            last_until: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, rule: usize, key: &Key) -> (u64, std::sync::MutexGuard<'_, Blocked>) {
+        let h = self.hasher.hash_one((rule, key));
+        // The upper half: the table inside the shard picks buckets by the low bits.
+        #[allow(clippy::cast_possible_truncation)]
+        let i = ((h >> 32) as usize) % SHARDS;
+        (h, self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// If (rule, key) is blocked at `now` for `cost` under `quota`: the time left.
+    pub(crate) fn blocked(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64) -> Option<Duration> {
+        if now >= self.last_until.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (h, shard) = self.shard(rule, key);
+        let e = shard.table.find(h, |e| e.rule == rule && e.key == *key)?;
+        (e.until > now && cost >= e.cost && quota == e.quota).then(|| {
+            let left = Duration::from_micros(e.until - now);
+            left.min(e.retry)
+        })
+    }
+
+    /// Records that (rule, key) rejects `cost` for `retry`.
+    pub(crate) fn insert(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64, retry: Duration) {
+        let until = now.saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX));
+        let (h, mut shard) = self.shard(rule, key);
+        // A lookup racing with this may miss the new entry and ask the store: harmless.
+        self.last_until.fetch_max(until, Ordering::Relaxed);
+        if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
+            *e = BlockedEntry { rule, key: key.clone(), cost, quota, until, retry };
+            return;
+        }
+        if shard.table.len() >= shard.sweep_at {
+            shard.table.retain(|e| e.until > now);
+            shard.sweep_at = (shard.table.len() * 2).max(64);
+        }
+        if shard.table.len() >= self.cap_per_shard {
+            return; // bounded: under a flood of distinct keys, stop caching
+        }
+        let hasher = &self.hasher;
+        shard.table.insert_unique(h, BlockedEntry { rule, key: key.clone(), cost, quota, until, retry }, |e| {
+            hasher.hash_one((e.rule, &e.key))
+        });
+    }
+
+    /// Forgets (rule, key): after an admin reset, the key must reach the store again.
+    pub(crate) fn forget(&self, rule: usize, key: &Key) {
+        let (h, mut shard) = self.shard(rule, key);
+        if let Ok(e) = shard.table.find_entry(h, |e| e.rule == rule && e.key == *key) {
+            e.remove();
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap().table.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_cache_is_exact_and_bounded() {
+        let cache = BlockedCache::new(SHARDS * 100);
+        let k = Key::from("k");
+        let q = Quota::per_minute(10);
+        cache.insert(0, &k, 2, q, 1_000, Duration::from_micros(500));
+        assert!(cache.blocked(0, &k, 2, q, 1_499).is_some());
+        assert!(cache.blocked(0, &k, 3, q, 1_200).is_some(), "a larger cost is rejected too");
+        assert!(cache.blocked(0, &k, 1, q, 1_200).is_none(), "a smaller cost may fit");
+        assert!(cache.blocked(0, &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
+        assert!(cache.blocked(0, &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
+        assert!(cache.blocked(0, &k, 2, q, 1_500).is_none());
+        cache.insert(1, &k, 1, q, 1_000, Duration::from_micros(100));
+        assert!(cache.blocked(1, &k, 1, q, 1_050).is_some(), "an earlier end recorded later");
+        assert!(cache.blocked(1, &k, 2, q, 1_200).is_none());
+        for i in 0..10_000 {
+            cache.insert(0, &Key::from(format!("k{i}")), 1, q, 2_000, Duration::from_secs(1));
+        }
+        assert!(cache.len() <= SHARDS * 100 + SHARDS);
+    }
+}

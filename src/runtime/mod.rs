@@ -1,0 +1,195 @@
+//! What a [`Limiter`](crate::Limiter) keeps at run time to protect its callers from the
+//! store: the deadline and in-flight cap of every store call, the circuit breaker, the
+//! local blocked-key cache, the fallback limiter, and the rate limiter of its own
+//! warnings. [`Runtime::call`] is the guard every remote store call goes through.
+
+mod blocked;
+mod breaker;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub(crate) use self::blocked::BlockedCache;
+use self::breaker::{Admit, Breaker};
+use crate::store::{Check, Decisions, Store};
+use crate::StoreError;
+
+/// The knobs of the runtime protections; a [`Runtime`] is made from them.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) deadline: Duration,
+    pub(crate) max_in_flight: usize,
+    /// Consecutive failures that open the circuit, and how long it stays open.
+    pub(crate) breaker: (u32, Duration),
+    #[cfg(feature = "memory")]
+    pub(crate) fallback: Option<(crate::MemoryStore, u64)>,
+    pub(crate) cache_enabled: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_millis(50),
+            max_in_flight: 1024,
+            breaker: (5, Duration::from_secs(1)),
+            #[cfg(feature = "memory")]
+            fallback: None,
+            cache_enabled: true,
+        }
+    }
+}
+
+pub(crate) struct Runtime {
+    pub(crate) settings: Settings,
+    breaker: Breaker,
+    in_flight: AtomicUsize,
+    pub(crate) cache: BlockedCache,
+    warn_at: AtomicU64,
+    suppressed: AtomicU64,
+    base: Instant,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("settings", &self.settings)
+            .field("breaker", &self.breaker)
+            .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    pub(crate) fn new(settings: Settings) -> Self {
+        let (threshold, cool_down) = settings.breaker;
+        Self {
+            breaker: Breaker::new(threshold, cool_down),
+            settings,
+            in_flight: AtomicUsize::new(0),
+            cache: BlockedCache::new(100_000),
+            warn_at: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+            base: Instant::now(),
+        }
+    }
+
+    /// Microseconds on this runtime's monotonic clock (tokio's, so paused-time tests work).
+    pub(crate) fn mono_us(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// One call to a remote store, guarded: refused at once while the circuit is open or
+    /// too many calls are in flight, and bounded by the deadline.
+    pub(crate) async fn call<St: Store>(&self, store: &St, checks: &[Check]) -> Result<Decisions, StoreError> {
+        let s = &self.settings;
+        let probe = match self.breaker.admit(self.mono_us()) {
+            Admit::Refuse(left) => return Err(StoreError::CircuitOpen(left)),
+            Admit::Call { probe } => probe,
+        };
+        let Some(_guard) = InFlight::enter(&self.in_flight, s.max_in_flight) else {
+            return Err(StoreError::Overloaded(s.max_in_flight));
+        };
+        let started = Instant::now();
+        let r = match tokio::time::timeout(s.deadline, ask(store, checks)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(s.deadline)),
+        };
+        crate::metrics::store_latency(started.elapsed());
+        match &r {
+            Ok(_) => self.breaker.success(probe),
+            Err(_) => self.breaker.failure(probe, self.mono_us()),
+        }
+        r
+    }
+
+    /// The fallback limiter's decisions for `checks` after the store failed with `err`,
+    /// when there is a fallback: each limit divided by the expected number of servers.
+    #[cfg(feature = "memory")]
+    pub(crate) fn fallback(&self, err: &StoreError, checks: &[Check]) -> Option<Decisions> {
+        let (fallback, instances) = self.settings.fallback.as_ref()?;
+        crate::metrics::store_error(err);
+        self.warn_store_failure(err, true);
+        let local: Vec<Check> = checks
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                let limit = (c.params.quota.limit() / instances).max(1);
+                let burst = (c.params.quota.burst_size() / instances).max(1);
+                c.params.quota = crate::Quota::new(limit, c.params.quota.period()).burst(burst);
+                c
+            })
+            .collect();
+        let ds = fallback.check_at(&local, fallback.now_micros());
+        for d in &ds {
+            crate::metrics::fallback(if d.allowed { "allowed" } else { "rejected" });
+        }
+        Some(Decisions::from_vec(ds))
+    }
+
+    #[cfg(not(feature = "memory"))]
+    pub(crate) fn fallback(&self, _: &StoreError, _: &[Check]) -> Option<Decisions> {
+        None
+    }
+
+    /// Logs a store failure at most once per 10 s, saying how many were not logged.
+    pub(crate) fn warn_store_failure(&self, err: &StoreError, failed_open: bool) {
+        let now_ms = self.mono_us() / 1000 + 10_000;
+        let last = self.warn_at.load(Ordering::Relaxed);
+        if now_ms >= last + 10_000
+            && self.warn_at.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+            let action = if failed_open { "request passed (fail open)" } else { "request refused (fail closed)" };
+            tracing::warn!(error = %err, suppressed, "tollgate: rate-limit store failed; {action}");
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One store call: `check_one` for one rule (no `Vec`), else `check`.
+pub(crate) async fn ask<St: Store>(store: &St, checks: &[Check]) -> Result<Decisions, StoreError> {
+    match checks {
+        [one] => store.check_one(one).await.map(|d| smallvec::smallvec![d]),
+        _ => store.check(checks).await.map(Decisions::from_vec),
+    }
+}
+
+/// Counts store calls in flight; `None` when the cap is reached.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicUsize, cap: usize) -> Option<Self> {
+        let n = counter.fetch_add(1, Ordering::AcqRel);
+        if n >= cap {
+            counter.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(counter))
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_is_capped() {
+        let c = AtomicUsize::new(0);
+        let a = InFlight::enter(&c, 2).unwrap();
+        let _b = InFlight::enter(&c, 2).unwrap();
+        assert!(InFlight::enter(&c, 2).is_none());
+        drop(a);
+        assert!(InFlight::enter(&c, 2).is_some());
+        assert_eq!(c.load(Ordering::Relaxed), 1);
+    }
+}

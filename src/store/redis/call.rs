@@ -1,0 +1,192 @@
+//! How one call to Redis is made: the connection to use, the command and its `NOSCRIPT`
+//! fallback, the response timeout, and what an error means for the caller.
+
+use std::sync::Arc;
+
+use deadpool_redis::redis::{self, ErrorKind, RedisError, ServerErrorKind, Value};
+use futures_util::future::join_all;
+
+use super::conn::{self, Link, Timeouts};
+use super::origin::Origin;
+use super::script::{parse_check, script_cmd, validate, Reply, Script, MODE_CHECK, MODE_PEEK, SCRIPTS};
+use super::{keys, security};
+use crate::clock::SharedClock;
+use crate::key::Key;
+use crate::store::Check;
+use crate::{Algorithm, Decision, StoreError};
+
+#[derive(Clone)]
+pub(super) struct Config {
+    pub(super) origin: Origin,
+    /// Where the store connects to, for messages: `host:port`, never a password.
+    pub(super) addr: String,
+    pub(super) prefix: Arc<str>,
+    pub(super) timeouts: Timeouts,
+    pub(super) clock: Option<SharedClock>,
+}
+
+pub(super) struct Inner {
+    pub(super) config: Config,
+    pub(super) link: Arc<Link>,
+}
+
+impl Inner {
+    pub(super) fn unavailable(&self, why: &str) -> StoreError {
+        StoreError::Unavailable(format!("redis at {} is not connected: {why}", self.config.addr))
+    }
+
+    fn error(&self, e: &RedisError) -> StoreError {
+        let unavailable = e.is_io_error()
+            || e.is_unrecoverable_error()
+            || matches!(
+                e.kind(),
+                ErrorKind::Server(
+                    ServerErrorKind::ClusterDown
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::BusyLoading
+                ) | ErrorKind::ClusterConnectionNotFound
+            );
+        if e.is_timeout() {
+            StoreError::Timeout(self.config.timeouts.response)
+        } else if unavailable {
+            StoreError::Unavailable(format!("redis at {}: {}", self.config.addr, security::explain(e)))
+        } else {
+            StoreError::Backend(format!("redis at {}: {}", self.config.addr, security::explain(e)))
+        }
+    }
+
+    /// The script command for `checks`, at `now`, else the store's clock, else the
+    /// server's `TIME`.
+    pub(super) fn script_cmd(
+        &self,
+        verb: &str,
+        script: &str,
+        checks: &[&Check],
+        mode: &str,
+        now: Option<u64>,
+    ) -> redis::Cmd {
+        let now = now.or_else(|| self.config.clock.as_ref().map(SharedClock::now));
+        script_cmd(verb, script, &self.config.prefix, checks, mode, now)
+    }
+
+    /// The connection to use: at once when there is one (every request but the first); the
+    /// rare wait for one is boxed so that it does not enlarge every request's future.
+    async fn connection(&self) -> Result<(conn::Conn, u64), StoreError> {
+        match self.link.ready() {
+            Some(ready) => Ok(ready),
+            None => Box::pin(self.link.get(self.config.timeouts.response)).await.map_err(|why| self.unavailable(&why)),
+        }
+    }
+
+    /// Sends `cmd` on `conn` within the response timeout (a multiplexed connection keeps it
+    /// itself, per command); on `NOSCRIPT`, sends `fallback`.
+    pub(super) async fn query(
+        &self,
+        mut conn: conn::Conn,
+        generation: u64,
+        cmd: &redis::Cmd,
+        fallback: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
+    ) -> Result<Value, StoreError> {
+        let conn_times_out = conn.times_out_itself();
+        let run = async {
+            match conn.query(cmd).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => match fallback {
+                    Some(f) => conn.query(&f()).await,
+                    None => Err(e),
+                },
+                other => other,
+            }
+        };
+        let answer = if conn_times_out {
+            Ok(run.await)
+        } else {
+            // Boxed: the timer would enlarge every request's future, also where unused.
+            Box::pin(tokio::time::timeout(self.config.timeouts.response, run)).await
+        };
+        match answer {
+            Err(_) => {
+                self.link.on_timeout(generation);
+                Err(StoreError::Timeout(self.config.timeouts.response))
+            }
+            Ok(Err(e)) => {
+                self.link.on_error(generation, &e);
+                Err(self.error(&e))
+            }
+            Ok(Ok(Value::ServerError(e))) => Err(StoreError::Backend(format!("redis at {}: {e:?}", self.config.addr))),
+            Ok(Ok(v)) => {
+                self.link.on_ok();
+                Ok(v)
+            }
+        }
+    }
+
+    /// Runs `script` over `checks` by `EVALSHA`, by `EVAL` when the server does not know it.
+    async fn eval(
+        &self,
+        script: &Script,
+        checks: &[&Check],
+        mode: &str,
+        now: Option<u64>,
+    ) -> Result<Value, StoreError> {
+        checks.iter().try_for_each(|c| validate(c))?;
+        let (conn, generation) = self.connection().await?;
+        let evalsha = self.script_cmd("EVALSHA", &script.sha, checks, mode, now);
+        let eval = || self.script_cmd("EVAL", script.text, checks, mode, now);
+        self.query(conn, generation, &evalsha, Some(&eval)).await
+    }
+
+    /// Runs a check script over `checks` (all in one slot, or standalone).
+    pub(super) async fn run_check(&self, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
+        let reply = self.eval(SCRIPTS.check_for(checks), checks, mode, None).await?;
+        parse_check(&reply, checks)
+    }
+
+    /// Runs the refund script over `checks` (all in one slot, or standalone), at `now`
+    /// when given.
+    pub(super) async fn run_refund(&self, checks: &[&Check], now: Option<u64>) -> Result<(), StoreError> {
+        match self.eval(&SCRIPTS.refund, checks, MODE_CHECK, now).await? {
+            Value::Int(_) => Ok(()),
+            other => Err(StoreError::Backend(format!("unexpected reply from the tollgate refund script: {other:?}"))),
+        }
+    }
+
+    pub(super) async fn check_one(&self, check: &Check) -> Result<Decision, StoreError> {
+        let reply = self.run_check(&[check], MODE_CHECK).await?;
+        reply.decisions.into_iter().next().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))
+    }
+
+    pub(super) async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let groups = self.groups(checks);
+        if let [group] = groups.as_slice() {
+            return Ok(self.run_check(group, MODE_CHECK).await?.decisions.into_vec());
+        }
+        self.check_slots(checks, &groups).await
+    }
+
+    pub(super) async fn refund(&self, checks: &[Check]) -> Result<(), StoreError> {
+        if checks.is_empty() {
+            return Ok(());
+        }
+        let groups = self.groups(checks);
+        for result in join_all(groups.iter().map(|g| self.run_refund(g, None))).await {
+            result?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
+        let reply = self.run_check(&[check], MODE_PEEK).await?;
+        reply.decisions.into_iter().next().ok_or_else(|| StoreError::Backend("peek got no decision".into()))
+    }
+
+    pub(super) async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
+        let (conn, generation) = self.connection().await?;
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(keys::name(&self.config.prefix, rule, key, algorithm));
+        self.query(conn, generation, &cmd, None).await.map(drop)
+    }
+}
