@@ -127,7 +127,7 @@ fn visit(t: usize, threads: usize, n: u64, mut decide: impl FnMut(usize) -> bool
 fn check_now(store: &MemoryStore, check: &Check) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
     match pin!(store.check_one(check)).poll(&mut cx) {
-        Poll::Ready(Ok(d)) => d.allowed,
+        Poll::Ready(Ok(o)) => o.decision.allowed,
         Poll::Ready(Err(e)) => panic!("MemoryStore failed: {e}"),
         Poll::Pending => unreachable!("MemoryStore's future is ready at once"),
     }
@@ -216,7 +216,7 @@ fn benches(c: &mut Criterion, ran: &Ran) {
                     (&group, &id),
                     threads,
                     || now.store(SystemClock.now_micros(), Ordering::Relaxed),
-                    |i| store.check_one_at(&checks[i], now.load(Ordering::Relaxed)).allowed,
+                    |i| store.check_one_at(&checks[i], now.load(Ordering::Relaxed)).is_ok_and(|o| o.decision.allowed),
                 );
                 drop(store);
             }

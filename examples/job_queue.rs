@@ -75,7 +75,7 @@ async fn run<St: Store>(limiter: Limiter<St, Job>) {
     }
 }
 
-fn limiter<St>(store: St) -> Limiter<St, Job> {
+fn limiter<St: Store>(store: St) -> Limiter<St, Job> {
     Limiter::builder(store)
         // Per customer: 5 jobs a second, a burst of 5; a job's weight is its cost.
         .rule("jobs-per-customer", Quota::per_second(5), |job: &Job| Some(job.customer))

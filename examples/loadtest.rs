@@ -195,7 +195,7 @@ mod run {
     impl Target for ViaStore {
         async fn call(&mut self, k: usize) -> Outcome {
             match self.store.check_one(&self.checks[k]).await {
-                Ok(d) if d.allowed => Outcome::Accepted,
+                Ok(o) if o.decision.allowed => Outcome::Accepted,
                 Ok(_) => Outcome::Rejected,
                 Err(_) => Outcome::Failed,
             }

@@ -37,7 +37,7 @@ fn tollgate_ns(keys: &[String], decisions: usize) -> f64 {
         .collect();
     let mut cx = Context::from_waker(Waker::noop());
     let mut decide = |c: &Check| match pin!(store.check_one(black_box(c))).poll(&mut cx) {
-        Poll::Ready(Ok(d)) => d.allowed,
+        Poll::Ready(Ok(o)) => o.decision.allowed,
         other => panic!("MemoryStore answered {other:?}"),
     };
     checks.iter().for_each(|c| assert!(decide(c)));

@@ -25,8 +25,14 @@ pub struct Decision {
     pub limit: u64,
     /// Units still available right now after this request (never below 0).
     pub remaining: u64,
-    /// Time until the quota is fully restored.
+    /// Time until the quota is fully restored (nothing of it in use).
     pub reset_after: Duration,
+    /// Time until more of the quota is available than `remaining`: when allowed, until at
+    /// least one more unit would fit (draft-ietf-httpapi-ratelimit-headers-10's `t`, "the
+    /// number of seconds until additional quota is made available"); when rejected, the
+    /// `retry_after` (or `reset_after` for a request that can never be accepted). The
+    /// rate-limit headers send this; see [`crate::headers`].
+    pub refill_after: Duration,
     /// When rejected: the earliest time after which the same request would be accepted
     /// if nobody else consumed anything. `None` when allowed, and when the request can
     /// never be accepted (its cost is above the capacity).
@@ -36,24 +42,28 @@ pub struct Decision {
 }
 
 impl Decision {
-    pub(crate) fn allow(limit: u64, remaining: u64, reset_after_us: u64) -> Self {
+    pub(crate) fn allow(limit: u64, remaining: u64, reset_after_us: u64, refill_after_us: u64) -> Self {
         Self {
             allowed: true,
             limit,
             remaining,
             reset_after: Duration::from_micros(reset_after_us),
+            refill_after: Duration::from_micros(refill_after_us),
             retry_after: None,
             delay: Duration::ZERO,
         }
     }
 
     pub(crate) fn reject(limit: u64, remaining: u64, reset_after_us: u64, retry_after_us: Option<u64>) -> Self {
+        let retry_after = retry_after_us.map(|us| Duration::from_micros(us.max(1)));
+        let reset_after = Duration::from_micros(reset_after_us);
         Self {
             allowed: false,
             limit,
             remaining,
-            reset_after: Duration::from_micros(reset_after_us),
-            retry_after: retry_after_us.map(|us| Duration::from_micros(us.max(1))),
+            reset_after,
+            refill_after: retry_after.unwrap_or(reset_after),
+            retry_after,
             delay: Duration::ZERO,
         }
     }

@@ -13,6 +13,13 @@ pub enum BuildError {
     /// Two rules of one layer have the same name.
     #[error("duplicate rule name {0:?}: every rule of a layer needs its own name")]
     DuplicateRule(String),
+    /// Another live limiter or layer over the same store (or a clone of it) uses this
+    /// rule name: the two would count into one state.
+    #[error(
+        "rule {0:?} is already used by another limiter or layer over this store, and the two would share \
+         their counts: give each its own rule name, e.g. RateLimitLayer::builder(store).rule(\"search\", quota, key)"
+    )]
+    RuleInUse(String),
     /// A rule name is empty, too long, or otherwise unusable.
     #[error("invalid rule name {name:?}: {why}")]
     InvalidRuleName {
@@ -63,6 +70,11 @@ pub enum StoreError {
     /// The circuit breaker is open after repeated failures; the store was not called.
     #[error("circuit open: the store failed repeatedly and is not called until {0:?} from now")]
     CircuitOpen(Duration),
+    /// An in-process store holds its maximum number of keys
+    /// ([`MemoryStore::max_keys`](crate::MemoryStore::max_keys)) and this check needed a
+    /// new one: handled by the fail mode, as any store error.
+    #[error("store full: it holds its maximum of {0} keys, none of them expired")]
+    Full(usize),
     /// The store answered with an error (a script error, a wrong type, …).
     #[error("store error: {0}")]
     Backend(String),

@@ -169,6 +169,7 @@ mod tests {
             limit: 100,
             remaining,
             reset_after: Duration::from_millis(reset_ms),
+            refill_after: Duration::from_millis(reset_ms),
             retry_after: None,
             delay: Duration::ZERO,
         }
@@ -178,8 +179,8 @@ mod tests {
     fn ietf_headers_list_every_policy() {
         let (a, b) = (decision(45, 29_001), decision(900, 3_600_000));
         let all = [
-            RuleDecision { rule: "per-min", quota: Quota::per_minute(100), decision: &a },
-            RuleDecision { rule: "say \"hi\"", quota: Quota::per_day(1000), decision: &b },
+            RuleDecision { rule: "per-min", quota: Quota::per_minute(100), decision: &a, taken: None },
+            RuleDecision { rule: "say \"hi\"", quota: Quota::per_day(1000), decision: &b, taken: None },
         ];
         let mut h = HeaderMap::new();
         apply(&mut h, HeaderStyle::Ietf, &all[0], &all, true);
@@ -191,7 +192,7 @@ mod tests {
     #[test]
     fn legacy_headers() {
         let a = decision(7, 1_500);
-        let all = [RuleDecision { rule: "r", quota: Quota::per_minute(100), decision: &a }];
+        let all = [RuleDecision { rule: "r", quota: Quota::per_minute(100), decision: &a, taken: None }];
         let mut h = HeaderMap::new();
         apply(&mut h, HeaderStyle::Legacy, &all[0], &all, false);
         assert_eq!(h[&X_RATELIMIT_LIMIT], "100");

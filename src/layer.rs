@@ -70,13 +70,26 @@ impl<St: fmt::Debug, B, R> fmt::Debug for RateLimitLayer<St, B, R> {
     }
 }
 
-impl<St, B: 'static> RateLimitLayer<St, B> {
+impl<St: Store, B: 'static> RateLimitLayer<St, B> {
     /// One rule, named `"default"`: each key may use `quota`.
+    ///
+    /// # Panics
+    ///
+    /// When another live layer (or limiter) over this store already has a rule named
+    /// `"default"`: two layers from `new` on one store (say on two routes) would count
+    /// into one state, so that `/upload`'s requests use up `/search`'s limit. Name the
+    /// rules instead — `RateLimitLayer::builder(store).rule("search", quota, key).build()`
+    /// — as rule names are what servers sharing a Redis agree on. Clones of one layer (on
+    /// several routes) share one limiter and are fine.
     pub fn new(quota: Quota, key: impl KeyExtractor<Request<B>>, store: St) -> Self {
-        let limiter = Limiter::builder(store).rule("default", quota, key).build().expect("one rule with a valid name");
-        Self::from_limiter(limiter)
+        match Limiter::builder(store).rule("default", quota, key).build() {
+            Ok(limiter) => Self::from_limiter(limiter),
+            Err(err) => panic!("RateLimitLayer::new: {err}"),
+        }
     }
+}
 
+impl<St, B: 'static> RateLimitLayer<St, B> {
     /// A builder for several rules.
     pub fn builder(store: St) -> RateLimitLayerBuilder<St, B> {
         RateLimitLayerBuilder { inner: Limiter::builder(store) }
@@ -275,8 +288,13 @@ impl<St, B: 'static> RateLimitLayerBuilder<St, B> {
     ///
     /// [`BuildError::DuplicateRule`] when two rules share a name,
     /// [`BuildError::InvalidRuleName`] for an empty or over-long name, and
-    /// [`BuildError::InvalidConfig`] when there is no rule at all.
-    pub fn build(self) -> Result<RateLimitLayer<St, B>, BuildError> {
+    /// [`BuildError::InvalidConfig`] when there is no rule at all, and
+    /// [`BuildError::RuleInUse`] when another live layer or limiter over this store uses
+    /// one of the names.
+    pub fn build(self) -> Result<RateLimitLayer<St, B>, BuildError>
+    where
+        St: Store,
+    {
         self.inner.build().map(RateLimitLayer::from_limiter)
     }
 }

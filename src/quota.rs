@@ -36,9 +36,15 @@ pub struct Quota {
 const MAX_PERIOD_US: u64 = 366 * 86_400 * 1_000_000;
 /// Largest limit or burst: 2^32 units per period.
 const MAX_UNITS: u64 = 1 << 32;
-/// Largest burst × emission interval, in µs (about 142 years): keeps `now + B·T` exact
-/// in Lua's doubles.
+/// Largest `(burst + 1) × emission interval`, in µs (about 142 years): keeps every product
+/// the algorithms form (the leaky bucket's queue of `B + 1` slots the largest) exact in
+/// Lua's doubles, so a quota that builds is one every store can compute.
 const MAX_BURST_SPAN_US: u64 = 1 << 52;
+
+/// Whether `burst` fits a quota of emission interval `t`: `(burst + 1)·t <= 2^52`.
+const fn burst_fits(burst: u64, t: u64) -> bool {
+    burst.saturating_add(1).saturating_mul(t) <= MAX_BURST_SPAN_US
+}
 
 impl Quota {
     /// `limit` units per `period`.
@@ -131,14 +137,14 @@ impl Quota {
     ///
     /// # Panics
     ///
-    /// When `burst` is 0 or above 2^32, or when `burst × period / limit` exceeds 2^52 µs;
-    /// see [`Quota::try_burst`].
+    /// When `burst` is 0 or above 2^32, or when `(burst + 1) × period / limit` exceeds
+    /// 2^52 µs (about 142 years); see [`Quota::try_burst`].
     #[must_use]
     pub const fn burst(mut self, burst: u64) -> Self {
         assert!(burst != 0 && burst <= MAX_UNITS, "invalid burst: it must be 1..=2^32");
         assert!(
-            burst.saturating_mul(self.emission_interval_micros()) <= MAX_BURST_SPAN_US,
-            "invalid burst: burst × (period / limit) must stay below 2^52 µs"
+            burst_fits(burst, self.emission_interval_micros()),
+            "invalid burst: (burst + 1) × (period / limit) must stay below 2^52 µs"
         );
         self.burst = burst;
         self
@@ -156,9 +162,11 @@ impl Quota {
         if burst > MAX_UNITS {
             return Err(BuildError::InvalidQuota("the burst is above 2^32 units".into()));
         }
-        if burst.saturating_mul(self.emission_interval_micros()) > MAX_BURST_SPAN_US {
+        if !burst_fits(burst, self.emission_interval_micros()) {
             return Err(BuildError::InvalidQuota(
-                "the burst is too large for the period: burst × (period / limit) must stay below 2^52 µs".into(),
+                "the burst is too large for the period: (burst + 1) × (period / limit) must stay below \
+                 2^52 µs (about 142 years)"
+                    .into(),
             ));
         }
         self.burst = burst;
@@ -187,6 +195,19 @@ impl Quota {
     #[must_use]
     pub const fn burst_size(&self) -> u64 {
         self.burst
+    }
+
+    /// This quota's share for one of `instances` servers (the fallback limiter): the limit
+    /// and burst divided, at least 1 unit, the burst clamped to what the period allows.
+    /// Never panics, whatever quota it is given.
+    pub(crate) fn divided(self, instances: u64) -> Self {
+        let instances = instances.max(1);
+        let limit = (self.limit / instances).max(1);
+        let mut q = Self { limit, period_us: self.period_us, burst: limit };
+        let t = q.emission_interval_micros();
+        let most = MAX_BURST_SPAN_US / t - 1; // (most + 1)·t <= 2^52; t <= 366 days: most >= 141
+        q.burst = (self.burst / instances).clamp(1, most);
+        q
     }
 
     /// The emission interval `T = ceil(period / limit)` in µs, at least 1: the spacing of
@@ -328,6 +349,31 @@ mod tests {
         assert!(Quota::per_minute(1).try_burst(0).is_err());
         let err = Quota::new(1, Duration::from_secs(366 * 86_400)).try_burst(1 << 32).unwrap_err();
         assert!(err.to_string().contains("too large for the period"), "{err}");
+        // Between B·T <= 2^52 and (B+1)·T <= 2^52: refused, since Lua's leaky bucket
+        // computes (B+1)·T (it used to build, then fail every Redis call).
+        let year = Quota::new(1, Duration::from_secs(366 * 86_400));
+        let t = year.emission_interval_micros();
+        let b = (1u64 << 52) / t;
+        assert!(b * t <= 1 << 52 && (b + 1) * t > 1 << 52);
+        assert!(year.try_burst(b).is_err());
+        assert!(year.try_burst(b - 1).is_ok());
+    }
+
+    #[test]
+    fn a_divided_quota_never_panics() {
+        // 3 a day with a burst of 150,000 builds; between two servers the share would be
+        // 1 a day (T = 86.4 ks) with a burst of 75,000: 75,001 × T is above 2^52 µs, and
+        // `Quota::burst` would panic at request time. It is clamped instead.
+        let q = Quota::per_day(3).try_burst(150_000).unwrap();
+        let d = q.divided(2);
+        assert_eq!(d.limit(), 1);
+        assert!(d.burst_size() >= 1 && burst_fits(d.burst_size(), d.emission_interval_micros()));
+        assert_eq!(Quota::per_minute(100).burst(10).divided(3), Quota::per_minute(33).burst(3));
+        assert_eq!(Quota::per_minute(2).divided(5), Quota::per_minute(1));
+        for n in [1, 2, 7, 1 << 40] {
+            let d = Quota::new(1 << 32, Duration::from_secs(366 * 86_400)).divided(n);
+            assert!(burst_fits(d.burst_size(), d.emission_interval_micros()));
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
+use crate::limiter::GiveBackOnDrop;
 use crate::response::{self, OnRejected, Responder};
 use crate::store::Store;
 use crate::verdict::State;
@@ -88,6 +89,10 @@ where
 
 /// One request: plan its checks, decide, then answer (429, 503) or wait for a leaky
 /// bucket's slot, forward, add the headers, and give back count-by-outcome units.
+///
+/// After the store call, every `.await` is covered: a request dropped while waiting for
+/// its slot gives back all it took, and one whose handler fails or is dropped gives back
+/// the units of its count-by-outcome rules (it has no status to be counted by).
 async fn handle<S, St, B, R, ResBody>(
     limiter: Arc<Limiter<St, Request<B>>>,
     responder: Arc<Responder<R>>,
@@ -95,7 +100,7 @@ async fn handle<S, St, B, R, ResBody>(
     mut req: Request<B>,
 ) -> Result<Response<ResBody>, S::Error>
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
     St: Store,
     B: 'static,
     R: OnRejected<ResBody>,
@@ -114,18 +119,33 @@ where
         State::Failed { closed: false, .. } => return inner.call(req).await,
         State::Allowed => {}
     }
-    // Leaky-bucket rules shape: wait for the slot.
     let delay = verdict.delay();
     if !delay.is_zero() {
+        // Leaky bucket: wait for the slot without holding the inner service's readiness
+        // (a ready instance may hold a permit others need), then get ready.
+        let guard = GiveBackOnDrop::new(limiter.give_back(&verdict, |_| true), "a request dropped before its slot");
+        let mut fresh = inner.clone();
+        drop(inner);
         tokio::time::sleep(delay).await;
+        std::future::poll_fn(|cx| fresh.poll_ready(cx)).await?;
+        guard.disarm();
+        inner = fresh;
     }
     if let Some(most) = verdict.most_restrictive() {
         req.extensions_mut().insert(most.decision.clone());
     }
+    let count_if = GiveBackOnDrop::new(
+        limiter.give_back(&verdict, |rule| rule.count_if.is_some()),
+        "a count-by-outcome rule whose handler did not answer",
+    );
     let mut res = inner.call(req).await?;
     responder.allowed(res.headers_mut(), &verdict);
     // Count by outcome: give back the units of rules that do not count this status.
-    let status = res.status();
-    limiter.refund_where(&verdict, |rule| rule.count_if.as_ref().is_some_and(|f| !f(status)));
+    if let Some(mut give_back) = count_if.disarm() {
+        let status = res.status();
+        let rules = limiter.rules();
+        give_back.retain(|r| rules[r].count_if.as_ref().is_some_and(|f| !f(status)));
+        give_back.spawn("a count-by-outcome rule");
+    }
     Ok(res)
 }

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::store::{Check, Decisions};
+use crate::store::{Check, Outcomes, Refund, Taken};
 use crate::{Decision, Quota, StoreError};
 
 /// What a [`Limiter`](crate::Limiter) decided for one input: allowed, rejected, or
 /// undecided because the store failed (and then what the fail mode chose), with each
-/// enforced rule's [`Decision`].
+/// enforced rule's [`Decision`] and what its commit took.
 ///
 /// ```
 /// # async fn run(limiter: tollgate::Limiter<tollgate::MemoryStore, str>) {
@@ -24,11 +24,24 @@ use crate::{Decision, Quota, StoreError};
 #[derive(Debug, Clone)]
 pub struct Verdict {
     pub(crate) state: State,
-    /// The enforced rules' checks, with each one's rule index.
+    /// The enforced rules the store decided: their checks, rule indexes, decisions, and
+    /// what each commit took.
     pub(crate) checks: SmallVec<[Check; 2]>,
     pub(crate) rules: SmallVec<[usize; 2]>,
-    /// One per check; empty when the store failed.
-    pub(crate) decisions: Decisions,
+    pub(crate) decisions: SmallVec<[Decision; 2]>,
+    pub(crate) taken: SmallVec<[Option<Taken>; 2]>,
+    /// Who decided the enforced rules (`None` when nothing was decided).
+    pub(crate) source: Option<DecidedBy>,
+    /// What shadow rules took: they are given back like the others.
+    pub(crate) shadow: Vec<Commit>,
+}
+
+/// Units one commit took, for a refund: the check, its rule, and who holds the units.
+#[derive(Debug, Clone)]
+pub(crate) struct Commit {
+    pub(crate) refund: Refund,
+    pub(crate) rule: usize,
+    pub(crate) by: DecidedBy,
 }
 
 #[derive(Debug, Clone)]
@@ -41,6 +54,20 @@ pub(crate) enum State {
     Failed { error: StoreError, closed: bool },
 }
 
+/// Who decided a [`Verdict`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecidedBy {
+    /// The store.
+    Store,
+    /// The in-process fallback limiter, while the store failed (an approximate limit:
+    /// each rule's share for one server).
+    Fallback,
+    /// This process's cache of blocked keys: a rejection the store made earlier, still
+    /// in force.
+    LocalCache,
+}
+
 /// One rule's decision within a [`Verdict`].
 #[derive(Debug, Clone, Copy)]
 pub struct RuleDecision<'a> {
@@ -50,16 +77,45 @@ pub struct RuleDecision<'a> {
     pub quota: Quota,
     /// What it decided.
     pub decision: &'a Decision,
+    /// What its commit took (allowed verdicts only): the identity a refund needs.
+    pub taken: Option<Taken>,
 }
 
 impl Verdict {
-    pub(crate) fn new(
-        state: State,
+    /// The verdict of `outcomes` (one per check; `None`: a check the store could not
+    /// decide while another rejected — left out).
+    pub(crate) fn decided(
         checks: SmallVec<[Check; 2]>,
         rules: SmallVec<[usize; 2]>,
-        decisions: Decisions,
+        outcomes: Outcomes,
+        by: DecidedBy,
     ) -> Self {
-        Self { state, checks, rules, decisions }
+        let mut v = Self::empty(State::Allowed);
+        v.source = Some(by);
+        for ((check, rule), outcome) in checks.into_iter().zip(rules).zip(outcomes) {
+            let Some(o) = outcome else { continue };
+            if !o.decision.allowed {
+                v.state = State::Rejected;
+            }
+            v.checks.push(check);
+            v.rules.push(rule);
+            v.decisions.push(o.decision);
+            v.taken.push(o.taken);
+        }
+        v
+    }
+
+    /// A verdict with no decisions: allowed (no rule applied) or failed.
+    pub(crate) fn empty(state: State) -> Self {
+        Self {
+            state,
+            checks: SmallVec::new(),
+            rules: SmallVec::new(),
+            decisions: SmallVec::new(),
+            taken: SmallVec::new(),
+            source: None,
+            shadow: Vec::new(),
+        }
     }
 
     /// Whether the caller may go ahead: every rule accepted (after waiting
@@ -90,14 +146,18 @@ impl Verdict {
         }
     }
 
+    /// Who decided: the store, the fallback limiter, or the local cache of blocked keys
+    /// (`None` when nothing was decided: no rule applied, or the store failed with no
+    /// fallback).
+    #[must_use]
+    pub fn decided_by(&self) -> Option<DecidedBy> {
+        self.source
+    }
+
     /// Each enforced rule's decision, in the order of the rules (none when the store
     /// failed, or when no rule applied).
     pub fn decisions(&self) -> impl Iterator<Item = RuleDecision<'_>> + '_ {
-        self.checks.iter().zip(&self.decisions).map(|(c, d)| RuleDecision {
-            rule: &c.rule,
-            quota: c.params.quota,
-            decision: d,
-        })
+        (0..self.checks.len()).map(|i| self.at(i))
     }
 
     /// The index (in `checks`) of the rejecting rule that makes the caller wait longest
@@ -118,7 +178,12 @@ impl Verdict {
     }
 
     fn at(&self, i: usize) -> RuleDecision<'_> {
-        RuleDecision { rule: &self.checks[i].rule, quota: self.checks[i].params.quota, decision: &self.decisions[i] }
+        RuleDecision {
+            rule: &self.checks[i].rule,
+            quota: self.checks[i].params.quota,
+            decision: &self.decisions[i],
+            taken: self.taken[i],
+        }
     }
 
     /// The rejecting rule that makes the caller wait longest.
@@ -149,5 +214,17 @@ impl Verdict {
             return Duration::ZERO;
         }
         self.decisions.iter().map(|d| d.delay).max().unwrap_or(Duration::ZERO)
+    }
+
+    /// Every commit of this verdict whose rule `give_back` selects: enforced and shadow.
+    pub(crate) fn commits(&self, give_back: impl Fn(usize) -> bool) -> Vec<Commit> {
+        let Some(by) = self.source.filter(|_| matches!(self.state, State::Allowed)) else {
+            return self.shadow.iter().filter(|c| give_back(c.rule)).cloned().collect();
+        };
+        let enforced = self.checks.iter().zip(&self.rules).zip(&self.taken).filter_map(|((check, &rule), taken)| {
+            let taken = (*taken)?;
+            give_back(rule).then(|| Commit { refund: Refund { check: check.clone(), taken }, rule, by })
+        });
+        enforced.chain(self.shadow.iter().filter(|c| give_back(c.rule)).cloned()).collect()
     }
 }

@@ -104,7 +104,7 @@ fn brute_force(trace: &Trace, algorithm: Algorithm) -> Figures {
     let mut f = Figures { requests: trace.requests.len() as u64, ..Figures::default() };
     for r in &trace.requests {
         let now = trace.start() + r.at;
-        let d = store.check_at(std::slice::from_ref(&checks[r.key as usize]), now).remove(0);
+        let d = store.check_one_at(&checks[r.key as usize], now).unwrap().decision;
         let same_key = |events: &[(u32, u64)], from: u64, to: u64| {
             events.iter().filter(|&&(k, at)| k == r.key && at > from && at <= to).count() as u64
         };

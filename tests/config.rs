@@ -153,10 +153,13 @@ async fn the_built_layer_enforces_the_file() {
 struct Down;
 
 impl Store for Down {
-    fn check(&self, _: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+    fn check(
+        &self,
+        _: &[Check],
+    ) -> impl Future<Output = Result<Vec<Option<tollgate::store::Outcome>>, StoreError>> + Send {
         std::future::ready(Err(StoreError::Unavailable("down".into())))
     }
-    fn refund(&self, _: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn refund(&self, _: &[tollgate::store::Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Ok(()))
     }
     fn peek(&self, _: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use support::redis::{RedisCluster, RedisServer};
 use tollgate::algorithm::Params;
 use tollgate::key::Key;
+use tollgate::store::{Outcome as StoreOutcome, Refund};
 use tollgate::{Algorithm, Check, Decision, ManualClock, MemoryStore, Quota, RedisStore, Store};
 
 /// 2023-11-14T22:13:20Z, in µs.
@@ -40,14 +41,15 @@ fn rule(name: &'static str, key: &'static str, algorithm: Algorithm, quota: Quot
 enum Step {
     /// One request checked against these (rule index, cost).
     Check(Vec<(usize, u64)>),
-    /// Refund these (rule index, cost).
-    Refund(Vec<(usize, u64)>),
+    /// Give back what the `k`-th most recent check took (1: the last one), by the
+    /// identities this store returned for it: nothing when it took nothing.
+    Undo(usize),
     Peek(usize, u64),
     Reset(usize),
     Advance(u64),
 }
 
-use Step::{Advance, Peek, Refund, Reset};
+use Step::{Advance, Peek, Reset, Undo};
 
 /// One request on every rule, cost 1.
 fn all(rules: usize) -> Step {
@@ -221,16 +223,34 @@ fn scenarios() -> Vec<Scenario> {
             vec![rule("r", "k", a, q5)],
             vec![
                 times(3, one(0, 1)),
-                vec![Peek(0, 1), Peek(0, 3), Refund(vec![(0, 1)]), Peek(0, 1)],
+                vec![Peek(0, 1), Peek(0, 3), Undo(1), Peek(0, 1)],
                 times(4, one(0, 1)),
-                vec![Peek(0, 1), Refund(vec![(0, 2)]), Peek(0, 2), Refund(vec![(0, 10)]), Peek(0, 5)],
-                vec![one(0, 5), Reset(0), Peek(0, 1), one(0, 2), Advance(20 * SEC), Refund(vec![(0, 1)])],
-                vec![Peek(0, 1), Advance(10 * MIN), Refund(vec![(0, 1)]), Peek(0, 1), one(0, 5)],
-                // Refund of a key never seen, and reset of one never seen.
-                vec![Reset(0), Refund(vec![(0, 3)]), Peek(0, 5), one(0, 5), one(0, 1)],
-                // Refunds never give back more than was taken.
-                vec![Refund(vec![(0, 5)]), Refund(vec![(0, 3)]), Peek(0, 5)],
+                // The last check was rejected: it took nothing, and gives back nothing.
+                vec![Peek(0, 1), Undo(1), Peek(0, 2), Undo(3), Peek(0, 5), Undo(3), Peek(0, 5)],
+                vec![one(0, 2), Reset(0), Peek(0, 1), one(0, 2), Advance(20 * SEC), Undo(1)],
+                vec![Peek(0, 1), Advance(10 * MIN), Undo(3), Peek(0, 1), one(0, 5)],
+                // Undo of a check made before a reset.
+                vec![Reset(0), Undo(1), Peek(0, 5), one(0, 5), one(0, 1)],
                 times(7, one(0, 1)),
+            ],
+        ));
+        // Refunds carry their commit's identity: after a window boundary, after the units
+        // expired, after later requests took units of their own.
+        let edge = boundary_after(T0, MIN);
+        out.push(scenario(
+            format!("{a}: refunds after a boundary, after expiry, after later requests"),
+            edge - 10 * SEC,
+            vec![rule("r", "k", a, Quota::per_minute(4))],
+            vec![
+                vec![one(0, 2), one(0, 1), Advance(15 * SEC), one(0, 1), one(0, 1)],
+                // Give back the 2 units taken before the boundary, then the 1 after it.
+                vec![Undo(4), Peek(0, 1), Peek(0, 3), one(0, 2), Undo(3), Peek(0, 1)],
+                times(3, one(0, 1)),
+                vec![Advance(40 * SEC), one(0, 1), Undo(2), Peek(0, 1), one(0, 2)],
+                // Long after: the units have left; giving them back changes nothing.
+                vec![Advance(3 * MIN), Undo(1), Undo(2), Peek(0, 1), Peek(0, 4)],
+                times(6, one(0, 1)),
+                vec![Advance(61 * SEC), one(0, 3), one(0, 1), Undo(2), Undo(2), Peek(0, 1), one(0, 2)],
             ],
         ));
         let b = partner(a);
@@ -243,7 +263,7 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Peek(1, 1), one(1, 1), Advance(40 * SEC)],
                 times(4, all(2)),
                 vec![Step::Check(vec![(0, 1), (1, 20)]), Peek(0, 1)],
-                vec![Refund(vec![(0, 1), (1, 1)]), Peek(0, 1), Peek(1, 1)],
+                vec![Undo(2), Undo(3), Peek(0, 1), Peek(1, 1)],
             ],
         ));
         out.push(scenario(
@@ -259,7 +279,7 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Peek(0, 1), Peek(1, 1), Peek(2, 1), Advance(61 * SEC)],
                 times(2, all(3)),
                 vec![Step::Check(vec![(0, 1), (1, 1), (2, 5)]), Peek(0, 1), Peek(1, 1)],
-                vec![Refund(vec![(0, 1), (1, 1), (2, 1)]), Peek(0, 1), Peek(1, 1), Peek(2, 1)],
+                vec![Undo(2), Undo(3), Peek(0, 1), Peek(1, 1), Peek(2, 1)],
             ],
         ));
     }
@@ -305,7 +325,7 @@ fn scenarios() -> Vec<Scenario> {
                 times(3, all(6)),
                 vec![Step::Check((0..6).map(|i| (i, 2)).collect()), Advance(MIN)],
                 times(2, Step::Check((0..6).map(|i| (i, 2)).collect())),
-                vec![Refund((0..6).map(|i| (i, 1)).collect())],
+                vec![Undo(1), Undo(3)],
                 (0..6).map(|i| Peek(i, 1)).collect(),
                 vec![Reset(2), Reset(5), all(6), Advance(10 * MIN), all(6)],
             ],
@@ -316,7 +336,8 @@ fn scenarios() -> Vec<Scenario> {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Outcome {
-    Checked(Vec<Decision>),
+    /// Each rule's decision and what its commit took (the same identity on every store).
+    Checked(Vec<Option<StoreOutcome>>),
     Peeked(Decision),
     Done,
 }
@@ -334,16 +355,29 @@ async fn run<S: Store>(store: &S, clock: &ManualClock, sc: &Scenario, ns: &str) 
     let rules = &sc.rules;
     clock.set(sc.start);
     let mut out = Vec::with_capacity(sc.steps.len());
+    // Every check made so far, with its outcomes, for Undo.
+    let mut made: Vec<(Vec<Check>, Vec<Option<StoreOutcome>>)> = Vec::new();
     for (i, step) in sc.steps.iter().enumerate() {
         let fail = |e: tollgate::StoreError| -> ! { panic!("{ns} {:?}, step {i} {step:?}: store error {e}", sc.name) };
         let outcome = match step {
             Step::Check(list) => {
                 let checks: Vec<Check> = list.iter().map(|&(r, c)| check_of(ns, &rules[r], c)).collect();
-                Outcome::Checked(store.check(&checks).await.unwrap_or_else(|e| fail(e)))
+                let outcomes = store.check(&checks).await.unwrap_or_else(|e| fail(e));
+                made.push((checks, outcomes.clone()));
+                Outcome::Checked(outcomes)
             }
-            Step::Refund(list) => {
-                let checks: Vec<Check> = list.iter().map(|&(r, c)| check_of(ns, &rules[r], c)).collect();
-                store.refund(&checks).await.unwrap_or_else(|e| fail(e));
+            Step::Undo(k) => {
+                let (checks, outcomes) = made
+                    .len()
+                    .checked_sub(*k)
+                    .map(|i| &made[i])
+                    .unwrap_or_else(|| panic!("{:?}, step {i}: Undo({k}) after {} checks", sc.name, made.len()));
+                let refunds: Vec<Refund> = checks
+                    .iter()
+                    .zip(outcomes)
+                    .filter_map(|(c, o)| o.as_ref()?.taken.map(|taken| Refund { check: c.clone(), taken }))
+                    .collect();
+                store.refund(&refunds).await.unwrap_or_else(|e| fail(e));
                 Outcome::Done
             }
             Step::Peek(r, c) => {
@@ -381,7 +415,7 @@ fn compare(sc: &Scenario, want_name: &str, want: &[Outcome], got_name: &str, got
 }
 
 fn allowed(o: &[Outcome]) -> usize {
-    o.iter().filter(|o| matches!(o, Outcome::Checked(d) if d.iter().all(|d| d.allowed))).count()
+    o.iter().filter(|o| matches!(o, Outcome::Checked(d) if d.iter().flatten().all(|o| o.decision.allowed))).count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,7 +502,7 @@ async fn server_time(algorithm: Algorithm) {
     let check = Check { rule: "st".into(), key: "k".into(), algorithm, params: Params::new(quota) };
     let mut decisions = Vec::new();
     for _ in 0..want + 5 {
-        decisions.push(store.check(std::slice::from_ref(&check)).await.unwrap().remove(0));
+        decisions.push(store.check_one(&check).await.unwrap().decision);
     }
     let passed = decisions.iter().filter(|d| d.allowed).count();
     assert_eq!(passed, want, "{algorithm}: {decisions:#?}");

@@ -243,7 +243,7 @@ async fn the_store_times_out_on_its_own_whatever_the_pool() {
     };
     for (_, store) in &stores {
         store.ping().await.unwrap();
-        assert!(tollgate::Store::check_one(store, &check).await.unwrap().allowed);
+        assert!(tollgate::Store::check_one(store, &check).await.unwrap().decision.allowed);
     }
     redis.pause();
     for (origin, store) in &stores {

@@ -379,7 +379,10 @@ struct BrokenStore {
 }
 
 impl Store for BrokenStore {
-    fn check(&self, _: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+    fn check(
+        &self,
+        _: &[Check],
+    ) -> impl Future<Output = Result<Vec<Option<tollgate::store::Outcome>>, StoreError>> + Send {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let hang = self.hang;
         async move {
@@ -389,7 +392,7 @@ impl Store for BrokenStore {
             Err(StoreError::Unavailable("connection refused".into()))
         }
     }
-    fn refund(&self, _: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn refund(&self, _: &[tollgate::store::Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Ok(()))
     }
     fn peek(&self, _: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {

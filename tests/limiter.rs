@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tollgate::key::Key;
+use tollgate::store::{Outcome, Refund};
 use tollgate::{
     Algorithm, Check, Clock, Decision, FailMode, Limiter, ManualClock, MemoryStore, Quota, Rule, Store, StoreError,
 };
@@ -113,7 +114,7 @@ impl Remote {
 }
 
 impl Store for Remote {
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let mode = self.mode.load(Ordering::SeqCst);
         let inner = self.inner.clone();
@@ -126,8 +127,8 @@ impl Store for Remote {
             }
         }
     }
-    fn refund(&self, checks: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.refund(checks)
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.refund(refunds)
     }
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.inner.peek(check)

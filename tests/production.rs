@@ -330,11 +330,14 @@ async fn a_404_spends_no_quota_and_health_is_never_limited() {
 struct DownStore(Arc<AtomicUsize>);
 
 impl Store for DownStore {
-    fn check(&self, _: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+    fn check(
+        &self,
+        _: &[Check],
+    ) -> impl Future<Output = Result<Vec<Option<tollgate::store::Outcome>>, StoreError>> + Send {
         self.0.fetch_add(1, Ordering::SeqCst);
         std::future::ready(Err(StoreError::Unavailable("connection refused".into())))
     }
-    fn refund(&self, _: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn refund(&self, _: &[tollgate::store::Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Err(StoreError::Unavailable("connection refused".into())))
     }
     fn peek(&self, _: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {

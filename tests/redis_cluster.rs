@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::redis::RedisCluster;
 use tollgate::algorithm::Params;
+use tollgate::store::Refund;
 use tollgate::{Algorithm, Check, Quota, RedisStore, Store};
 
 fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
@@ -76,7 +77,9 @@ async fn concurrently(store: &RedisStore, checks: &[Check], n: usize) -> usize {
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let (store, checks) = (store.clone(), checks.to_vec());
-            tokio::spawn(async move { store.check(&checks).await.unwrap().iter().all(|d| d.allowed) })
+            tokio::spawn(async move {
+                store.check(&checks).await.unwrap().iter().all(|o| o.as_ref().is_some_and(|o| o.decision.allowed))
+            })
         })
         .collect();
     let mut allowed = 0;
@@ -126,7 +129,9 @@ async fn cluster_rules_within_and_across_slots() {
         check("org", &k2, Algorithm::SlidingWindowLog, Quota::per_hour(40)),
     ];
     cluster.cmd_all(&["CONFIG", "RESETSTAT"]);
-    let allowed = concurrently(&store, &across, 30).await;
+    let first = store.check(&across).await.unwrap();
+    assert!(first.iter().all(|o| o.as_ref().unwrap().taken.is_some()), "{first:?}");
+    let allowed = 1 + concurrently(&store, &across, 29).await;
     assert_eq!(allowed, 3, "exactly the narrow rule's limit");
     let evalsha: u64 = calls(&cluster, "evalsha").iter().sum();
     // One EVALSHA per slot per request, plus a refund per accepting slot when one rejected.
@@ -139,13 +144,19 @@ async fn cluster_rules_within_and_across_slots() {
     let reversed = [across[1].clone(), across[2].clone(), across[0].clone()];
     for _ in 0..5 {
         let d = store.check(&reversed).await.unwrap();
-        assert_eq!(d.iter().map(|d| d.allowed).collect::<Vec<_>>(), [false, true, true]);
+        assert_eq!(d.iter().map(|o| o.as_ref().unwrap().decision.allowed).collect::<Vec<_>>(), [false, true, true]);
+        assert!(d.iter().all(|o| o.as_ref().unwrap().taken.is_none()), "a rejected check took nothing");
     }
     assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 36);
     assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 36);
 
-    // Refunds across slots (count-by-outcome) reach every node.
-    store.refund(&across).await.unwrap();
+    // Refunds across slots (count-by-outcome) reach every node: what the first request took.
+    let refunds: Vec<Refund> = across
+        .iter()
+        .zip(&first)
+        .map(|(c, o)| Refund { check: c.clone(), taken: o.as_ref().unwrap().taken.unwrap() })
+        .collect();
+    store.refund(&refunds).await.unwrap();
     assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 37);
     assert!(store.peek(&across[1]).await.unwrap().allowed);
     assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 37);
@@ -159,13 +170,13 @@ async fn a_dead_node_fails_its_slots_quickly_and_spares_the_others() {
     store.ping().await.unwrap();
     let alive = check("r", &key_on(&cluster, 1, "alive"), Algorithm::Gcra, Quota::per_hour(1000));
     let dead = check("r", &key_on(&cluster, 0, "dead"), Algorithm::Gcra, Quota::per_hour(1000));
-    store.check(std::slice::from_ref(&alive)).await.unwrap();
-    store.check(std::slice::from_ref(&dead)).await.unwrap();
+    store.check_one(&alive).await.unwrap();
+    store.check_one(&dead).await.unwrap();
     cluster.node_mut(0).kill();
     let started = Instant::now();
     for _ in 0..10 {
-        assert!(store.check(std::slice::from_ref(&dead)).await.is_err());
-        assert!(store.check(std::slice::from_ref(&alive)).await.unwrap()[0].allowed, "a healthy node's slots failed");
+        assert!(store.check_one(&dead).await.is_err());
+        assert!(store.check_one(&alive).await.unwrap().decision.allowed, "a healthy node's slots failed");
     }
     // Each failing check is bounded by the response timeout.
     assert!(started.elapsed() < Duration::from_millis(10 * 100 + 700), "took {:?}", started.elapsed());

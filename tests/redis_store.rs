@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use support::redis::RedisServer;
 use tollgate::algorithm::Params;
 use tollgate::key::Key;
+use tollgate::store::{Refund, Taken};
 use tollgate::{Algorithm, BuildError, Check, Quota, RedisStore, Store, StoreError};
 
 fn check(rule: &str, key: impl Into<Key>, algorithm: Algorithm, quota: Quota) -> Check {
@@ -57,7 +58,7 @@ async fn one_round_trip_per_decision() {
         let mut allowed = 0;
         for i in 0..N {
             let c = &checks[usize::try_from(i).unwrap() % checks.len()];
-            if store.check(std::slice::from_ref(c)).await.unwrap()[0].allowed {
+            if store.check_one(c).await.unwrap().decision.allowed {
                 allowed += 1;
             }
         }
@@ -98,9 +99,10 @@ async fn script_flush_is_invisible_to_requests() {
         }
         let checks = if i % 2 == 0 { std::slice::from_ref(&single) } else { &multi[..] };
         let d = store.check(checks).await.unwrap_or_else(|e| panic!("request {i} failed after SCRIPT FLUSH: {e}"));
-        allowed += usize::from(d.iter().all(|d| d.allowed));
+        allowed += usize::from(d.iter().flatten().all(|o| o.decision.allowed));
         store.peek(&single).await.unwrap();
-        store.refund(std::slice::from_ref(&multi[1])).await.unwrap();
+        // The refund script, too (a commit long gone: it gives back nothing).
+        store.refund(&[Refund { check: multi[1].clone(), taken: Taken { at: 0 } }]).await.unwrap();
     }
     assert_eq!(allowed, 30, "the fixed window admitted exactly its limit across flushes");
     let stats = commandstats(&server);
@@ -190,7 +192,7 @@ async fn killed_restarted_and_paused_servers_never_hold_a_request() {
     loop {
         match store.check(std::slice::from_ref(&c)).await {
             Ok(d) => {
-                assert!(d[0].allowed);
+                assert!(d[0].as_ref().unwrap().decision.allowed);
                 break;
             }
             Err(e) => assert!(started.elapsed() < Duration::from_secs(5), "no reconnect after a restart: {e}"),
@@ -221,8 +223,8 @@ async fn every_key_has_a_ttl_and_idle_keys_disappear() {
         let mut c = check("ttl", "user", algorithm, Quota::per_second(4));
         store.check(std::slice::from_ref(&c)).await.unwrap();
         c.params = c.params.cost(2);
-        store.check(std::slice::from_ref(&c)).await.unwrap();
-        store.refund(std::slice::from_ref(&c)).await.unwrap();
+        let taken = store.check_one(&c).await.unwrap().taken.expect("allowed");
+        store.refund(&[Refund { check: c.clone(), taken }]).await.unwrap();
     }
     let keys = server.cmd(&["KEYS", "*"]);
     let keys: Vec<&str> = keys.lines().collect();
@@ -238,7 +240,7 @@ async fn every_key_has_a_ttl_and_idle_keys_disappear() {
     store.peek(&c).await.unwrap();
     let mut big = c.clone();
     big.params = big.params.cost(5);
-    assert!(!store.check(std::slice::from_ref(&big)).await.unwrap()[0].allowed);
+    assert!(!store.check_one(&big).await.unwrap().decision.allowed);
     assert_eq!(server.cmd(&["DBSIZE"]), "0");
 }
 
@@ -266,14 +268,14 @@ async fn keys_with_any_bytes_are_independent() {
         };
         let mut allowed = Vec::new();
         for _ in 0..3 {
-            allowed.push(store.check(std::slice::from_ref(&c)).await.unwrap()[0].allowed);
+            allowed.push(store.check_one(&c).await.unwrap().decision.allowed);
         }
         assert_eq!(allowed, [true, true, false], "key {i} {key:?} shares state with an earlier key");
     }
     let names = server.cmd(&["--no-raw", "KEYS", "*"]);
     assert_eq!(names.lines().count(), keys.len(), "{names}");
-    assert!(names.contains("tollgate:{a%7Bb%7Dc}:rule%3A%7Bx%7D:swl:v1"), "{names}");
-    assert!(names.contains("tollgate:{a%257Bb%257Dc}:rule%3A%7Bx%7D:swl:v1"), "{names}");
+    assert!(names.contains("tollgate:{a%7Bb%7Dc}:rule%3A%7Bx%7D:swl:v2"), "{names}");
+    assert!(names.contains("tollgate:{a%257Bb%257Dc}:rule%3A%7Bx%7D:swl:v2"), "{names}");
     assert!(names.contains("tollgate:{%E}:"), "{names}");
     assert!(names.contains("tollgate:{%H"), "{names}");
     // Long keys are stored as a digest: names stay short.
@@ -283,8 +285,8 @@ async fn keys_with_any_bytes_are_independent() {
         check("one", "a{b}c", Algorithm::Gcra, Quota::per_hour(3)),
         check("two", "a{b}c", Algorithm::FixedWindow, Quota::per_hour(1)),
     ];
-    assert!(store.check(&both).await.unwrap().iter().all(|d| d.allowed));
-    assert!(!store.check(&both).await.unwrap()[1].allowed);
+    assert!(store.check(&both).await.unwrap().iter().flatten().all(|o| o.decision.allowed));
+    assert!(!store.check(&both).await.unwrap()[1].as_ref().unwrap().decision.allowed);
     assert_eq!(store.peek(&both[0]).await.unwrap().remaining, 1, "the rejected request took nothing");
     // Reset forgets exactly one (rule, key).
     store.reset("rule:{x}", &keys[0], Algorithm::SlidingWindowLog).await.unwrap();
@@ -312,7 +314,7 @@ async fn an_application_pool_is_used_without_per_request_checkouts() {
     let tasks: Vec<_> = (0..200)
         .map(|_| {
             let (store, c) = (store.clone(), c.clone());
-            tokio::spawn(async move { store.check(std::slice::from_ref(&c)).await.unwrap()[0].allowed })
+            tokio::spawn(async move { store.check_one(&c).await.unwrap().decision.allowed })
         })
         .collect();
     let mut allowed = 0;
@@ -323,7 +325,7 @@ async fn an_application_pool_is_used_without_per_request_checkouts() {
     let stats = commandstats(&server);
     assert_eq!(stats.get("evalsha"), Some(&200), "{stats:?}");
     assert!(!stats.contains_key("ping") && !stats.contains_key("unwatch"), "{stats:?}");
-    assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v1"));
+    assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v2"));
     // The password appears nowhere in the store's Debug.
     let shown = format!("{store:?}");
     assert!(!shown.contains("s3cret"), "{shown}");
@@ -342,8 +344,8 @@ async fn a_new_store_decides_from_its_first_request() {
     for i in 0..20 {
         let store = RedisStore::from_url(&server.url()).unwrap();
         let started = Instant::now();
-        let d = store.check(std::slice::from_ref(&c)).await.unwrap_or_else(|e| panic!("store {i}: {e}"));
-        assert!(d[0].allowed);
+        let o = store.check_one(&c).await.unwrap_or_else(|e| panic!("store {i}: {e}"));
+        assert!(o.decision.allowed);
         assert!(started.elapsed() < Duration::from_millis(150), "store {i}: {:?}", started.elapsed());
     }
     let store = RedisStore::from_url(&server.url()).unwrap();

@@ -308,8 +308,7 @@ impl MemoryDecider {
 impl Decider for MemoryDecider {
     fn check(&mut self, key: u32, now: u64) -> Result<Decision, BoxError> {
         let check = self.checks.get(key as usize).ok_or("key outside the trace")?;
-        let mut decisions = self.store.check_at(std::slice::from_ref(check), now);
-        decisions.pop().ok_or_else(|| "the store returned no decision".into())
+        Ok(self.store.check_one_at(check, now)?.decision)
     }
 }
 

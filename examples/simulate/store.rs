@@ -119,8 +119,7 @@ mod redis_store {
         fn check(&mut self, key: u32, now: u64) -> Result<Decision, BoxError> {
             let check = self.checks.get(key as usize).ok_or("key outside the trace")?;
             self.clock.set(now);
-            let mut decisions = self.runtime.block_on(self.store.check(std::slice::from_ref(check)))?;
-            decisions.pop().ok_or_else(|| "redis returned no decision".into())
+            Ok(self.runtime.block_on(self.store.check_one(check))?.decision)
         }
     }
 }

@@ -32,23 +32,28 @@ impl FixedWindow {
         let count = self.count_at(w);
         let window_end = (w + 1) * period - now;
         if count.saturating_add(c) <= l {
-            return Decision::allow(l, l - count - c, window_end);
+            // Units come back all at once, at the window's end.
+            return Decision::allow(l, l - count - c, window_end, window_end);
         }
         let reset = if count == 0 { 0 } else { window_end };
         let retry = (c <= l).then_some(window_end);
         Decision::reject(l, l.saturating_sub(count), reset, retry)
     }
 
-    /// Applies an accepted request.
-    pub fn commit(&mut self, p: &Params, now: u64) {
+    /// Applies an accepted request; returns where its units went (`now`, whose window
+    /// holds them).
+    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let w = now / p.quota.period_micros();
         self.count = self.count_at(w) + p.cost;
         self.window = w;
+        now
     }
 
-    /// Gives back units taken in the current window.
-    pub fn refund(&mut self, p: &Params, now: u64) {
-        if self.window == now / p.quota.period_micros() {
+    /// Gives back the units of a commit made at `at`, if its window is still the stored
+    /// one (after the boundary they have left already; units of the new window are never
+    /// touched).
+    pub fn refund(&mut self, p: &Params, at: u64, _now: u64) {
+        if self.window == at / p.quota.period_micros() {
             self.count = self.count.saturating_sub(p.cost);
         }
     }

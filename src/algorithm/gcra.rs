@@ -4,7 +4,7 @@
 //! `TAT' + c·T - now <= B·T`, then `TAT = TAT' + c·T`. `B` requests may arrive at the same
 //! instant; a cost above `B` is never accepted. Same decisions as the token bucket.
 
-use super::Params;
+use super::{next_unit, Params};
 use crate::Decision;
 
 /// The theoretical arrival time, µs since the epoch (0: never seen).
@@ -24,19 +24,21 @@ impl Gcra {
         let used = tat - now;
         if c <= b && used + c * t <= capacity {
             let used = used + c * t;
-            return Decision::allow(l, (capacity - used) / t, used);
+            return Decision::allow(l, (capacity - used) / t, used, next_unit(capacity - used, t));
         }
         let retry = (c <= b).then(|| used + c * t - capacity);
         Decision::reject(l, capacity.saturating_sub(used) / t, used, retry)
     }
 
-    /// Applies an accepted request.
-    pub fn commit(&mut self, p: &Params, now: u64) {
+    /// Applies an accepted request; returns `now`.
+    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         self.tat = self.tat.max(now) + p.cost * p.quota.emission_interval_micros();
+        now
     }
 
-    /// Gives back units.
-    pub fn refund(&mut self, p: &Params, now: u64) {
+    /// Gives back the units of a commit: the cells are interchangeable, so the TAT moves
+    /// back by `c·T`, but never before `now` (what has drained since is not given twice).
+    pub fn refund(&mut self, p: &Params, _at: u64, now: u64) {
         self.tat = self.tat.saturating_sub(p.cost * p.quota.emission_interval_micros()).max(now);
     }
 

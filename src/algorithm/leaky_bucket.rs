@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::Params;
+use super::{next_unit, Params};
 use crate::Decision;
 
 /// The next free slot, µs since the epoch (0: never seen).
@@ -30,7 +30,8 @@ impl LeakyBucket {
         let room = (b + 1) * t;
         if c <= b + 1 && delay + c.saturating_sub(1) * t <= b * t && delay <= p.max_delay_us {
             let queued = delay + c * t;
-            let mut d = Decision::allow(l, room.saturating_sub(queued) / t, queued);
+            let free = room.saturating_sub(queued);
+            let mut d = Decision::allow(l, free / t, queued, next_unit(free, t));
             d.delay = Duration::from_micros(delay);
             return d;
         }
@@ -43,14 +44,20 @@ impl LeakyBucket {
         Decision::reject(l, room.saturating_sub(delay) / t, delay, retry)
     }
 
-    /// Applies an accepted request.
-    pub fn commit(&mut self, p: &Params, now: u64) {
-        self.next = self.next.max(now) + p.cost * p.quota.emission_interval_micros();
+    /// Applies an accepted request; returns its first slot, `max(next, now)`.
+    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
+        let slot = self.next.max(now);
+        self.next = slot + p.cost * p.quota.emission_interval_micros();
+        slot
     }
 
-    /// Gives back slots (only those not yet reached).
-    pub fn refund(&mut self, p: &Params, now: u64) {
-        self.next = self.next.saturating_sub(p.cost * p.quota.emission_interval_micros()).max(now);
+    /// Gives back the slots of a commit whose first slot was `at` — only while they are
+    /// the last ones taken (a later request holds the slots after them, and must keep
+    /// its own), and only those not yet reached.
+    pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
+        if self.next == at + p.cost * p.quota.emission_interval_micros() {
+            self.next = at.max(now);
+        }
     }
 
     /// When the queue is empty.

@@ -120,6 +120,12 @@ impl Params {
     }
 }
 
+/// Time until `free` µs of capacity, growing by one a µs, hold one more unit of `t` µs
+/// than now: the `refill_after` of the bucket algorithms and GCRA.
+pub(crate) fn next_unit(free: u64, t: u64) -> u64 {
+    t - free % t
+}
+
 /// The state of one (rule, key) for any algorithm: what `MemoryStore` keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
@@ -177,8 +183,9 @@ impl State {
         }
     }
 
-    /// Applies an accepted request (call only after `decide` allowed it).
-    pub fn commit(&mut self, p: &Params, now: u64) {
+    /// Applies an accepted request (call only after `decide` allowed it). Returns where
+    /// its units went: the identity [`State::refund`] needs to give back exactly them.
+    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         match self {
             State::FixedWindow(s) => s.commit(p, now),
             State::SlidingWindowLog(s) => s.commit(p, now),
@@ -189,16 +196,18 @@ impl State {
         }
     }
 
-    /// Gives back `cost` units taken by an earlier commit (count-by-outcome refunds, and
-    /// multi-slot checks where another rule rejected). Never gives back more than was taken.
-    pub fn refund(&mut self, p: &Params, now: u64) {
+    /// Gives back the `cost` units of the commit that returned `at` (count-by-outcome
+    /// refunds, cancelled requests, multi-slot checks where another rule rejected): exactly
+    /// those units, and nothing once they have left the window or refilled. Never gives
+    /// back more than was taken, nor units of later commits.
+    pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
         match self {
-            State::FixedWindow(s) => s.refund(p, now),
-            State::SlidingWindowLog(s) => s.refund(p, now),
-            State::SlidingWindowCounter(s) => s.refund(p, now),
-            State::TokenBucket(s) => s.refund(p, now),
-            State::LeakyBucket(s) => s.refund(p, now),
-            State::Gcra(s) => s.refund(p, now),
+            State::FixedWindow(s) => s.refund(p, at, now),
+            State::SlidingWindowLog(s) => s.refund(p, at, now),
+            State::SlidingWindowCounter(s) => s.refund(p, at, now),
+            State::TokenBucket(s) => s.refund(p, at, now),
+            State::LeakyBucket(s) => s.refund(p, at, now),
+            State::Gcra(s) => s.refund(p, at, now),
         }
     }
 

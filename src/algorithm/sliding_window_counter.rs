@@ -55,8 +55,12 @@ impl SlidingWindowCounter {
         let est = estimate(prev, curr, e, period);
         let remaining = |est: f64| (l as f64 - est).max(0.0).floor() as u64;
         if fits(prev, curr, e, period, c, l) {
+            let left = remaining(est + c as f64);
+            // More fits once the weighted estimate has fallen by enough for `left + 1`
+            // (at most `l`): the retry of a request of that cost after this one.
+            let more = retry(prev, curr + c, left + 1, l, period, e);
             // Fully restored when this window's count has left the next window too.
-            return Decision::allow(l, remaining(est + c as f64), 2 * period - e);
+            return Decision::allow(l, left, 2 * period - e, more);
         }
         let reset = if curr > 0 {
             2 * period - e
@@ -65,29 +69,27 @@ impl SlidingWindowCounter {
         } else {
             0
         };
-        let retry = (c <= l).then(|| {
-            if curr.saturating_add(c) <= l {
-                // Later in this window, as the previous window's weight fades.
-                period - e - first_fit(prev, curr, c, l, period, e)
-            } else {
-                // In the next window, where this window's count becomes `prev`.
-                period - e + (period - first_fit(curr, 0, c, l, period, 0))
-            }
-        });
+        let retry = (c <= l).then(|| retry(prev, curr, c, l, period, e));
         Decision::reject(l, remaining(est), reset, retry)
     }
 
-    /// Applies an accepted request.
-    pub fn commit(&mut self, p: &Params, now: u64) {
+    /// Applies an accepted request; returns `now` (whose window holds its units).
+    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let w = now / p.quota.period_micros();
         let (prev, curr) = self.counts_at(w);
         *self = Self { window: w, prev, curr: curr + p.cost };
+        now
     }
 
-    /// Gives back units taken in the current window.
-    pub fn refund(&mut self, p: &Params, now: u64) {
-        if self.window + 1 >= now / p.quota.period_micros() {
+    /// Gives back the units of a commit made at `at`: from `curr` while its window is the
+    /// current one, from `prev` once the state rolled over to the next, and nothing after
+    /// that (they have left the estimate).
+    pub fn refund(&mut self, p: &Params, at: u64, _now: u64) {
+        let w = at / p.quota.period_micros();
+        if self.window == w {
             self.curr = self.curr.saturating_sub(p.cost);
+        } else if self.window == w + 1 {
+            self.prev = self.prev.saturating_sub(p.cost);
         }
     }
 
@@ -95,6 +97,17 @@ impl SlidingWindowCounter {
     #[must_use]
     pub fn expires_at(&self, p: &Params) -> u64 {
         (self.window + 2) * p.quota.period_micros()
+    }
+}
+
+/// How long from elapsed `e` until a request of cost `c <= l` fits, given the counts.
+fn retry(prev: u64, curr: u64, c: u64, l: u64, period: u64, e: u64) -> u64 {
+    if curr.saturating_add(c) <= l {
+        // Later in this window, as the previous window's weight fades.
+        period - e - first_fit(prev, curr, c, l, period, e)
+    } else {
+        // In the next window, where this window's count becomes `prev`.
+        period - e + (period - first_fit(curr, 0, c, l, period, 0))
     }
 }
 

@@ -35,9 +35,10 @@ pub struct SlidingWindowLog {
 pub struct Summary {
     /// Units in the window `(now - W, now]`.
     pub in_window: u64,
-    /// The timestamp of the `k`-th oldest unit in the window, where
-    /// `k = in_window + cost - L` is how many must leave before the request fits
-    /// (0 when it already fits or can never fit).
+    /// When the request does not fit: the timestamp of the `k`-th oldest unit in the
+    /// window, where `k = in_window + cost - L` is how many must leave before it fits (0
+    /// when it can never fit). When it fits: the oldest timestamp in the window (0 when
+    /// the window is empty), the first unit to leave after this request.
     pub kth: u64,
     /// The newest timestamp in the window (0 when empty).
     pub newest: u64,
@@ -50,7 +51,9 @@ impl Summary {
         let (l, w, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
         let n = self.in_window;
         if n.saturating_add(c) <= l {
-            return Decision::allow(l, l - n - c, w);
+            // One more unit fits when the oldest leaves: this request's own, if first.
+            let oldest = if n == 0 { now } else { self.kth };
+            return Decision::allow(l, l - n - c, w, (oldest + w).saturating_sub(now).max(1));
         }
         let reset = if n == 0 { 0 } else { (self.newest + w).saturating_sub(now) };
         let retry = (c <= l).then(|| (self.kth + w).saturating_sub(now));
@@ -103,7 +106,9 @@ impl SlidingWindowLog {
         let in_window = self.total - expired;
         let k = Summary::units_to_leave(in_window, p);
         let mut kth = 0;
-        if k > 0 {
+        if in_window.saturating_add(p.cost) <= p.quota.limit() {
+            kth = self.entries.get(first).map_or(0, |&(ts, _)| ts);
+        } else if k > 0 {
             let mut seen = 0;
             for &(ts, n) in self.entries.range(first..) {
                 seen += n;
@@ -124,30 +129,43 @@ impl SlidingWindowLog {
     }
 
     /// Applies an accepted request: drops expired entries, records the units at `now`.
-    pub fn commit(&mut self, p: &Params, now: u64) {
+    /// Returns the timestamp they were recorded under (`now`, or the newest entry's when
+    /// the clock stepped back).
+    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let (first, expired) = self.expired(p, now);
         self.entries.drain(..first);
         self.total -= expired;
-        match self.entries.back_mut() {
+        let at = match self.entries.back_mut() {
             // A clock that stepped back still records in order.
-            Some((ts, n)) if *ts >= now => *n += p.cost,
-            _ => self.entries.push_back((now, p.cost)),
-        }
+            Some((ts, n)) if *ts >= now => {
+                *n += p.cost;
+                *ts
+            }
+            _ => {
+                self.entries.push_back((now, p.cost));
+                now
+            }
+        };
         self.total += p.cost;
+        at
     }
 
-    /// Gives back the newest `cost` units.
-    pub fn refund(&mut self, p: &Params, _now: u64) {
-        let mut left = p.cost;
-        while left > 0 {
-            let Some((_, n)) = self.entries.back_mut() else { break };
-            let take = left.min(*n);
-            *n -= take;
-            left -= take;
-            self.total -= take;
-            if *n == 0 {
-                self.entries.pop_back();
-            }
+    /// Gives back the units of the commit recorded at `at`: from its own entry, while that
+    /// is still in the window — never units of other requests.
+    pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
+        if at + p.quota.period_micros() <= now {
+            return; // they have left the window
+        }
+        let i = self.entries.partition_point(|&(ts, _)| ts < at);
+        let Some((ts, n)) = self.entries.get_mut(i) else { return };
+        if *ts != at {
+            return;
+        }
+        let take = p.cost.min(*n);
+        *n -= take;
+        self.total -= take;
+        if *n == 0 {
+            self.entries.remove(i);
         }
     }
 

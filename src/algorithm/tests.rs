@@ -178,10 +178,16 @@ fn refunds_give_back_what_was_taken() {
     let p = unbounded(Quota::per_minute(3));
     for algo in Algorithm::ALL {
         let mut s = State::new(algo);
-        let taken = (0..10).take_while(|_| run(&mut s, &p, T0).allowed).count();
-        assert!((3..=4).contains(&taken), "{algo}: {taken}");
-        s.refund(&p, T0);
+        let mut last = None;
+        for _ in 0..10 {
+            if !s.decide(&p, T0).allowed {
+                break;
+            }
+            last = Some(s.commit(&p, T0));
+        }
+        s.refund(&p, last.expect("something was taken"), T0);
         assert!(run(&mut s, &p, T0).allowed, "{algo}: the refund did not free a unit");
+        assert!(!run(&mut s, &p, T0).allowed, "{algo}: the refund freed more than a unit");
     }
 }
 
@@ -327,6 +333,9 @@ impl ReferenceLog {
         let k = sliding_window_log::Summary::units_to_leave(in_window, p);
         let mut kth = 0;
         let mut seen = 0;
+        if in_window + p.cost <= p.quota.limit() {
+            kth = live.first().map_or(0, |&(ts, _)| ts);
+        }
         for &(ts, n) in live.iter().take_while(|_| k > 0) {
             seen += n;
             if seen >= k {
@@ -338,23 +347,31 @@ impl ReferenceLog {
         sliding_window_log::Summary { in_window, kth, newest }
     }
 
-    fn commit(&mut self, p: &Params, now: u64) {
+    fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let first = self.first_live(p.quota.period_micros(), now);
         self.0.drain(..first);
         match self.0.last_mut() {
-            Some((ts, n)) if *ts >= now => *n += p.cost,
-            _ => self.0.push((now, p.cost)),
+            Some((ts, n)) if *ts >= now => {
+                *n += p.cost;
+                *ts
+            }
+            _ => {
+                self.0.push((now, p.cost));
+                now
+            }
         }
     }
 
-    fn refund(&mut self, p: &Params) {
-        let mut left = p.cost;
-        while let Some((_, n)) = self.0.last_mut().filter(|_| left > 0) {
-            let take = left.min(*n);
-            *n -= take;
-            left -= take;
+    /// Takes the units back from the entry at `at`, while it is in the window.
+    fn refund(&mut self, p: &Params, at: u64, now: u64) {
+        if at + p.quota.period_micros() <= now {
+            return;
+        }
+        if let Some(i) = self.0.iter().position(|&(ts, _)| ts == at) {
+            let n = &mut self.0[i].1;
+            *n -= p.cost.min(*n);
             if *n == 0 {
-                self.0.pop();
+                self.0.remove(i);
             }
         }
     }
@@ -404,7 +421,7 @@ enum LogOp {
     Run,
     /// Commit without deciding (a check list naming one state twice).
     Commit,
-    /// Give back the newest units.
+    /// Give back the units of an earlier commit, by its identity.
     Refund,
     /// Decide this many µs from now without committing (a later read of a key).
     Peek(u64),
@@ -433,6 +450,7 @@ proptest! {
         let q = Quota::new(limit, Duration::from_micros(w));
         let mut log = sliding_window_log::SlidingWindowLog::default();
         let mut reference = ReferenceLog::default();
+        let mut commits = Vec::new();
         let mut now = T0;
         for (op, pct, cost) in steps {
             now = now.saturating_add_signed(pct * w as i64 / 100);
@@ -441,17 +459,22 @@ proptest! {
             match op {
                 LogOp::Run => {
                     if log.decide(&p, now).allowed {
-                        log.commit(&p, now);
-                        reference.commit(&p, now);
+                        let at = log.commit(&p, now);
+                        prop_assert_eq!(at, reference.commit(&p, now));
+                        commits.push(at);
                     }
                 }
                 LogOp::Commit => {
-                    log.commit(&p, now);
-                    reference.commit(&p, now);
+                    let at = log.commit(&p, now);
+                    prop_assert_eq!(at, reference.commit(&p, now));
+                    commits.push(at);
                 }
                 LogOp::Refund => {
-                    log.refund(&p, now);
-                    reference.refund(&p);
+                    // Any earlier commit's units, by its identity.
+                    if let Some(at) = commits.get(now as usize % commits.len().max(1)).copied() {
+                        log.refund(&p, at, now);
+                        reference.refund(&p, at, now);
+                    }
                 }
                 LogOp::Peek(pct) => same_as_reference(&log, &reference, &p, now + pct * w / 100)?,
             }

@@ -5,7 +5,7 @@
 //! `T = ceil(W / L)` µs, the capacity is `B·T`, and the level grows by one per elapsed µs.
 //! Accept iff the level holds `c·T`. (Same decisions as GCRA, by construction.)
 
-use super::Params;
+use super::{next_unit, Params};
 use crate::Decision;
 
 /// The bucket's level (in µs of refill, `tokens × T`) at time `last`.
@@ -32,23 +32,25 @@ impl TokenBucket {
         let level = self.level_at(capacity, now);
         if c <= b && level >= c * t {
             let left = level - c * t;
-            return Decision::allow(l, left / t, capacity - left);
+            return Decision::allow(l, left / t, capacity - left, next_unit(left, t));
         }
         let retry = (c <= b).then(|| c * t - level);
         Decision::reject(l, level / t, capacity - level, retry)
     }
 
-    /// Applies an accepted request.
-    pub fn commit(&mut self, p: &Params, now: u64) {
+    /// Applies an accepted request; returns `now`.
+    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
         // Saturating: a check list naming the same state twice must not underflow.
         self.level = self.level_at(capacity, now).saturating_sub(p.cost * t);
         self.last = self.last.max(now);
+        now
     }
 
-    /// Gives back tokens.
-    pub fn refund(&mut self, p: &Params, now: u64) {
+    /// Gives back the tokens of a commit: tokens are interchangeable, so `c` go back into
+    /// the bucket, never above its capacity (what has refilled since is not given twice).
+    pub fn refund(&mut self, p: &Params, _at: u64, now: u64) {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
         self.level = (self.level_at(capacity, now) + p.cost * t).min(capacity);

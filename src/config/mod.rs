@@ -182,7 +182,7 @@ impl LayerConfig {
     /// # Errors
     ///
     /// [`BuildError::InvalidConfig`] when the configuration has no rule.
-    pub fn build<St, B: 'static>(&self, store: St) -> Result<RateLimitLayer<St, B>, BuildError> {
+    pub fn build<St: crate::Store, B: 'static>(&self, store: St) -> Result<RateLimitLayer<St, B>, BuildError> {
         Ok(self.apply(self.builder(store).build()?))
     }
 

@@ -4,10 +4,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Limiter;
+use super::{registry, Limiter};
 use crate::key::KeyExtractor;
 use crate::rule::{check_rule_name, Shared};
 use crate::runtime::{Runtime, Settings};
+use crate::store::Store;
 use crate::{Algorithm, BuildError, FailMode, Quota, Rule};
 
 /// The settings a [`Limiter::configure`] closure may change.
@@ -137,8 +138,14 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
     ///
     /// [`BuildError::DuplicateRule`] when two rules share a name,
     /// [`BuildError::InvalidRuleName`] for an empty or over-long name, and
-    /// [`BuildError::InvalidConfig`] when there is no rule at all.
-    pub fn build(self) -> Result<Limiter<St, I>, BuildError> {
+    /// [`BuildError::InvalidConfig`] when there is no rule at all, and
+    /// [`BuildError::RuleInUse`] when another live limiter (or layer) over this store
+    /// (or a clone of it) already uses one of the rule names: the two would share their
+    /// counts. Clones of one layer share one limiter, and are fine.
+    pub fn build(self) -> Result<Limiter<St, I>, BuildError>
+    where
+        St: Store,
+    {
         if self.rules.is_empty() {
             return Err(BuildError::InvalidConfig {
                 rule: String::new(),
@@ -152,6 +159,13 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
                 return Err(BuildError::DuplicateRule(r.name.to_string()));
             }
         }
+        let claim = match self.store.identity() {
+            Some(id) => Some(
+                registry::claim(id, self.rules.iter().map(|r| &r.name))
+                    .map_err(|n| BuildError::RuleInUse(n.to_string()))?,
+            ),
+            None => None,
+        };
         let mut rules = self.rules;
         if let Some(cost) = &self.cost {
             for r in &mut rules {
@@ -164,6 +178,7 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
             algorithm: self.algorithm,
             fail_mode: self.fail_mode,
             runtime: Runtime::new(self.settings),
+            claim,
         })
     }
 }

@@ -1,24 +1,28 @@
 //! [`Limiter`]: rules, a store and the runtime protections — everything that decides, and
 //! nothing about HTTP. [`RateLimitLayer`](crate::RateLimitLayer) is its HTTP adapter.
 
+mod builder;
+mod giveback;
+mod plan;
+mod registry;
+
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-mod builder;
-mod plan;
-
+use smallvec::smallvec;
 use tokio::time::Instant;
 
 pub(crate) use self::builder::Config;
 pub use self::builder::LimiterBuilder;
+pub(crate) use self::giveback::{GiveBack, GiveBackOnDrop};
 pub(crate) use self::plan::{Checks, Plan};
 use crate::algorithm::Params;
 use crate::key::Key;
 use crate::runtime::Runtime;
-use crate::store::{Check, Decisions, Store};
-use crate::verdict::State;
+use crate::store::{Check, Outcome, Outcomes, Store};
+use crate::verdict::{Commit, DecidedBy, State};
 use crate::{Algorithm, Decision, FailMode, Quota, Rule, StoreError, Verdict};
 
 /// Decides whether inputs of type `I` are within their limits: the rules, the store, and
@@ -60,6 +64,8 @@ pub struct Limiter<St, I: ?Sized> {
     algorithm: Algorithm,
     fail_mode: FailMode,
     pub(crate) runtime: Runtime,
+    /// The rule names this limiter holds on its store (see `registry`).
+    claim: Option<Arc<registry::Claim>>,
 }
 
 impl<St: fmt::Debug, I: ?Sized> fmt::Debug for Limiter<St, I> {
@@ -70,7 +76,7 @@ impl<St: fmt::Debug, I: ?Sized> fmt::Debug for Limiter<St, I> {
             .field("algorithm", &self.algorithm)
             .field("fail_mode", &self.fail_mode)
             .field("runtime", &self.runtime)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -93,7 +99,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
     }
 
     /// The same configuration with fresh runtime state (a layer reconfigured after it was
-    /// cloned is a limiter of its own).
+    /// cloned is a limiter of its own, holding the same rule names).
     pub(crate) fn fresh_copy(&self) -> Self {
         Self {
             store: self.store.clone(),
@@ -101,6 +107,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
             algorithm: self.algorithm,
             fail_mode: self.fail_mode,
             runtime: Runtime::new(self.runtime.settings.clone()),
+            claim: self.claim.clone(),
         }
     }
 
@@ -136,6 +143,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// callers may have taken the units meanwhile), and a leaky bucket's delay is waited
     /// here. Returns the last verdict: allowed, or the rejection that would have made it
     /// wait too long (or that can never be accepted), or a store failure.
+    ///
+    /// Dropping the future while it waits for a leaky bucket's slot gives the slot back
+    /// (while no later input holds the slots after it).
     pub fn wait(&self, input: &I, max_wait: Duration) -> impl Future<Output = Verdict> + Send + '_ {
         let plan = self.plan(input);
         async move {
@@ -147,10 +157,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                         tokio::time::sleep(retry).await;
                     }
                     (State::Allowed, _) => {
-                        let delay = verdict.delay();
-                        if !delay.is_zero() {
-                            tokio::time::sleep(delay).await;
-                        }
+                        self.wait_for_slot(&verdict).await;
                         return verdict;
                     }
                     _ => return verdict,
@@ -159,37 +166,33 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
     }
 
-    /// Gives back the units an allowed verdict took (work that was not done after all).
+    /// Sleeps for an allowed verdict's leaky-bucket delay; dropped during the sleep, gives
+    /// back everything the verdict took.
+    pub(crate) async fn wait_for_slot(&self, verdict: &Verdict) {
+        let delay = verdict.delay();
+        if delay.is_zero() {
+            return;
+        }
+        let guard = GiveBackOnDrop::new(self.give_back(verdict, |_| true), "a request dropped before its slot");
+        tokio::time::sleep(delay).await;
+        guard.disarm();
+    }
+
+    /// Gives back the units an allowed verdict took (work that was not done after all):
+    /// exactly those of its commits, to whoever decided them (the store, or the fallback
+    /// limiter), and nothing once they have left their window.
     ///
     /// # Errors
     ///
     /// The store's error (no deadline or circuit breaker applies here).
     pub async fn refund(&self, verdict: &Verdict) -> Result<(), StoreError> {
-        if !matches!(verdict.state, State::Allowed) || verdict.checks.is_empty() {
-            return Ok(());
-        }
-        self.store.refund(&verdict.checks).await
+        self.give_back(verdict, |_| true).run().await
     }
 
-    /// Gives back, in a detached task, the units of the rules of `verdict` for which
-    /// `give_back` is true (count-by-outcome rules).
-    pub(crate) fn refund_where(&self, verdict: &Verdict, give_back: impl Fn(&Rule<I>) -> bool) {
-        let refunds: Vec<Check> = verdict
-            .checks
-            .iter()
-            .zip(&verdict.rules)
-            .filter(|(_, &rule)| give_back(&self.rules[rule]))
-            .map(|(c, _)| c.clone())
-            .collect();
-        if refunds.is_empty() {
-            return;
-        }
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            if let Err(err) = store.refund(&refunds).await {
-                tracing::warn!(error = %err, "tollgate: could not give back units of a count-by-outcome rule");
-            }
-        });
+    /// What giving back the commits of `verdict`'s rules that `select` picks takes:
+    /// run it, spawn it, or arm it for a drop.
+    pub(crate) fn give_back(&self, verdict: &Verdict, select: impl Fn(&Rule<I>) -> bool) -> GiveBack<St> {
+        GiveBack::new(self.store.clone(), &self.runtime.settings, verdict.commits(|r| select(&self.rules[r])))
     }
 
     /// Decides a plan: the blocked-key cache, then one guarded store call (shadow rules
@@ -204,19 +207,20 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         let started = Instant::now();
         let (result, shadow_result) = if shadow.is_empty() {
-            (self.ask(&enforced.checks).await, Ok(Decisions::new()))
+            (self.ask(&enforced.checks).await, Ok((Outcomes::new(), DecidedBy::Store)))
         } else if enforced.is_empty() {
-            (Ok(Decisions::new()), self.ask(&shadow.checks).await)
+            (Ok((Outcomes::new(), DecidedBy::Store)), self.ask(&shadow.checks).await)
         } else {
             // The shadow call boxed: both calls inline would double the request's future.
             tokio::join!(self.ask(&enforced.checks), Box::pin(self.ask(&shadow.checks)))
         };
         let store_latency = started.elapsed();
-        if let Ok(ds) = &shadow_result {
-            record_shadow(&shadow.checks, ds);
-        }
-        let decisions = match result {
-            Ok(ds) => ds,
+        let shadow_commits = match &shadow_result {
+            Ok((outcomes, by)) => record_shadow(&shadow, outcomes, *by),
+            Err(_) => Vec::new(),
+        };
+        let (outcomes, by) = match result {
+            Ok(answer) => answer,
             Err(error) => {
                 crate::metrics::store_error(&error);
                 let closed = enforced.rules.iter().any(|&r| self.fail_mode_of(r) == FailMode::Closed);
@@ -226,11 +230,13 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 } else {
                     crate::metrics::fail_open();
                 }
-                let Checks { checks, rules } = enforced;
-                return Verdict::new(State::Failed { error, closed }, checks, rules, Decisions::new());
+                let mut verdict = Verdict::empty(State::Failed { error, closed });
+                verdict.shadow = shadow_commits;
+                return verdict;
             }
         };
-        for (c, d) in enforced.checks.iter().zip(&decisions) {
+        for (c, o) in enforced.checks.iter().zip(&outcomes) {
+            let Some(Outcome { decision: d, .. }) = o else { continue };
             tracing::debug!(
                 rule = %c.rule,
                 allowed = d.allowed,
@@ -240,26 +246,32 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             );
             crate::metrics::decision(&c.rule, if d.allowed { "allowed" } else { "rejected" });
         }
-        let rejected = decisions.iter().any(|d| !d.allowed);
-        if rejected && remote && self.runtime.settings.cache_enabled {
-            self.remember_rejections(&enforced, &decisions);
-        }
         let Checks { checks, rules } = enforced;
-        Verdict::new(if rejected { State::Rejected } else { State::Allowed }, checks, rules, decisions)
+        let mut verdict = Verdict::decided(checks, rules, outcomes, by);
+        verdict.shadow = shadow_commits;
+        // Only the store's own rejections are final: the fallback's limits are its own
+        // (a share for one server) and end with the outage.
+        if verdict.is_rejected() && remote && by == DecidedBy::Store && self.runtime.settings.cache_enabled {
+            self.remember_rejections(&verdict);
+        }
+        verdict
     }
 
     /// One store call: direct for an in-process store; else guarded, with the fallback
     /// limiter when the store fails.
-    async fn ask(&self, checks: &[Check]) -> Result<Decisions, StoreError> {
+    async fn ask(&self, checks: &[Check]) -> Result<(Outcomes, DecidedBy), StoreError> {
         if checks.is_empty() {
-            return Ok(Decisions::new());
+            return Ok((Outcomes::new(), DecidedBy::Store));
         }
         if self.store.is_local() {
-            return crate::runtime::ask(&*self.store, checks).await;
+            return crate::runtime::ask(&*self.store, checks).await.map(|o| (o, DecidedBy::Store));
         }
         match self.runtime.call(&*self.store, checks).await {
-            Ok(ds) => Ok(ds),
-            Err(err) => self.runtime.fallback(&err, checks).ok_or(err),
+            Ok(outcomes) => Ok((outcomes, DecidedBy::Store)),
+            Err(err) => match self.runtime.fallback(&err, checks) {
+                Some(outcomes) => Ok((outcomes, DecidedBy::Fallback)),
+                None => Err(err),
+            },
         }
     }
 
@@ -282,24 +294,21 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     limit: quota.limit(),
                     remaining: 0,
                     reset_after: left,
+                    refill_after: left,
                     retry_after: Some(left),
                     delay: Duration::ZERO,
                 };
-                let checks = smallvec::smallvec![check.clone()];
-                return Some(Verdict::new(
-                    State::Rejected,
-                    checks,
-                    smallvec::smallvec![rule],
-                    smallvec::smallvec![decision],
-                ));
+                let outcome = Outcome { decision, taken: None };
+                let (checks, rules) = (smallvec![check.clone()], smallvec![rule]);
+                return Some(Verdict::decided(checks, rules, smallvec![Some(outcome)], DecidedBy::LocalCache));
             }
         }
         None
     }
 
-    fn remember_rejections(&self, enforced: &Checks<2>, decisions: &Decisions) {
+    fn remember_rejections(&self, verdict: &Verdict) {
         let now = self.runtime.mono_us();
-        for ((check, &rule), d) in enforced.checks.iter().zip(&enforced.rules).zip(decisions) {
+        for ((check, &rule), d) in verdict.checks.iter().zip(&verdict.rules).zip(&verdict.decisions) {
             if let (false, Some(retry), None) = (d.allowed, d.retry_after, &self.rules[rule].count_if) {
                 self.runtime.cache.insert(rule, &check.key, check.params.cost, check.params.quota, now, retry);
             }
@@ -364,12 +373,20 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     }
 }
 
-fn record_shadow(checks: &[Check], decisions: &Decisions) {
-    for (check, d) in checks.iter().zip(decisions) {
+/// Records what shadow rules decided (a metric, a log line when one would reject), and
+/// returns what they took, to be given back like the enforced rules' units.
+fn record_shadow(shadow: &Checks<1>, outcomes: &Outcomes, by: DecidedBy) -> Vec<Commit> {
+    let mut commits = Vec::new();
+    for ((check, &rule), o) in shadow.checks.iter().zip(&shadow.rules).zip(outcomes) {
+        let Some(Outcome { decision: d, taken }) = o else { continue };
         let outcome = if d.allowed { "allowed" } else { "shadow_rejected" };
         crate::metrics::decision(&check.rule, outcome);
         if !d.allowed {
             tracing::info!(rule = %check.rule, key = ?check.key, "tollgate: shadow rule would reject");
         }
+        if let Some(taken) = *taken {
+            commits.push(Commit { refund: crate::store::Refund { check: check.clone(), taken }, rule, by });
+        }
     }
+    commits
 }

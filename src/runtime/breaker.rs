@@ -24,10 +24,35 @@ impl fmt::Debug for Breaker {
     }
 }
 
-/// Whether a call may go to the store, and if it is the half-open probe.
-pub(crate) enum Admit {
-    Call { probe: bool },
-    Refuse(Duration),
+/// Leave to call the store, from [`Breaker::admit`]. Report the call's end with
+/// [`Permit::success`] or [`Permit::failure`]; a permit dropped without either (its future
+/// was dropped: a client gone, an outer timeout, a `select!`; or the in-flight cap refused
+/// the call) hands the half-open probe back, so the next call after the cool-down probes
+/// again. Without that, one abandoned probe kept the circuit open for good.
+pub(crate) struct Permit<'a> {
+    breaker: &'a Breaker,
+    probe: bool,
+    settled: bool,
+}
+
+impl Permit<'_> {
+    pub(crate) fn success(mut self) {
+        self.settled = true;
+        self.breaker.success(self.probe);
+    }
+
+    pub(crate) fn failure(mut self, now_us: u64) {
+        self.settled = true;
+        self.breaker.failure(self.probe, now_us);
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if self.probe && !self.settled {
+            self.breaker.probing.store(false, Ordering::Release);
+        }
+    }
 }
 
 impl Breaker {
@@ -41,21 +66,22 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn admit(&self, now_us: u64) -> Admit {
+    /// Leave to call the store, or how long the circuit stays open.
+    pub(crate) fn admit(&self, now_us: u64) -> Result<Permit<'_>, Duration> {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return Admit::Call { probe: false };
+            return Ok(Permit { breaker: self, probe: false, settled: false });
         }
         if now_us < until {
-            return Admit::Refuse(Duration::from_micros(until - now_us));
+            return Err(Duration::from_micros(until - now_us));
         }
         if self.probing.swap(true, Ordering::AcqRel) {
-            return Admit::Refuse(self.cool_down);
+            return Err(self.cool_down);
         }
-        Admit::Call { probe: true }
+        Ok(Permit { breaker: self, probe: true, settled: false })
     }
 
-    pub(crate) fn success(&self, probe: bool) {
+    fn success(&self, probe: bool) {
         self.failures.store(0, Ordering::Relaxed);
         if probe || self.open_until.load(Ordering::Relaxed) != 0 {
             self.open_until.store(0, Ordering::Release);
@@ -67,7 +93,7 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn failure(&self, probe: bool, now_us: u64) {
+    fn failure(&self, probe: bool, now_us: u64) {
         let cool = u64::try_from(self.cool_down.as_micros()).unwrap_or(u64::MAX);
         if probe {
             self.open_until.store(now_us.saturating_add(cool).max(1), Ordering::Release);
@@ -87,22 +113,39 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    fn probe(b: &Breaker, now: u64) -> Option<Permit<'_>> {
+        b.admit(now).ok().filter(|p| p.probe)
+    }
+
     #[test]
     fn breaker_opens_probes_and_closes() {
         let b = Breaker::new(3, Duration::from_secs(1));
         for _ in 0..2 {
-            b.failure(false, 0);
+            b.admit(0).unwrap().failure(0);
         }
-        assert!(matches!(b.admit(0), Admit::Call { probe: false }));
-        b.failure(false, 0);
-        assert!(matches!(b.admit(500_000), Admit::Refuse(d) if d == Duration::from_millis(500)));
+        assert!(b.admit(0).is_ok_and(|p| !p.probe));
+        b.admit(0).unwrap().failure(0);
+        assert_eq!(b.admit(500_000).err(), Some(Duration::from_millis(500)));
         // After the cool-down exactly one caller probes.
-        assert!(matches!(b.admit(1_000_000), Admit::Call { probe: true }));
-        assert!(matches!(b.admit(1_000_001), Admit::Refuse(_)));
-        b.failure(true, 1_000_002);
-        assert!(matches!(b.admit(1_500_000), Admit::Refuse(_)));
-        assert!(matches!(b.admit(2_000_002), Admit::Call { probe: true }));
-        b.success(true);
-        assert!(matches!(b.admit(2_000_003), Admit::Call { probe: false }));
+        let p = probe(&b, 1_000_000).expect("the probe");
+        assert!(b.admit(1_000_001).is_err());
+        p.failure(1_000_002);
+        assert!(b.admit(1_500_000).is_err());
+        probe(&b, 2_000_002).expect("the next probe").success();
+        assert!(b.admit(2_000_003).is_ok_and(|p| !p.probe));
+    }
+
+    #[test]
+    fn an_abandoned_probe_is_handed_back() {
+        let b = Breaker::new(1, Duration::from_secs(1));
+        b.admit(0).unwrap().failure(0);
+        // The probe's future is dropped before the store answers.
+        drop(probe(&b, 1_000_000).expect("the probe"));
+        // The next caller probes (it used to be refused for ever), and closes the circuit.
+        probe(&b, 1_000_001).expect("a new probe").success();
+        assert!(b.admit(1_000_002).is_ok_and(|p| !p.probe));
+        // A plain call dropped unreported changes nothing.
+        drop(b.admit(1_000_003).unwrap());
+        assert!(b.admit(1_000_004).is_ok_and(|p| !p.probe));
     }
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub(crate) use self::blocked::BlockedCache;
-use self::breaker::{Admit, Breaker};
-use crate::store::{Check, Decisions, Store};
+use self::breaker::Breaker;
+use crate::store::{Check, Outcomes, Store};
 use crate::StoreError;
 
 /// The knobs of the runtime protections; a [`Runtime`] is made from them.
@@ -82,14 +82,13 @@ impl Runtime {
     }
 
     /// One call to a remote store, guarded: refused at once while the circuit is open or
-    /// too many calls are in flight, and bounded by the deadline.
-    pub(crate) async fn call<St: Store>(&self, store: &St, checks: &[Check]) -> Result<Decisions, StoreError> {
+    /// too many calls are in flight, and bounded by the deadline. Dropping the future at
+    /// any point leaves nothing behind: the in-flight count and the breaker's probe are
+    /// handed back by guards.
+    pub(crate) async fn call<St: Store>(&self, store: &St, checks: &[Check]) -> Result<Outcomes, StoreError> {
         let s = &self.settings;
-        let probe = match self.breaker.admit(self.mono_us()) {
-            Admit::Refuse(left) => return Err(StoreError::CircuitOpen(left)),
-            Admit::Call { probe } => probe,
-        };
-        let Some(_guard) = InFlight::enter(&self.in_flight, s.max_in_flight) else {
+        let permit = self.breaker.admit(self.mono_us()).map_err(StoreError::CircuitOpen)?;
+        let Some(_in_flight) = InFlight::enter(&self.in_flight, s.max_in_flight) else {
             return Err(StoreError::Overloaded(s.max_in_flight));
         };
         let started = Instant::now();
@@ -99,38 +98,29 @@ impl Runtime {
         };
         crate::metrics::store_latency(started.elapsed());
         match &r {
-            Ok(_) => self.breaker.success(probe),
-            Err(_) => self.breaker.failure(probe, self.mono_us()),
+            Ok(_) => permit.success(),
+            Err(_) => permit.failure(self.mono_us()),
         }
         r
     }
 
-    /// The fallback limiter's decisions for `checks` after the store failed with `err`,
+    /// The fallback limiter's outcomes for `checks` after the store failed with `err`,
     /// when there is a fallback: each limit divided by the expected number of servers.
     #[cfg(feature = "memory")]
-    pub(crate) fn fallback(&self, err: &StoreError, checks: &[Check]) -> Option<Decisions> {
+    pub(crate) fn fallback(&self, err: &StoreError, checks: &[Check]) -> Option<Outcomes> {
         let (fallback, instances) = self.settings.fallback.as_ref()?;
         crate::metrics::store_error(err);
         self.warn_store_failure(err, true);
-        let local: Vec<Check> = checks
-            .iter()
-            .map(|c| {
-                let mut c = c.clone();
-                let limit = (c.params.quota.limit() / instances).max(1);
-                let burst = (c.params.quota.burst_size() / instances).max(1);
-                c.params.quota = crate::Quota::new(limit, c.params.quota.period()).burst(burst);
-                c
-            })
-            .collect();
-        let ds = fallback.check_at(&local, fallback.now_micros());
-        for d in &ds {
-            crate::metrics::fallback(if d.allowed { "allowed" } else { "rejected" });
+        let local: Vec<Check> = checks.iter().map(|c| local_check(c, *instances)).collect();
+        let outcomes = fallback.check_at(&local, fallback.now_micros()).ok()?;
+        for o in &outcomes {
+            crate::metrics::fallback(if o.decision.allowed { "allowed" } else { "rejected" });
         }
-        Some(Decisions::from_vec(ds))
+        Some(outcomes.into_iter().map(Some).collect())
     }
 
     #[cfg(not(feature = "memory"))]
-    pub(crate) fn fallback(&self, _: &StoreError, _: &[Check]) -> Option<Decisions> {
+    pub(crate) fn fallback(&self, _: &StoreError, _: &[Check]) -> Option<Outcomes> {
         None
     }
 
@@ -150,11 +140,19 @@ impl Runtime {
     }
 }
 
+/// `check` as the fallback limiter sees it: its share of the quota.
+#[cfg(feature = "memory")]
+pub(crate) fn local_check(check: &Check, instances: u64) -> Check {
+    let mut c = check.clone();
+    c.params.quota = c.params.quota.divided(instances);
+    c
+}
+
 /// One store call: `check_one` for one rule (no `Vec`), else `check`.
-pub(crate) async fn ask<St: Store>(store: &St, checks: &[Check]) -> Result<Decisions, StoreError> {
+pub(crate) async fn ask<St: Store>(store: &St, checks: &[Check]) -> Result<Outcomes, StoreError> {
     match checks {
-        [one] => store.check_one(one).await.map(|d| smallvec::smallvec![d]),
-        _ => store.check(checks).await.map(Decisions::from_vec),
+        [one] => store.check_one(one).await.map(|o| smallvec::smallvec![Some(o)]),
+        _ => store.check(checks).await.map(Outcomes::from_vec),
     }
 }
 

@@ -3,12 +3,13 @@
 use std::fmt;
 use std::future::{ready, Future};
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::hash_table::Entry as Slot;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use super::{Check, Store};
+use super::{Check, Outcome, Refund, Store, Taken};
 use crate::algorithm::State;
 use crate::clock::SharedClock;
 use crate::key::Key;
@@ -18,10 +19,14 @@ use crate::{Algorithm, Clock, Decision, StoreError};
 ///
 /// Concurrent: keys are spread over independent shards (no global lock), and the rules
 /// of one request are decided under the locks of their shards, so a multi-rule request is
-/// atomic. Memory stays bounded with no help: a shard drops the keys whose state expired
-/// more than a second ago whenever it has doubled in size since it last looked (the second
-/// of grace spares keys that are busy but below their quota from being dropped and
-/// re-created between requests). Clones share the state.
+/// atomic. Clones share the state.
+///
+/// Memory stays bounded with no help: states expired more than a second ago are dropped
+/// by a shard whenever it has doubled in size since it last looked, and by a sweep that
+/// visits every shard at least every 10 s of traffic (after an idle hour, the first
+/// request sweeps them all). The second of grace spares keys that are busy but below
+/// their quota from being dropped and re-created between requests.
+/// [`MemoryStore::max_keys`] bounds the number of states outright.
 ///
 /// Limits hold per process: use `RedisStore` to share them between servers.
 #[derive(Clone)]
@@ -48,6 +53,12 @@ struct Inner {
     /// choose their keys.
     hasher: DefaultHashBuilder,
     clock: SharedClock,
+    /// The bound given to [`MemoryStore::max_keys`], and its share per shard.
+    max_keys: Option<usize>,
+    cap_per_shard: usize,
+    /// When the next time-based sweep step is due (µs), and the shard it visits.
+    next_sweep: AtomicU64,
+    cursor: AtomicUsize,
 }
 
 struct Entry {
@@ -67,6 +78,8 @@ struct Shard {
 const MIN_SWEEP: usize = 64;
 /// How long past its expiry a state is kept before a sweep may drop it, µs.
 const GRACE_US: u64 = 1_000_000;
+/// Every shard is swept at least once per this much time of traffic, µs.
+const SWEEP_PERIOD_US: u64 = 10_000_000;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -76,7 +89,11 @@ impl Default for MemoryStore {
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryStore").field("shards", &self.inner.shards.len()).field("keys", &self.len()).finish()
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.inner.shards.len())
+            .field("keys", &self.len())
+            .field("max_keys", &self.inner.max_keys)
+            .finish()
     }
 }
 
@@ -84,16 +101,31 @@ impl MemoryStore {
     /// A store on the system clock.
     #[must_use]
     pub fn new() -> Self {
-        Self::build(SharedClock::system())
+        Self::build(SharedClock::system(), None)
     }
 
     /// A store whose time comes from `clock` (tests: `ManualClock`, feature `test-util`).
     #[must_use]
     pub fn with_clock(clock: impl Clock) -> Self {
-        Self::build(SharedClock(Arc::new(clock)))
+        Self::build(SharedClock(Arc::new(clock)), None)
     }
 
-    fn build(clock: SharedClock) -> Self {
+    /// A new store like this one, holding at most about `n` (rule, key) states (at least
+    /// one per shard): the bound for a process facing floods of distinct keys. Call before
+    /// use; states of this store are not carried over.
+    ///
+    /// When a check needs a new state and its shard is full, the shard first drops its
+    /// expired states; if none has expired, the check fails with [`StoreError::Full`] and
+    /// the limiter's fail mode decides (open: the request passes unlimited and the
+    /// failure is logged and counted; closed: it is refused). Keys that already have a
+    /// state keep being limited exactly: a flood of new keys never evicts a client's
+    /// history.
+    #[must_use]
+    pub fn max_keys(self, n: usize) -> Self {
+        Self::build(self.inner.clock.clone(), Some(n))
+    }
+
+    fn build(clock: SharedClock, max_keys: Option<usize>) -> Self {
         let n = std::thread::available_parallelism().map_or(4, usize::from);
         let shards = (n * 16).next_power_of_two().max(16);
         Self {
@@ -103,6 +135,10 @@ impl MemoryStore {
                     .collect(),
                 hasher: DefaultHashBuilder::default(),
                 clock,
+                max_keys,
+                cap_per_shard: max_keys.map_or(usize::MAX, |n| n.div_ceil(shards).max(1)),
+                next_sweep: AtomicU64::new(0),
+                cursor: AtomicUsize::new(0),
             }),
         }
     }
@@ -139,24 +175,52 @@ impl MemoryStore {
         self.inner.hasher.hash_one((rule, algorithm, key))
     }
 
+    /// The time-based sweep: one shard per `SWEEP_PERIOD / shards` of time that has
+    /// passed, all of them after a long quiet spell. Costs one atomic load while none is
+    /// due.
+    fn sweep_due(&self, now: u64) {
+        let due_at = self.inner.next_sweep.load(Ordering::Relaxed);
+        if now < due_at {
+            return;
+        }
+        let shards = self.inner.shards.len();
+        let step = SWEEP_PERIOD_US / shards as u64;
+        if self.inner.next_sweep.compare_exchange(due_at, now + step, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            return; // another thread claimed this step
+        }
+        let due = usize::try_from((now - due_at) / step + 1).unwrap_or(usize::MAX).min(shards);
+        for _ in 0..due {
+            let i = self.inner.cursor.fetch_add(1, Ordering::Relaxed) % shards;
+            lock(&self.inner.shards[i]).sweep(now);
+        }
+    }
+
     /// Decides one rule synchronously at `now`, with no allocation.
-    pub fn check_one_at(&self, check: &Check, now: u64) -> Decision {
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Full`] when the rule's key has no state yet and the store holds
+    /// [`MemoryStore::max_keys`] live states.
+    pub fn check_one_at(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
+        self.sweep_due(now);
         let hash = self.hash(&check.rule, check.algorithm, &check.key);
         let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-        let entry = shard.entry(hash, check, now, &self.inner.hasher);
-        let d = entry.state.decide(&check.params, now);
-        if d.allowed {
-            entry.state.commit(&check.params, now);
-            entry.expires_at = entry.state.expires_at(&check.params);
-        }
-        d
+        let entry = shard.entry(hash, check, now, &self.inner)?;
+        let decision = entry.state.decide(&check.params, now);
+        let taken = decision.allowed.then(|| entry.commit(check, now));
+        Ok(Outcome { decision, taken })
     }
 
     /// Decides synchronously at `now` (the `Store` impl calls this with the clock's time).
-    pub fn check_at(&self, checks: &[Check], now: u64) -> Vec<Decision> {
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryStore::check_one_at`].
+    pub fn check_at(&self, checks: &[Check], now: u64) -> Result<Vec<Outcome>, StoreError> {
         if let [check] = checks {
-            return vec![self.check_one_at(check, now)];
+            return Ok(vec![self.check_one_at(check, now)?]);
         }
+        self.sweep_due(now);
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
         // commit only if all pass.
         let hashes: Vec<u64> = checks.iter().map(|c| self.hash(&c.rule, c.algorithm, &c.key)).collect();
@@ -165,22 +229,38 @@ impl MemoryStore {
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, lock(&self.inner.shards[i]))).collect();
-        let decisions: Vec<Decision> = checks
+        let decisions = checks
             .iter()
             .zip(&hashes)
             .map(|(c, &h)| {
                 let shard = guard_for(&mut guards, self.shard_of(h));
-                shard.entry(h, c, now, &self.inner.hasher).state.decide(&c.params, now)
+                Ok(shard.entry(h, c, now, &self.inner)?.state.decide(&c.params, now))
             })
-            .collect();
-        if decisions.iter().all(|d| d.allowed) {
-            for (c, &h) in checks.iter().zip(&hashes) {
-                let e = guard_for(&mut guards, self.shard_of(h)).entry(h, c, now, &self.inner.hasher);
-                e.state.commit(&c.params, now);
-                e.expires_at = e.state.expires_at(&c.params);
-            }
+            .collect::<Result<Vec<Decision>, StoreError>>()?;
+        let all = decisions.iter().all(|d| d.allowed);
+        let mut outcomes = Vec::with_capacity(checks.len());
+        for ((c, &h), decision) in checks.iter().zip(&hashes).zip(decisions) {
+            let taken = if all {
+                let e = guard_for(&mut guards, self.shard_of(h)).entry(h, c, now, &self.inner)?;
+                Some(e.commit(c, now))
+            } else {
+                None
+            };
+            outcomes.push(Outcome { decision, taken });
         }
-        decisions
+        Ok(outcomes)
+    }
+
+    /// Gives back what `refunds` took, at `now` (see [`Store::refund`]).
+    pub fn refund_at(&self, refunds: &[Refund], now: u64) {
+        for r in refunds {
+            let c = &r.check;
+            self.with_existing(&c.rule, c.algorithm, &c.key, |t, h| {
+                if let Some(e) = t.find_mut(h, |e| matches(e, &c.rule, c.algorithm, &c.key)) {
+                    e.state.refund(&c.params, r.taken.at, now);
+                }
+            });
+        }
     }
 
     fn with_existing<R>(
@@ -209,19 +289,44 @@ fn matches(e: &Entry, rule: &str, algorithm: Algorithm, key: &Key) -> bool {
     e.algorithm == algorithm && &*e.rule == rule && e.key == *key
 }
 
+impl Entry {
+    /// Commits an allowed check. The state is kept until the latest expiry any of its
+    /// commits asked for: a key whose quota changes between requests (tiers) never loses
+    /// a longer period's state to a shorter one's.
+    fn commit(&mut self, check: &Check, now: u64) -> Taken {
+        let at = self.state.commit(&check.params, now);
+        self.expires_at = self.expires_at.max(self.state.expires_at(&check.params));
+        Taken { at }
+    }
+}
+
 impl Shard {
+    /// Drops the states expired more than the grace period ago.
+    fn sweep(&mut self, now: u64) {
+        // States stay a second past their expiry: a key whose traffic is below its quota
+        // (its state expires between requests) is then not dropped and re-inserted on
+        // every visit.
+        self.table.retain(|e| e.expires_at.saturating_add(GRACE_US) > now);
+        self.sweep_at = (self.table.len() * 2).max(MIN_SWEEP);
+    }
+
     /// The live entry for `check`, created (or reset, when expired) as needed; one probe.
-    fn entry(&mut self, hash: u64, check: &Check, now: u64, hasher: &DefaultHashBuilder) -> &mut Entry {
+    fn entry(&mut self, hash: u64, check: &Check, now: u64, inner: &Inner) -> Result<&mut Entry, StoreError> {
         if self.table.len() >= self.sweep_at {
             // Amortised: only after the table doubled since the last sweep.
-            // States stay a second past their expiry: a key whose traffic is below its
-            // quota (its state expires between requests) is then not dropped and
-            // re-inserted on every visit.
-            self.table.retain(|e| e.expires_at.saturating_add(GRACE_US) > now);
-            self.sweep_at = (self.table.len() * 2).max(MIN_SWEEP);
+            self.sweep(now);
         }
+        let hasher = &inner.hasher;
         let rehash = |e: &Entry| hasher.hash_one((&*e.rule, e.algorithm, &e.key));
-        let e = match self.table.entry(hash, |e| matches(e, &check.rule, check.algorithm, &check.key), rehash) {
+        let find = |e: &Entry| matches(e, &check.rule, check.algorithm, &check.key);
+        if self.table.len() >= inner.cap_per_shard && self.table.find(hash, find).is_none() {
+            // Full: make room from expired states (any expiry, no grace), or refuse.
+            self.table.retain(|e| e.expires_at > now);
+            if self.table.len() >= inner.cap_per_shard {
+                return Err(StoreError::Full(inner.max_keys.unwrap_or(usize::MAX)));
+            }
+        }
+        let e = match self.table.entry(hash, find, rehash) {
             Slot::Occupied(o) => o.into_mut(),
             Slot::Vacant(v) => v
                 .insert(Entry {
@@ -237,28 +342,21 @@ impl Shard {
             e.state = State::new(check.algorithm);
             e.expires_at = 0;
         }
-        e
+        Ok(e)
     }
 }
 
 impl Store for MemoryStore {
-    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        ready(Ok(self.check_one_at(check, self.inner.clock.now())))
+    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        ready(self.check_one_at(check, self.inner.clock.now()))
     }
 
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
-        ready(Ok(self.check_at(checks, self.inner.clock.now())))
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
+        ready(self.check_at(checks, self.inner.clock.now()).map(|os| os.into_iter().map(Some).collect()))
     }
 
-    fn refund(&self, checks: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let now = self.inner.clock.now();
-        for c in checks {
-            self.with_existing(&c.rule, c.algorithm, &c.key, |t, h| {
-                if let Some(e) = t.find_mut(h, |e| matches(e, &c.rule, c.algorithm, &c.key)) {
-                    e.state.refund(&c.params, now);
-                }
-            });
-        }
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.refund_at(refunds, self.inner.clock.now());
         ready(Ok(()))
     }
 
@@ -289,6 +387,10 @@ impl Store for MemoryStore {
 
     fn is_local(&self) -> bool {
         true
+    }
+
+    fn identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.inner) as usize)
     }
 }
 
@@ -321,7 +423,7 @@ mod tests {
                     tokio::spawn(async move {
                         let mut n = 0;
                         for _ in 0..50 {
-                            if store.check(std::slice::from_ref(&c)).await.unwrap()[0].allowed {
+                            if store.check_one(&c).await.unwrap().decision.allowed {
                                 n += 1;
                             }
                             tokio::task::yield_now().await;
@@ -344,13 +446,13 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone());
         let q = Quota::per_second(10);
         for i in 0..20_000 {
-            store.check_at(&[check("r", &format!("k{i}"), Algorithm::Gcra, q)], clock.now_micros());
+            store.check_at(&[check("r", &format!("k{i}"), Algorithm::Gcra, q)], clock.now_micros()).unwrap();
         }
         assert!(store.len() >= 20_000);
         // Long after every state expired, new traffic sweeps the old keys out.
         clock.advance(Duration::from_secs(5));
         for i in 0..20_000 {
-            store.check_at(&[check("r", &format!("n{i}"), Algorithm::Gcra, q)], clock.now_micros());
+            store.check_at(&[check("r", &format!("n{i}"), Algorithm::Gcra, q)], clock.now_micros()).unwrap();
         }
         let len = store.len();
         assert!(len < 30_000, "expired keys were kept: {len}");
@@ -362,11 +464,11 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone());
         let q = Quota::per_second(10); // a GCRA state expires 100 ms after one request
         for i in 0..20_000 {
-            store.check_at(&[check("r", &format!("k{i}"), Algorithm::Gcra, q)], clock.now_micros());
+            store.check_at(&[check("r", &format!("k{i}"), Algorithm::Gcra, q)], clock.now_micros()).unwrap();
         }
         clock.advance(Duration::from_millis(200));
         for i in 0..20_000 {
-            store.check_at(&[check("r", &format!("n{i}"), Algorithm::Gcra, q)], clock.now_micros());
+            store.check_at(&[check("r", &format!("n{i}"), Algorithm::Gcra, q)], clock.now_micros()).unwrap();
         }
         // Every shard swept at least once, and kept the states expired 100 ms ago.
         assert_eq!(store.len(), 40_000);
@@ -378,10 +480,11 @@ mod tests {
         let wide = check("wide", "k", Algorithm::SlidingWindowLog, Quota::per_minute(10));
         let narrow = check("narrow", "k", Algorithm::FixedWindow, Quota::per_minute(2));
         let both = [wide.clone(), narrow.clone()];
-        let got: Vec<bool> = (0..5).map(|_| store.check_at(&both, T0).iter().all(|d| d.allowed)).collect();
+        let got: Vec<bool> =
+            (0..5).map(|_| store.check_at(&both, T0).unwrap().iter().all(|o| o.decision.allowed)).collect();
         assert_eq!(got, [true, true, false, false, false]);
         // Only the two accepted requests were taken from the wide rule.
-        assert_eq!(store.check_at(&[wide], T0)[0].remaining, 7);
+        assert_eq!(store.check_at(&[wide], T0).unwrap()[0].decision.remaining, 7);
     }
 
     #[tokio::test]
@@ -397,6 +500,67 @@ mod tests {
         assert!(!store.peek(&c).await.unwrap().allowed, "peek consumed something");
         store.reset("r", &c.key, c.algorithm).await.unwrap();
         assert_eq!(store.peek(&c).await.unwrap().remaining, 2);
-        store.refund(std::slice::from_ref(&c)).await.unwrap();
+        store.refund(&[Refund { check: c.clone(), taken: Taken { at: T0 } }]).await.unwrap();
+    }
+
+    #[test]
+    fn a_spike_of_keys_is_swept_by_time_under_light_traffic() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone());
+        let q = Quota::per_minute(10);
+        for i in 0..200_000 {
+            store.check_one_at(&check("r", &format!("k{i}"), Algorithm::Gcra, q), clock.now_micros()).unwrap();
+        }
+        assert_eq!(store.len(), 200_000);
+        // An hour later, light traffic: a single request (on one shard) sweeps them all.
+        clock.advance(Duration::from_secs(3600));
+        store.check_one_at(&check("r", "one", Algorithm::Gcra, q), clock.now_micros()).unwrap();
+        assert_eq!(store.len(), 1, "the spike outlived its expiry");
+    }
+
+    #[test]
+    fn max_keys_bounds_the_states_and_keeps_every_known_key_exact() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone()).max_keys(1_000);
+        let cap = store.inner.cap_per_shard * store.inner.shards.len();
+        let q = Quota::per_hour(3);
+        let mut full = 0;
+        for i in 0..5_000 {
+            match store.check_one_at(&check("r", &format!("k{i}"), Algorithm::FixedWindow, q), T0) {
+                Ok(o) => assert!(o.decision.allowed),
+                Err(StoreError::Full(1_000)) => full += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(store.len() <= cap, "{} states for a bound of {cap}", store.len());
+        assert!(full >= 5_000 - cap, "{full} refused");
+        // A key that has a state is still limited exactly while the store is full.
+        let known = (0..5_000)
+            .map(|i| check("r", &format!("k{i}"), Algorithm::FixedWindow, q))
+            .find(|c| store.check_one_at(c, T0).is_ok())
+            .unwrap();
+        let allowed: Vec<bool> = (0..3).map(|_| store.check_one_at(&known, T0).unwrap().decision.allowed).collect();
+        assert_eq!(allowed, [true, false, false], "1 + 1 taken above, of 3");
+        // Once states expire, new keys get room again.
+        clock.advance(Duration::from_secs(3600));
+        assert!(store.check_one_at(&check("r", "late", Algorithm::FixedWindow, q), clock.now_micros()).is_ok());
+    }
+
+    #[test]
+    fn a_tier_with_a_shorter_period_does_not_shorten_a_longer_ones_state() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone());
+        let daily = check("r", "acct", Algorithm::SlidingWindowLog, Quota::per_day(2));
+        let minute = check("r", "acct", Algorithm::SlidingWindowLog, Quota::per_minute(1000));
+        assert!(store.check_one_at(&daily, T0).unwrap().decision.allowed);
+        assert!(store.check_one_at(&minute, T0).unwrap().decision.allowed);
+        // The per-minute commit asked for a short life; the daily units must still count
+        // once it has passed, also across a sweep.
+        clock.advance(Duration::from_secs(120));
+        store
+            .check_one_at(&check("r", "other", Algorithm::SlidingWindowLog, Quota::per_day(2)), clock.now_micros())
+            .unwrap();
+        let d = store.check_one_at(&daily, clock.now_micros()).unwrap().decision;
+        assert!(!d.allowed, "the daily state was forgotten early: {d:?}");
     }
 }

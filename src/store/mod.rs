@@ -13,8 +13,43 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-/// The decisions of one request's rules: inline for one rule, the common case.
-pub(crate) type Decisions = smallvec::SmallVec<[Decision; 1]>;
+/// The outcomes of one request's rules: inline for one rule, the common case. `None`: a
+/// rule the store could not decide while another rejected.
+pub(crate) type Outcomes = smallvec::SmallVec<[Option<Outcome>; 1]>;
+
+/// Where a store recorded the units of an allowed, committed check: what a refund needs to
+/// give back exactly those units, and nothing else (see [`State::refund`]).
+///
+/// `at` is in µs since the epoch: the time of the decision for the window algorithms, the
+/// token bucket and GCRA; the timestamp the units were logged under for the sliding
+/// window log (the newest entry's, when the clock stepped back); the first slot for the
+/// leaky bucket.
+///
+/// [`State::refund`]: crate::algorithm::State::refund
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Taken {
+    /// Where the units were recorded, µs since the epoch.
+    pub at: u64,
+}
+
+/// What a store answered for one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The decision.
+    pub decision: Decision,
+    /// Where the units went: `Some` when the check was allowed and committed (every check
+    /// of the call accepted), `None` otherwise.
+    pub taken: Option<Taken>,
+}
+
+/// Units to give back: a check and what its commit took.
+#[derive(Debug, Clone)]
+pub struct Refund {
+    /// The check as it was made (rule, key, algorithm, quota, cost).
+    pub check: Check,
+    /// What its commit took.
+    pub taken: Taken,
+}
 
 /// One rule's check of one request.
 #[derive(Debug, Clone)]
@@ -33,23 +68,35 @@ pub struct Check {
 ///
 /// `check` decides every rule of one request in one call: the request is accepted only
 /// if every rule accepts it, and a request rejected by any rule consumes nothing from
-/// the others. Decisions come back in the order of `checks`.
+/// the others. Outcomes come back in the order of `checks`, each allowed one with the
+/// [`Taken`] identity of its commit, which [`Store::refund`] takes back.
 pub trait Store: Send + Sync + 'static {
     /// Decides one rule: what `check(&[check])` decides, without a `Vec`. The layer calls
     /// this for the (common) requests that one rule applies to. The default calls `check`.
-    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
         let checks = std::slice::from_ref(check);
         let fut = self.check(checks);
         async move {
-            fut.await?.into_iter().next().ok_or_else(|| StoreError::Backend("the store returned no decision".into()))
+            fut.await?
+                .into_iter()
+                .next()
+                .flatten()
+                .ok_or_else(|| StoreError::Backend("the store returned no decision".into()))
         }
     }
 
     /// Decides `checks` together; commits them only if all are allowed.
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+    ///
+    /// An entry is `None` only when the store could not decide that check but could
+    /// decide another that rejected the request (a Redis Cluster slot that failed while
+    /// another slot rejected): the request is rejected, and nothing is taken. When no
+    /// decided check rejects, a store that cannot decide them all returns an error.
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send;
 
-    /// Gives back the units of earlier accepted checks (count-by-outcome rules).
-    fn refund(&self, checks: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Gives back the units of earlier commits (count-by-outcome rules, cancelled
+    /// requests): exactly what each commit took, and nothing once those units have left
+    /// the window (see [`State::refund`](crate::algorithm::State::refund)).
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// What `check` would decide now, without consuming anything (support tooling).
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send;
@@ -64,17 +111,24 @@ pub trait Store: Send + Sync + 'static {
     fn is_local(&self) -> bool {
         false
     }
+
+    /// An identity that clones of this store share and no other live store has: two
+    /// limiters over stores of one identity share state, so a rule name may be used by one
+    /// of them only. Default `None`: not checked.
+    fn identity(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
-    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
         (**self).check_one(check)
     }
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
         (**self).check(checks)
     }
-    fn refund(&self, checks: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).refund(checks)
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).refund(refunds)
     }
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).peek(check)
@@ -89,5 +143,8 @@ impl<S: Store> Store for Arc<S> {
     }
     fn is_local(&self) -> bool {
         (**self).is_local()
+    }
+    fn identity(&self) -> Option<usize> {
+        (**self).identity()
     }
 }

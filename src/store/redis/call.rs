@@ -12,7 +12,7 @@ use super::script::{parse_check, script_cmd, validate, Reply, Script, MODE_CHECK
 use super::{keys, security};
 use crate::clock::SharedClock;
 use crate::key::Key;
-use crate::store::Check;
+use crate::store::{Check, Outcome, Refund};
 use crate::{Algorithm, Decision, StoreError};
 
 #[derive(Clone)]
@@ -63,11 +63,12 @@ impl Inner {
         verb: &str,
         script: &str,
         checks: &[&Check],
+        ats: &[u64],
         mode: &str,
         now: Option<u64>,
     ) -> redis::Cmd {
         let now = now.or_else(|| self.config.clock.as_ref().map(SharedClock::now));
-        script_cmd(verb, script, &self.config.prefix, checks, mode, now)
+        script_cmd(verb, script, &self.config.prefix, checks, ats, mode, now)
     }
 
     /// The connection to use: at once when there is one (every request but the first); the
@@ -121,58 +122,66 @@ impl Inner {
         }
     }
 
-    /// Runs `script` over `checks` by `EVALSHA`, by `EVAL` when the server does not know it.
+    /// Runs `script` over `checks` (with each one's `at`, for refunds) by `EVALSHA`, by
+    /// `EVAL` when the server does not know it.
     async fn eval(
         &self,
         script: &Script,
         checks: &[&Check],
+        ats: &[u64],
         mode: &str,
         now: Option<u64>,
     ) -> Result<Value, StoreError> {
         checks.iter().try_for_each(|c| validate(c))?;
         let (conn, generation) = self.connection().await?;
-        let evalsha = self.script_cmd("EVALSHA", &script.sha, checks, mode, now);
-        let eval = || self.script_cmd("EVAL", script.text, checks, mode, now);
+        let evalsha = self.script_cmd("EVALSHA", &script.sha, checks, ats, mode, now);
+        let eval = || self.script_cmd("EVAL", script.text, checks, ats, mode, now);
         self.query(conn, generation, &evalsha, Some(&eval)).await
     }
 
     /// Runs a check script over `checks` (all in one slot, or standalone).
     pub(super) async fn run_check(&self, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
-        let reply = self.eval(SCRIPTS.check_for(checks), checks, mode, None).await?;
-        parse_check(&reply, checks)
+        let reply = self.eval(SCRIPTS.check_for(checks), checks, &[], mode, None).await?;
+        parse_check(&reply, checks, mode)
     }
 
-    /// Runs the refund script over `checks` (all in one slot, or standalone), at `now`
-    /// when given.
-    pub(super) async fn run_refund(&self, checks: &[&Check], now: Option<u64>) -> Result<(), StoreError> {
-        match self.eval(&SCRIPTS.refund, checks, MODE_CHECK, now).await? {
+    /// Runs the refund script over `refunds` (all in one slot, or standalone).
+    pub(super) async fn run_refund(&self, refunds: &[&Refund]) -> Result<(), StoreError> {
+        let checks: Vec<&Check> = refunds.iter().map(|r| &r.check).collect();
+        let ats: Vec<u64> = refunds.iter().map(|r| r.taken.at).collect();
+        match self.eval(&SCRIPTS.refund, &checks, &ats, MODE_CHECK, None).await? {
             Value::Int(_) => Ok(()),
             other => Err(StoreError::Backend(format!("unexpected reply from the tollgate refund script: {other:?}"))),
         }
     }
 
-    pub(super) async fn check_one(&self, check: &Check) -> Result<Decision, StoreError> {
+    pub(super) async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
         let reply = self.run_check(&[check], MODE_CHECK).await?;
-        reply.decisions.into_iter().next().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))
+        reply.outcomes.into_iter().next().flatten().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))
     }
 
-    pub(super) async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+    pub(super) async fn check(self: &Arc<Self>, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let groups = self.groups(checks);
-        if let [group] = groups.as_slice() {
-            return Ok(self.run_check(group, MODE_CHECK).await?.decisions.into_vec());
+        let groups = self.groups(checks.iter().map(|c| &c.key));
+        if let [_] = groups.as_slice() {
+            let all: Vec<&Check> = checks.iter().collect();
+            return Ok(self.run_check(&all, MODE_CHECK).await?.outcomes.into_vec());
         }
-        self.check_slots(checks, &groups).await
+        super::cluster::check_slots(self.clone(), checks, groups).await
     }
 
-    pub(super) async fn refund(&self, checks: &[Check]) -> Result<(), StoreError> {
-        if checks.is_empty() {
+    pub(super) async fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
+        if refunds.is_empty() {
             return Ok(());
         }
-        let groups = self.groups(checks);
-        for result in join_all(groups.iter().map(|g| self.run_refund(g, None))).await {
+        let groups = self.groups(refunds.iter().map(|r| &r.check.key));
+        let calls = groups.iter().map(|g| {
+            let group: Vec<&Refund> = g.iter().map(|&i| &refunds[i]).collect();
+            async move { self.run_refund(&group).await }
+        });
+        for result in join_all(calls).await {
             result?;
         }
         Ok(())
@@ -180,7 +189,8 @@ impl Inner {
 
     pub(super) async fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
         let reply = self.run_check(&[check], MODE_PEEK).await?;
-        reply.decisions.into_iter().next().ok_or_else(|| StoreError::Backend("peek got no decision".into()))
+        let outcome = reply.outcomes.into_iter().next().flatten();
+        outcome.map(|o| o.decision).ok_or_else(|| StoreError::Backend("peek got no decision".into()))
     }
 
     pub(super) async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {

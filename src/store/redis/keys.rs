@@ -1,4 +1,4 @@
-//! Redis key names: `<prefix>:{<key>}:<rule>:<algorithm tag>:v1`.
+//! Redis key names: `<prefix>:{<key>}:<rule>:<algorithm tag>:v2`.
 //!
 //! The hash tag is the escaped client key alone, so every rule of one key lives in one
 //! cluster slot. Key and rule are escaped (`%` → `%25`, `{` → `%7B`, `}` → `%7D`,
@@ -9,8 +9,10 @@
 use crate::key::Key;
 use crate::Algorithm;
 
-/// The schema version at the end of every name: a new state layout gets a new name.
-const VERSION: &[u8] = b"v1";
+/// The schema version at the end of every name: a new state layout gets a new name, never
+/// a `WRONGTYPE`. One bump per release, shared by every change of that release: `v2`
+/// holds the sliding log's run-length encoded members and running total.
+const VERSION: &[u8] = b"v2";
 
 /// Number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
@@ -121,14 +123,14 @@ mod tests {
     #[test]
     fn layout() {
         let got = name("tollgate", "per-minute", &Key::from("1.2.3.4"), Algorithm::SlidingWindowCounter);
-        assert_eq!(got, b"tollgate:{1.2.3.4}:per-minute:swc:v1");
+        assert_eq!(got, b"tollgate:{1.2.3.4}:per-minute:swc:v2");
         let got = name("p", "a:b", &Key::from("x{y}:%"), Algorithm::FixedWindow);
-        assert_eq!(got, b"p:{x%7By%7D%3A%25}:a%3Ab:fw:v1");
-        assert_eq!(name("p", "r", &Key::from(""), Algorithm::Gcra), b"p:{%E}:r:gcra:v1");
+        assert_eq!(got, b"p:{x%7By%7D%3A%25}:a%3Ab:fw:v2");
+        assert_eq!(name("p", "r", &Key::from(""), Algorithm::Gcra), b"p:{%E}:r:gcra:v2");
         let long = Key::new(&[b'z'; 200]);
         let got = n("r", &long);
         assert!(got.starts_with(b"tollgate:{%H"), "{}", String::from_utf8_lossy(&got));
-        assert_eq!(got.len(), "tollgate:{%H".len() + 64 + "}:r:gcra:v1".len());
+        assert_eq!(got.len(), "tollgate:{%H".len() + 64 + "}:r:gcra:v2".len());
     }
 
     #[test]

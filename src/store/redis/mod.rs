@@ -11,10 +11,11 @@
 //!
 //! # Keys
 //!
-//! `<prefix>:{<key>}:<rule>:<algorithm>:v1`, one Redis key per (rule, key): a packed
+//! `<prefix>:{<key>}:<rule>:<algorithm>:v2`, one Redis key per (rule, key): a packed
 //! string (`GET`/`SET … PX`, at most three commands a decision with `TIME`) for every
 //! algorithm but the sliding window log, which keeps a sorted set of one member per
-//! accepted unit. The hash tag is the client key alone, so all rules of one key share a
+//! timestamp holding accepted units (`<ts>:<units>`, so a request of any cost is one
+//! member) and a member `#` whose score holds the running total. The hash tag is the client key alone, so all rules of one key share a
 //! cluster slot and are decided atomically; key and rule are escaped so that no bytes
 //! can make two names collide or move the slot, and keys longer than
 //! [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) are stored as their SHA-256 digest.
@@ -68,7 +69,7 @@ use self::conn::{Link, Timeouts};
 use self::origin::{parse_url, Origin};
 #[cfg(feature = "bench-internals")]
 use self::script::{validate, MODE_CHECK, SCRIPTS};
-use super::{Check, Store};
+use super::{Check, Outcome, Refund, Store};
 #[cfg(feature = "test-util")]
 use crate::clock::SharedClock;
 use crate::key::Key;
@@ -327,7 +328,7 @@ impl RedisStore {
         let checks: Vec<&Check> = checks.iter().collect();
         checks.iter().try_for_each(|c| validate(c))?;
         let script = SCRIPTS.check_for(&checks);
-        let evalsha = self.inner.script_cmd("EVALSHA", &script.sha, &checks, MODE_CHECK, None);
+        let evalsha = self.inner.script_cmd("EVALSHA", &script.sha, &checks, &[], MODE_CHECK, None);
         Ok(ScriptCall { sha: script.sha.clone(), text: script.text, evalsha })
     }
 
@@ -352,16 +353,16 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
         self.inner.check_one(check)
     }
 
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
         self.inner.check(checks)
     }
 
-    fn refund(&self, checks: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.refund(checks)
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.refund(refunds)
     }
 
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
@@ -379,6 +380,10 @@ impl Store for RedisStore {
 
     fn is_local(&self) -> bool {
         false
+    }
+
+    fn identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.inner) as usize)
     }
 }
 

@@ -15,7 +15,7 @@ use crate::algorithm::leaky_bucket::LeakyBucket;
 use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
 use crate::algorithm::sliding_window_log::Summary;
 use crate::algorithm::token_bucket::TokenBucket;
-use crate::store::Decisions;
+use crate::store::{Outcome, Outcomes, Taken};
 use crate::{Algorithm, Check, StoreError};
 
 /// One script: its text (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
@@ -141,13 +141,14 @@ pub(crate) fn validate(check: &Check) -> Result<(), StoreError> {
 
 /// `verb` (`EVALSHA` or `EVAL`) of `script` (its SHA1 or text) over `checks`, written
 /// straight into one command: `KEYS` are the rules' names under `prefix`, `ARGV` the time
-/// (`now`, else empty for the server's `TIME`), the mode, and each rule's 7 arguments.
-/// Call [`validate`] on every check first.
+/// (`now`, else empty for the server's `TIME`), the mode, and each rule's 7 arguments, then
+/// its `at` when `ats` has one per check (refunds). Call [`validate`] on every check first.
 pub(crate) fn script_cmd(
     verb: &str,
     script: &str,
     prefix: &str,
     checks: &[&Check],
+    ats: &[u64],
     mode: &str,
     now: Option<u64>,
 ) -> redis::Cmd {
@@ -161,8 +162,11 @@ pub(crate) fn script_cmd(
         None => cmd.arg(""),
     };
     cmd.arg(mode);
-    for c in checks {
+    for (i, c) in checks.iter().enumerate() {
         write_rule_args(&mut cmd, c);
+        if let Some(at) = ats.get(i) {
+            cmd.arg(at);
+        }
     }
     cmd
 }
@@ -184,12 +188,11 @@ fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
 /// What a check script answered.
 #[derive(Debug)]
 pub(crate) struct Reply {
-    /// The time the script decided at, µs since the epoch.
-    pub(crate) now: u64,
     /// Whether every rule accepted (and, in check mode, the script committed).
     pub(crate) all: bool,
-    /// The decisions, in the order of the rules.
-    pub(crate) decisions: Decisions,
+    /// The outcomes, in the order of the rules, each with what its commit took when the
+    /// script committed.
+    pub(crate) outcomes: Outcomes,
 }
 
 fn bad_reply(what: &str, v: &Value) -> StoreError {
@@ -208,12 +211,15 @@ fn int(v: &Value) -> Result<u64, StoreError> {
 }
 
 /// Decides from a check script's reply with the algorithms' pure functions, and checks
-/// that the script's verdicts agree.
+/// that the script's verdicts agree. When the script committed (`mode` is
+/// [`MODE_CHECK`] and every rule accepted), each outcome says where its units went, as
+/// the algorithm's `commit` would: the decision's time, the newest log entry's when the
+/// clock stepped back, the leaky bucket's first slot.
 ///
 /// # Errors
 ///
 /// [`StoreError::Backend`] for a malformed reply or a script that disagrees with Rust.
-pub(crate) fn parse_check(reply: &Value, checks: &[&Check]) -> Result<Reply, StoreError> {
+pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
     let Value::Array(items) = reply else {
         return Err(bad_reply("not an array", reply));
     };
@@ -222,7 +228,8 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check]) -> Result<Reply, Sto
     }
     let now = int(&items[0])?;
     let all = int(&items[1])? == 1;
-    let mut decisions = Decisions::with_capacity(checks.len());
+    let committed = all && mode == MODE_CHECK;
+    let mut outcomes = Outcomes::with_capacity(checks.len());
     for (check, fields) in checks.iter().zip(items[2..].chunks_exact(4)) {
         let script_allowed = int(&fields[0])? == 1;
         let (f1, f2, f3) = (int(&fields[1])?, int(&fields[2])?, int(&fields[3])?);
@@ -245,10 +252,15 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check]) -> Result<Reply, Sto
                 if d.allowed { "accepts" } else { "rejects" },
             )));
         }
-        decisions.push(d);
+        let at = match check.algorithm {
+            Algorithm::LeakyBucket => f1.max(now),
+            Algorithm::SlidingWindowLog => f3.max(now),
+            _ => now,
+        };
+        outcomes.push(Some(Outcome { decision: d, taken: committed.then_some(Taken { at }) }));
     }
-    if all != decisions.iter().all(|d| d.allowed) {
+    if all != outcomes.iter().flatten().all(|o| o.decision.allowed) {
         return Err(bad_reply("overall verdict does not match the rules'", reply));
     }
-    Ok(Reply { now, all, decisions })
+    Ok(Reply { all, outcomes })
 }

@@ -7,7 +7,7 @@ local out = { now, 1 }
 local states, ps = {}, {}
 local all = true
 for i = 1, #KEYS do
-  local p = params(i)
+  local p = params(i, 7)
   local a = ALG[p.alg]
   if not a then
     return redis.error_reply('tollgate: this script does not handle algorithm ' .. tostring(p.alg))

@@ -29,8 +29,9 @@ function ALG.fw.commit(key, s, p, now)
   put(key, fmt(w) .. ':' .. fmt(count), (w + 1) * p.W, now)
 end
 
+-- the commit's units, while its window (that of `at`) is the stored one
 function ALG.fw.refund(key, s, p, now)
-  if s[1] ~= floordiv(now, p.W) then return end
+  if s[1] ~= floordiv(p.at, p.W) then return end
   local count = max(s[2] - p.c, 0)
   put(key, fmt(s[1]) .. ':' .. fmt(count), (s[1] + 1) * p.W, now)
 end

@@ -25,7 +25,9 @@ function ALG.lb.commit(key, s, p, now)
   put(key, fmt(next), next, now)
 end
 
+-- the commit's slots (its first at `at`), only while they are the last taken
 function ALG.lb.refund(key, s, p, now)
-  local next = max(s[1] - p.c * p.T, now)
+  if s[1] ~= p.at + p.c * p.T then return end
+  local next = max(p.at, now)
   put(key, fmt(next), next, now)
 end

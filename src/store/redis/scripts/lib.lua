@@ -6,13 +6,14 @@
 -- then 7 values per key, in KEYS order:
 --          algorithm tag, limit L, period W (µs), burst B, emission interval T (µs),
 --          cost c, leaky bucket max delay (µs)
+-- (the refund script takes an 8th: `at`, where the commit recorded its units; see
+-- `Taken` in src/store/mod.rs)
 --
 -- All values are integers below 2^53 held in Lua doubles, so every operation below is
 -- exact (the sliding window counter's estimate is the one stated double computation).
 -- Numbers are written with '%.0f', never tostring (which gives 1.7e+15).
 
 local ALG = {}
-local NPARAMS = 7
 
 local function fmt(x)
   return string.format('%.0f', x)
@@ -74,9 +75,9 @@ local function read_now(arg)
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- The parameters of the i-th key.
-local function params(i)
-  local b = 2 + (i - 1) * NPARAMS
+-- The parameters of the i-th key, when each key has `stride` values (7, or 8 with `at`).
+local function params(i, stride)
+  local b = 2 + (i - 1) * stride
   return {
     alg = ARGV[b + 1],
     L = tonumber(ARGV[b + 2]),
@@ -85,5 +86,6 @@ local function params(i)
     T = tonumber(ARGV[b + 5]),
     c = tonumber(ARGV[b + 6]),
     md = tonumber(ARGV[b + 7]),
+    at = tonumber(ARGV[b + 8]),
   }
 end

@@ -38,8 +38,17 @@ function ALG.swc.commit(key, s, p, now)
   put(key, fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(curr + p.c), (w + 2) * p.W, now)
 end
 
+-- the commit's units: from curr while its window (that of `at`) is the current one, from
+-- prev once the state rolled over to the next, else nothing
 function ALG.swc.refund(key, s, p, now)
-  if s[1] + 1 < floordiv(now, p.W) then return end
-  local curr = max(s[3] - p.c, 0)
-  put(key, fmt(s[1]) .. ':' .. fmt(s[2]) .. ':' .. fmt(curr), (s[1] + 2) * p.W, now)
+  local w = floordiv(p.at, p.W)
+  local prev, curr = s[2], s[3]
+  if s[1] == w then
+    curr = max(curr - p.c, 0)
+  elseif s[1] == w + 1 then
+    prev = max(prev - p.c, 0)
+  else
+    return
+  end
+  put(key, fmt(s[1]) .. ':' .. fmt(prev) .. ':' .. fmt(curr), (s[1] + 2) * p.W, now)
 end

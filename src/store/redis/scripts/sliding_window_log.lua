@@ -1,36 +1,91 @@
--- Sliding window log (src/algorithm/sliding_window_log.rs). A sorted set with one member
--- per accepted unit, scored by its timestamp. Members are '<ts>:<seq>' with seq counting
--- 1, 2, … within one timestamp, written with a length letter first ('a1' … 'a9', 'b10')
--- so that members of one score sort by seq: the newest unit is always the last member.
+-- Sliding window log (src/algorithm/sliding_window_log.rs). A sorted set, run-length
+-- encoded as the Rust log: one member per timestamp that holds accepted units,
+-- '<ts>:<units>' scored by ts, so a request of any cost is one member and O(1) work; and
+-- the member '#', scored -1 - (the units of every other member), the log's running total.
+-- Timestamps are >= 0 and '#' scores below -1: score ranges from 0 up never meet it.
 ALG.swl = {}
 
-local function swl_member(ts, seq)
-  local d = fmt(seq)
-  return fmt(ts) .. ':' .. string.char(96 + #d) .. d
+local function swl_units(member)
+  return tonumber(string.match(member, ':(%d+)$'))
 end
 
--- Reads the log's summary (sliding_window_log::Summary): units in (now - W, now], the
--- timestamp of the k-th oldest of them where k is how many must leave before c more
--- fit, and the newest timestamp. Reads only.
+local function swl_total(key)
+  local t = redis.call('ZSCORE', key, '#')
+  if not t then return 0 end
+  return -1 - tonumber(t)
+end
+
+local function swl_set_total(key, total)
+  if total <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('ZADD', key, fmt(-1 - total), '#')
+  end
+end
+
+-- How many of the oldest members one read fetches besides '#': the expired prefix is
+-- usually 0 or 1 member long (every commit drops it), so one read finds it and the oldest
+-- live member.
+local SWL_HEAD = 8
+
+-- Reads the log's summary (sliding_window_log::Summary): units in (now - W, now]; when
+-- c more fit, the oldest timestamp in the window, else that of the k-th oldest unit where
+-- k is how many must leave first; and the newest timestamp. Then, for the commit: the
+-- total, and the expired prefix's units and members. Reads only.
 function ALG.swl.read(key, p, now)
-  local low = '(' .. fmt(now - p.W)
-  local in_window = redis.call('ZCOUNT', key, low, '+inf')
+  -- '#' sorts first (its score is below every timestamp), then the oldest entries.
+  local head = redis.call('ZRANGE', key, 0, SWL_HEAD, 'WITHSCORES')
+  if #head == 0 then return nil end
+  local total = -1 - tonumber(head[2])
+  local low = now - p.W
+  local expired, gone, oldest = 0, 0, 0
+  for i = 3, #head, 2 do
+    local ts = tonumber(head[i + 1])
+    if ts > low then
+      oldest = ts
+      break
+    end
+    expired = expired + swl_units(head[i])
+    gone = gone + 1
+  end
+  if oldest == 0 and #head == 2 + 2 * SWL_HEAD then
+    -- A longer expired prefix (the key was idle, or kept rejecting): count all of it.
+    local all = redis.call('ZRANGEBYSCORE', key, 0, fmt(low))
+    expired, gone = 0, #all
+    for i = 1, #all do expired = expired + swl_units(all[i]) end
+    local first = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(low), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if first[2] then oldest = tonumber(first[2]) end
+  end
+  local in_window = total - expired
   local kth, newest = 0, 0
   if in_window > 0 then
     local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     newest = tonumber(last[2])
-    local k = 0
-    if p.c <= p.L and in_window + p.c > p.L then k = in_window + p.c - p.L end
-    if k > 0 then
-      local r = redis.call('ZRANGEBYSCORE', key, low, '+inf', 'WITHSCORES', 'LIMIT', fmt(k - 1), 1)
-      kth = tonumber(r[2])
+    local k = 1
+    if in_window + p.c > p.L then
+      k = 0
+      if p.c <= p.L then k = in_window + p.c - p.L end
+    end
+    if k == 1 then
+      kth = oldest
+    elseif k > 1 then
+      -- The k-th oldest unit is within the first k members: each holds at least one.
+      local r = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(low), '+inf', 'WITHSCORES', 'LIMIT', 0, fmt(k))
+      local seen = 0
+      for i = 1, #r, 2 do
+        seen = seen + swl_units(r[i])
+        if seen >= k then
+          kth = tonumber(r[i + 1])
+          break
+        end
+      end
     end
   end
-  return { in_window, kth, newest }
+  return { in_window, kth, newest, total, expired, gone }
 end
 
 function ALG.swl.default()
-  return { 0, 0, 0 }
+  return { 0, 0, 0, 0, 0, 0 }
 end
 
 -- accept iff units in the window + c <= L
@@ -42,36 +97,40 @@ function ALG.swl.fields(s)
   return s[1], s[2], s[3]
 end
 
--- Drops entries <= now - W and records c units at max(now, newest) (a clock that
--- stepped back still records in order, as the Rust log does).
+-- Drops the entries <= now - W (as read), then records c units at max(now, newest):
+-- added to the newest member when the clock stepped back (or two requests share a µs), as
+-- the Rust log.
 function ALG.swl.commit(key, s, p, now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - p.W))
-  local ts = max(now, s[3])
-  local have = 0
-  if ts == s[3] then have = redis.call('ZCOUNT', key, fmt(ts), fmt(ts)) end
-  local args, j = {}, 1
-  while j <= p.c do
-    args[#args + 1] = fmt(ts)
-    args[#args + 1] = swl_member(ts, have + j)
-    if #args >= 1000 or j == p.c then
-      redis.call('ZADD', key, unpack(args))
-      args = {}
-    end
-    j = j + 1
+  local total = s[4]
+  if s[6] > 0 then
+    redis.call('ZREMRANGEBYSCORE', key, 0, fmt(now - p.W))
+    total = total - s[5]
   end
+  local ts = max(now, s[3])
+  local units = p.c
+  if ts == s[3] then
+    local same = redis.call('ZRANGEBYSCORE', key, fmt(ts), fmt(ts))
+    if same[1] then
+      units = units + swl_units(same[1])
+      redis.call('ZREM', key, same[1])
+    end
+  end
+  redis.call('ZADD', key, fmt(ts), fmt(ts) .. ':' .. fmt(units))
+  swl_set_total(key, total + p.c)
   redis.call('PEXPIRE', key, fmt(ttl_ms(ts + p.W, now)))
 end
 
--- Gives back the newest c units.
+-- Gives back the c units of the commit recorded at `at`, from its own member, while it
+-- is still in the window: never units of other requests.
 function ALG.swl.refund_key(key, p, now)
-  redis.call('ZPOPMAX', key, fmt(p.c))
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if last[2] then
-    local expires = tonumber(last[2]) + p.W
-    if expires <= now then
-      redis.call('DEL', key)
-    else
-      redis.call('PEXPIRE', key, fmt(ttl_ms(expires, now)))
-    end
+  if p.at + p.W <= now then return end
+  local same = redis.call('ZRANGEBYSCORE', key, fmt(p.at), fmt(p.at))
+  if not same[1] then return end
+  local units = swl_units(same[1])
+  local take = min(units, p.c)
+  redis.call('ZREM', key, same[1])
+  if units > take then
+    redis.call('ZADD', key, fmt(p.at), fmt(p.at) .. ':' .. fmt(units - take))
   end
+  swl_set_total(key, swl_total(key) - take)
 end
