@@ -2,6 +2,11 @@
 
 use std::time::Duration;
 
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
 /// The outcome of one rule for one request.
 ///
 /// The middleware puts the `Decision` of the most restrictive rule into the request's
@@ -42,6 +47,22 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// `Retry-After` as the headers send it: whole seconds, rounded up, at least 1.
+    /// `None` when allowed, and when the request can never be accepted.
+    #[must_use]
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after.map(|d| ceil_secs(d).max(1))
+    }
+
+    /// The seconds every rate-limit header names, rounded up (the IETF `t`, and
+    /// `X-RateLimit-Reset` less the current Unix time): on a rejection, the
+    /// [`Decision::retry_after_secs`] (when the same request is next admitted); when
+    /// allowed, [`Decision::refill_after`] (when more quota is available).
+    #[must_use]
+    pub fn reset_secs(&self) -> u64 {
+        self.retry_after_secs().unwrap_or_else(|| ceil_secs(self.refill_after))
+    }
+
     pub(crate) fn allow(limit: u64, remaining: u64, reset_after_us: u64, refill_after_us: u64) -> Self {
         Self {
             allowed: true,

@@ -8,8 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
+use crate::decision::ceil_secs;
 use crate::verdict::RuleDecision;
-use crate::BuildError;
+use crate::{BuildError, Quota};
 
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -92,19 +93,41 @@ pub(crate) fn number(n: u64) -> HeaderValue {
     HeaderValue::from_static(&DIGITS[from..to])
 }
 
-/// Whole seconds, rounded up.
-pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
 /// `Retry-After` in delta seconds, rounded up, at least 1.
 pub(crate) fn retry_after(headers: &mut HeaderMap, d: Duration) {
     headers.insert(RETRY_AFTER, number(ceil_secs(d).max(1)));
 }
 
+/// The quota and window of `RateLimit-Policy` for `quota`: `w` in whole seconds. A period
+/// that is not a whole number of seconds is sent as the smallest whole number of seconds
+/// that holds a whole number of periods, with the quota scaled to match (`1/250ms` is
+/// `q=4;w=1`, `1/1500ms` is `q=2;w=3`): the same rate, never a misstated one. `None` for
+/// `w` when the scaled quota would not fit a structured-field integer.
+fn policy(quota: Quota) -> (u64, Option<u64>) {
+    const SEC: u64 = 1_000_000;
+    let (limit, period) = (quota.limit(), quota.period_micros());
+    let g = gcd(period, SEC);
+    let (w, scale) = (period / g, SEC / g);
+    match limit.checked_mul(scale).filter(|q| *q <= 999_999_999_999_999) {
+        Some(q) => (q, Some(w)),
+        None => (limit, None),
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// Adds the headers of `style` describing `most` (the most restrictive rule) and, for the
 /// IETF policy, every rule in `all`. `name_rule`: say which rule the legacy headers
 /// describe (the layer has several rules).
+///
+/// One moment, [`Decision::reset_secs`], is named by the IETF `t` and by
+/// `X-RateLimit-Reset`: on a rejection when the same request is next admitted (what
+/// `Retry-After` says too), else when more quota is available.
 pub(crate) fn apply(
     headers: &mut HeaderMap,
     style: HeaderStyle,
@@ -117,7 +140,7 @@ pub(crate) fn apply(
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         headers.insert(X_RATELIMIT_LIMIT, number(d.limit));
         headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
-        headers.insert(X_RATELIMIT_RESET, number(now + ceil_secs(d.reset_after)));
+        headers.insert(X_RATELIMIT_RESET, number(now + d.reset_secs()));
         if name_rule {
             if let Ok(v) = HeaderValue::from_str(most.rule) {
                 headers.insert(X_RATELIMIT_RULE, v);
@@ -130,11 +153,14 @@ pub(crate) fn apply(
             if i > 0 {
                 policy.push_str(", ");
             }
-            let w = ceil_secs(o.quota.period()).max(1);
-            let _ = write!(policy, "{};q={};w={w}", sf_string(o.rule), o.quota.limit());
+            let (q, w) = self::policy(o.quota);
+            let _ = write!(policy, "{};q={q}", sf_string(o.rule));
+            if let Some(w) = w {
+                let _ = write!(policy, ";w={w}");
+            }
         }
         let d = most.decision;
-        let limit = format!("{};r={};t={}", sf_string(most.rule), d.remaining, ceil_secs(d.reset_after));
+        let limit = format!("{};r={};t={}", sf_string(most.rule), d.remaining, d.reset_secs());
         if let Ok(v) = HeaderValue::from_str(&policy) {
             headers.insert(RATELIMIT_POLICY, v);
         }
@@ -161,7 +187,7 @@ fn sf_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Decision, Quota};
+    use crate::Decision;
 
     fn decision(remaining: u64, reset_ms: u64) -> Decision {
         Decision {
@@ -202,6 +228,17 @@ mod tests {
         assert!((now + 1..=now + 3).contains(&reset), "{reset} vs {now}");
         assert!(h.get(X_RATELIMIT_RULE).is_none());
         assert!(h.get(RATELIMIT).is_none());
+    }
+
+    #[test]
+    fn policy_windows_are_whole_seconds_with_the_same_rate() {
+        let p = |s: &str| policy(s.parse().unwrap());
+        assert_eq!(p("100/min"), (100, Some(60)));
+        assert_eq!(p("1/250ms"), (4, Some(1)));
+        assert_eq!(p("1/1500ms"), (2, Some(3)));
+        assert_eq!(p("7/100ms"), (70, Some(1)));
+        assert_eq!(p("3/333us"), (3_000_000, Some(333)));
+        assert_eq!(policy(Quota::new(1 << 32, Duration::from_micros(7))), (1 << 32, None));
     }
 
     #[test]

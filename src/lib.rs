@@ -123,4 +123,4 @@ pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
 pub use store::{Check, Store};
-pub use verdict::{RuleDecision, Verdict};
+pub use verdict::{DecidedBy, RuleDecision, Verdict};

@@ -11,6 +11,7 @@ mod support;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use support::fake::sliding_log_refund_example;
 use support::redis::{RedisCluster, RedisServer};
 use tollgate::algorithm::Params;
 use tollgate::key::Key;
@@ -556,4 +557,20 @@ async fn server_time_leaky_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_time_gcra() {
     server_time(Algorithm::Gcra).await;
+}
+
+/// The review's sliding log example with explicit expectations, on Redis and on a cluster
+/// (the memory store runs it in `correctness.rs`): a refund after its units left the
+/// window gives back nothing; one while they are in it gives back exactly them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_refund_gives_back_its_own_units_on_redis_and_cluster() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let redis =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(RESPONSE_TIMEOUT).with_clock(clock.clone());
+    sliding_log_refund_example(redis, &clock).await;
+    let cluster = RedisCluster::start(3);
+    let clustered =
+        RedisStore::cluster(cluster.urls()).unwrap().response_timeout(RESPONSE_TIMEOUT).with_clock(clock.clone());
+    sliding_log_refund_example(clustered, &clock).await;
 }

@@ -2,19 +2,15 @@
 //! (deadline, circuit breaker, fail mode, fallback, blocked-key cache), refunds, and the
 //! waiting form.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use support::fake::{Mode, Remote, TokioClock, T0};
 use tokio::time::Instant;
 use tollgate::key::Key;
-use tollgate::store::{Outcome, Refund};
-use tollgate::{
-    Algorithm, Check, Clock, Decision, FailMode, Limiter, ManualClock, MemoryStore, Quota, Rule, Store, StoreError,
-};
-
-const T0: u64 = 1_700_000_000_000_000;
+use tollgate::{Algorithm, FailMode, Limiter, ManualClock, MemoryStore, Quota, Rule, Store, StoreError};
 
 /// A chat message: limited per user by count, and by bytes.
 #[derive(Debug)]
@@ -89,64 +85,10 @@ async fn any_input_type_even_unsized_and_rules_that_do_not_apply() {
     assert!(limiter.check("root").await.is_rejected(), "per-word still applies to root");
 }
 
-/// A remote store that fails, hangs, or decides through a `MemoryStore`, and counts calls.
-#[derive(Clone, Default)]
-struct Remote {
-    inner: MemoryStore,
-    mode: Arc<AtomicUsize>,
-    calls: Arc<AtomicUsize>,
-}
-
-const UP: usize = 0;
-const FAILING: usize = 1;
-const HANGING: usize = 2;
-
-impl Remote {
-    fn new(clock: ManualClock) -> Self {
-        Self { inner: MemoryStore::with_clock(clock), ..Self::default() }
-    }
-    fn set(&self, mode: usize) {
-        self.mode.store(mode, Ordering::SeqCst);
-    }
-    fn calls(&self) -> usize {
-        self.calls.load(Ordering::SeqCst)
-    }
-}
-
-impl Store for Remote {
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let mode = self.mode.load(Ordering::SeqCst);
-        let inner = self.inner.clone();
-        let checks = checks.to_vec();
-        async move {
-            match mode {
-                UP => inner.check(&checks).await,
-                FAILING => Err(StoreError::Unavailable("connection refused".into())),
-                _ => std::future::pending().await,
-            }
-        }
-    }
-    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.refund(refunds)
-    }
-    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.inner.peek(check)
-    }
-    fn reset(
-        &self,
-        rule: &str,
-        key: &Key,
-        algorithm: Algorithm,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.reset(rule, key, algorithm)
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_hanging_store_costs_the_deadline_then_the_breaker_opens_under_either_fail_mode() {
-    let store = Remote::new(ManualClock::new(T0));
-    store.set(HANGING);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    store.set(Mode::Hanging);
     let limiter = Limiter::builder(store.clone())
         .rule("open", Quota::per_minute(5), user)
         .add_rule(
@@ -165,26 +107,26 @@ async fn a_hanging_store_costs_the_deadline_then_the_breaker_opens_under_either_
         assert!(v.is_allowed() && !v.is_rejected(), "fail open: passes");
         assert_eq!(v.decisions().count(), 0, "nothing is known");
     }
-    assert_eq!(store.calls(), 3);
+    assert_eq!(store.checks(), 3);
     // Open circuit: refused at once, the store is not called.
     let started = Instant::now();
     let v = limiter.check("pay").await;
     assert_eq!(started.elapsed(), Duration::ZERO);
     assert!(matches!(v.store_error(), Some(StoreError::CircuitOpen(_))), "{v:?}");
     assert!(!v.is_allowed() && !v.is_rejected(), "a fail-closed rule refuses without a rejection");
-    assert_eq!(store.calls(), 3);
+    assert_eq!(store.checks(), 3);
     // After the cool-down one probe finds the store back, and the circuit closes.
-    store.set(UP);
+    store.set(Mode::Up);
     tokio::time::advance(Duration::from_secs(2)).await;
     assert!(limiter.check("ada").await.is_allowed());
     assert!(limiter.check("ada").await.store_error().is_none());
-    assert_eq!(store.calls(), 5);
+    assert_eq!(store.checks(), 5);
 }
 
 #[tokio::test]
 async fn the_fallback_decides_while_the_store_is_down() {
-    let store = Remote::new(ManualClock::new(T0));
-    store.set(FAILING);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    store.set(Mode::Failing);
     let limiter = Limiter::builder(store)
         .rule("jobs", Quota::per_minute(6), user)
         .fallback(MemoryStore::with_clock(ManualClock::new(T0)), 3)
@@ -207,15 +149,15 @@ async fn futures_seq<St: Store>(limiter: &Limiter<St, str>, user: &str, n: usize
 #[tokio::test]
 async fn the_blocked_key_cache_answers_repeat_rejections_without_the_store() {
     let clock = ManualClock::new(T0);
-    let store = Remote::new(clock.clone());
+    let store = Remote::new(MemoryStore::with_clock(clock.clone()));
     let limiter = Limiter::builder(store.clone()).rule("jobs", Quota::per_hour(2), user).build().unwrap();
     assert_eq!(futures_seq(&limiter, "ada", 5).await, [true, true, false, false, false]);
-    assert_eq!(store.calls(), 3, "the two later rejections came from the cache");
+    assert_eq!(store.checks(), 3, "the two later rejections came from the cache");
     let v = limiter.check("ada").await;
     assert!(v.is_rejected() && v.retry_after().is_some());
     // Other keys still reach the store.
     assert!(limiter.check("bob").await.is_allowed());
-    assert_eq!(store.calls(), 4);
+    assert_eq!(store.checks(), 4);
     // A reset forgets the cached rejection too.
     assert!(limiter.reset("jobs", "ada").await.unwrap());
     assert!(limiter.check("ada").await.is_allowed());
@@ -239,18 +181,8 @@ async fn refund_gives_back_what_an_allowed_verdict_took() {
     assert!(limiter.check("ada").await.is_rejected());
 }
 
-/// A store clock that follows tokio's (paused) clock, so `wait`'s sleeps move it too.
-#[derive(Clone)]
-struct TokioClock(Instant);
-
-impl Clock for TokioClock {
-    fn now_micros(&self) -> u64 {
-        T0 + u64::try_from(self.0.elapsed().as_micros()).unwrap()
-    }
-}
-
 fn tokio_store() -> MemoryStore {
-    MemoryStore::with_clock(TokioClock(Instant::now()))
+    MemoryStore::with_clock(TokioClock::new())
 }
 
 #[tokio::test(start_paused = true)]

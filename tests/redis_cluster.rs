@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use support::redis::RedisCluster;
 use tollgate::algorithm::Params;
 use tollgate::store::Refund;
-use tollgate::{Algorithm, Check, Quota, RedisStore, Store};
+use tollgate::{Algorithm, Check, Limiter, Quota, RedisStore, Rule, Store};
 
 fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
     Check { rule: rule.into(), key: key.into(), algorithm, params: Params::new(quota) }
@@ -180,4 +180,69 @@ async fn a_dead_node_fails_its_slots_quickly_and_spares_the_others() {
     }
     // Each failing check is bounded by the response timeout.
     assert!(started.elapsed() < Duration::from_millis(10 * 100 + 700), "took {:?}", started.elapsed());
+}
+
+/// Rules in two slots, one slot's master gone: a rejection by the other slot is the
+/// answer (it used to turn into a fail-open pass), and the failed slot's rule is
+/// undecided; only when no answer rejects is the failure the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_wins_over_another_slots_failure() {
+    let mut cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_millis(200));
+    store.ping().await.unwrap();
+    let (ip, account) = (key_on(&cluster, 0, "ip"), key_on(&cluster, 1, "acct"));
+    let checks = [
+        check("per-ip", &ip, Algorithm::FixedWindow, Quota::per_hour(1)),
+        check("per-account", &account, Algorithm::Gcra, Quota::per_hour(100)),
+    ];
+    let first = store.check(&checks).await.unwrap();
+    assert!(first.iter().all(|o| o.as_ref().unwrap().decision.allowed));
+    cluster.node_mut(1).kill();
+    let outcomes = store.check(&checks).await.expect("a rejection, not an error");
+    assert!(!outcomes[0].as_ref().unwrap().decision.allowed, "{outcomes:?}");
+    assert!(outcomes[1].is_none(), "the dead slot's rule is undecided: {outcomes:?}");
+    // Through a limiter, under the default fail mode: rejected, never passed.
+    let (ip, account) = (checks[0].key.clone(), checks[1].key.clone());
+    let limiter: Limiter<RedisStore, str> = Limiter::builder(store.clone())
+        .rule("per-ip", Quota::per_hour(1), move |_: &str| Some(ip.clone()))
+        .add_rule(
+            Rule::new("per-account", Quota::per_hour(100), move |_: &str| Some(account.clone()))
+                .algorithm(Algorithm::Gcra),
+        )
+        .algorithm(Algorithm::FixedWindow)
+        .timeout(Duration::from_secs(2))
+        .local_cache(false)
+        .build()
+        .unwrap();
+    let v = limiter.check("request").await;
+    assert!(v.is_rejected() && v.store_error().is_none(), "{v:?}");
+    assert_eq!(v.rejected_by().unwrap().rule, "per-ip");
+    assert_eq!(v.decisions().count(), 1);
+    // An ip with room left: nothing rejects, and the dead slot's error is the answer.
+    let fresh =
+        [check("per-ip", &key_on(&cluster, 0, "ip2"), Algorithm::FixedWindow, Quota::per_hour(1)), checks[1].clone()];
+    assert!(store.check(&fresh).await.is_err());
+}
+
+/// A multi-slot check cut off by its caller's deadline still gives back what the slot
+/// that accepted took (the rollback used to live in the dropped future).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_slot_check_cut_off_by_the_deadline_still_rolls_back() {
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_millis(300));
+    store.ping().await.unwrap();
+    let a = check("a", &key_on(&cluster, 0, "a"), Algorithm::SlidingWindowLog, Quota::per_hour(10));
+    let b = check("b", &key_on(&cluster, 2, "b"), Algorithm::SlidingWindowLog, Quota::per_hour(10));
+    let both = [a.clone(), b.clone()];
+    assert!(store.check(&both).await.unwrap().iter().all(|o| o.as_ref().unwrap().taken.is_some()));
+    cluster.node(2).pause();
+    let cut = tokio::time::timeout(Duration::from_millis(50), store.check(&both)).await;
+    assert!(cut.is_err(), "the check was not cut off: {cut:?}");
+    // Slot a accepted at once; slot b answers with a timeout after 300 ms, and then a's
+    // unit is given back, though nobody awaits the check any more.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    cluster.node(2).resume();
+    // 1 unit from the first check, and the peek's own: 8 left. 7 if the cut-off check's
+    // unit stayed taken.
+    assert_eq!(store.peek(&a).await.unwrap().remaining, 8);
 }

@@ -481,3 +481,23 @@ return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
         assert!(committed > 400, "{alg}: {committed} commits");
     }
 }
+
+/// A sliding-log request of any cost is one member of the sorted set (it used to be one
+/// member per unit: a request of cost 1,000,000 held Redis for seconds and wrote 125 MB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_request_of_any_cost_is_one_member() {
+    let server = RedisServer::start();
+    let store = store_for(&server).await;
+    let mut c = check("big", "k", Algorithm::SlidingWindowLog, Quota::per_hour(2_000_000));
+    c.params = c.params.cost(1_000_000);
+    assert!(store.check_one(&c).await.unwrap().decision.allowed);
+    let name = "tollgate:{k}:big:swl:v2";
+    assert_eq!(server.cmd(&["ZCARD", name]), "2", "one member for the units and one for the total");
+    let bytes: u64 = server.cmd(&["MEMORY", "USAGE", name]).parse().unwrap();
+    assert!(bytes < 1024, "{bytes} bytes for one request");
+    c.params = c.params.cost(999_999);
+    assert!(store.check_one(&c).await.unwrap().decision.allowed);
+    c.params = c.params.cost(2);
+    let d = store.check_one(&c).await.unwrap().decision;
+    assert!(!d.allowed && d.remaining == 1, "{d:?}");
+}

@@ -192,6 +192,21 @@ fn refunds_give_back_what_was_taken() {
 }
 
 #[test]
+fn a_leaky_refund_never_frees_slots_a_later_request_holds() {
+    // 5/s, a slot every 200 ms. A takes T0, B the slot after; A is cancelled.
+    let p = unbounded(Quota::per_second(5).burst(3));
+    let mut s = leaky_bucket::LeakyBucket::default();
+    let a = s.commit(&p, T0);
+    let b = s.commit(&p, T0);
+    s.refund(&p, a, T0);
+    // B keeps its slot: the next request queues after B, not into B's slot.
+    assert_eq!(s.decide(&p, T0).delay, Duration::from_millis(400));
+    // B is the last: its slot comes back.
+    s.refund(&p, b, T0);
+    assert_eq!(s.decide(&p, T0).delay, Duration::from_millis(200));
+}
+
+#[test]
 fn expired_state_is_the_same_as_new() {
     let p = Params::new(Quota::per_minute(5).burst(5)).cost(2);
     for algo in Algorithm::ALL {

@@ -131,15 +131,15 @@ impl TrustedProxyIp {
             ProxyHeader::XForwardedFor => "x-forwarded-for",
             ProxyHeader::Forwarded => "forwarded",
         };
-        // All header lines, in order; entries read right to left across them.
-        let values: Vec<&[u8]> = req.headers().get_all(name).iter().map(http::HeaderValue::as_bytes).collect();
-        for value in values.iter().rev() {
-            let Ok(text) = std::str::from_utf8(value) else { return nearest };
-            for entry in text.rsplit(',') {
-                let parsed = match self.header {
+        // All header lines; entries read right to left across them, each on its own: a
+        // byte that is not UTF-8 spoils its entry only (a client writes left of what the
+        // trusted proxies append, so it can never hide their entries by spoiling its own).
+        for value in req.headers().get_all(name).iter().rev() {
+            for entry in value.as_bytes().rsplit(|&b| b == b',') {
+                let parsed = std::str::from_utf8(entry).ok().and_then(|entry| match self.header {
                     ProxyHeader::XForwardedFor => parse_xff_entry(entry),
                     ProxyHeader::Forwarded => parse_forwarded_entry(entry),
-                };
+                });
                 let Some(ip) = parsed else { return nearest };
                 if !self.is_trusted(ip) {
                     return ip;
@@ -204,6 +204,21 @@ mod tests {
         assert_eq!(key_of(&k, &req_from("10.0.0.1:1", &[])), "10.0.0.1");
         let req = req_from("10.0.0.1:1", &[("x-forwarded-for", "6.6.6.6, garbage, 10.0.0.3")]);
         assert_eq!(key_of(&k, &req), "10.0.0.3");
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_spoil_only_their_own_entry() {
+        let k = TrustedProxyIp::new(["10.0.0.0/8"]).unwrap();
+        // The client sent `198.51.100.1\xff\xfe`; the trusted proxy appended its address.
+        let mut req = req_from("10.0.0.1:1", &[]);
+        let value = http::HeaderValue::from_bytes(b"198.51.100.1\xff\xfe, 203.0.113.7").unwrap();
+        req.headers_mut().insert("x-forwarded-for", value);
+        assert_eq!(key_of(&k, &req), "203.0.113.7", "the client escaped into the proxy's shared key");
+        // Garbage right of a trusted hop: the nearest trusted hop, as for any garbage.
+        let mut req = req_from("10.0.0.1:1", &[]);
+        let value = http::HeaderValue::from_bytes(b"203.0.113.7, \xff, 10.0.0.9").unwrap();
+        req.headers_mut().insert("x-forwarded-for", value);
+        assert_eq!(key_of(&k, &req), "10.0.0.9");
     }
 
     #[test]

@@ -186,6 +186,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     ///
     /// The store's error (no deadline or circuit breaker applies here).
     pub async fn refund(&self, verdict: &Verdict) -> Result<(), StoreError> {
+        // Units come back: a rejection this process remembers for these keys may no
+        // longer hold.
+        for (check, &rule) in verdict.checks.iter().zip(&verdict.rules) {
+            self.runtime.cache.forget(rule, &check.key);
+        }
         self.give_back(verdict, |_| true).run().await
     }
 

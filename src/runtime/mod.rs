@@ -179,6 +179,30 @@ impl Drop for InFlight<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Params;
+    use crate::{Algorithm, Quota};
+
+    #[cfg(feature = "memory")]
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_refused_by_the_in_flight_cap_is_handed_back() {
+        let rt =
+            Runtime::new(Settings { max_in_flight: 1, breaker: (1, Duration::from_secs(1)), ..Settings::default() });
+        let store = crate::MemoryStore::new();
+        let check = Check {
+            rule: "r".into(),
+            key: "k".into(),
+            algorithm: Algorithm::Gcra,
+            params: Params::new(Quota::per_minute(5)),
+        };
+        rt.breaker.admit(rt.mono_us()).unwrap().failure(rt.mono_us());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // The cap is full when the probe comes: it is refused, and must be handed back.
+        let full = InFlight::enter(&rt.in_flight, 1).unwrap();
+        assert!(matches!(rt.call(&store, std::slice::from_ref(&check)).await, Err(StoreError::Overloaded(1))));
+        drop(full);
+        assert!(rt.call(&store, std::slice::from_ref(&check)).await.is_ok(), "the circuit stayed open");
+        assert_eq!(rt.in_flight.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn in_flight_is_capped() {

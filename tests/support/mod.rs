@@ -1,4 +1,5 @@
 //! Shared helpers for integration tests (`mod support;`).
 #![allow(dead_code, unreachable_pub)]
 
+pub mod fake;
 pub mod redis;

@@ -1,0 +1,173 @@
+//! A request's future may be dropped at any `.await` (the client is gone, an outer
+//! timeout, a `select!`). For each one on the layer's path — the store call (under its
+//! deadline), the half-open probe, the leaky bucket's delay, the inner service's
+//! readiness after it, the inner call — a test drops the future right there and shows
+//! that nothing is left behind: no call counted in flight, no probe held, no unit or slot
+//! kept that the request should give back, and later requests decided normally. (Refunds
+//! run in tasks of their own, never on the request's future.)
+
+mod support;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use support::fake::{settle, Mode, Remote, TokioClock};
+use tollgate::headers::X_RATELIMIT_REMAINING;
+use tollgate::key::{self, Key};
+use tollgate::{Algorithm, FailMode, MemoryStore, Quota, RateLimitLayer, Rule};
+use tower::{Layer, Service, ServiceExt};
+
+/// 200 after `/hang` never, else at once; `/fail` is 401.
+fn inner() -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone {
+    tower::service_fn(|req: Request<Body>| async move {
+        match req.uri().path() {
+            "/hang" => std::future::pending().await,
+            "/fail" => Ok(Response::builder().status(StatusCode::UNAUTHORIZED).body(Body::empty()).unwrap()),
+            _ => Ok(Response::new(Body::empty())),
+        }
+    })
+}
+
+fn get(path: &str, key: &str) -> Request<Body> {
+    Request::get(path).header("x-key", key).body(Body::empty()).unwrap()
+}
+
+/// Sends `req` and drops it after `after`, asserting it had not finished.
+async fn dropped<S>(svc: &S, req: Request<Body>, after: Duration)
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone,
+{
+    let r = tokio::time::timeout(after, svc.clone().oneshot(req)).await;
+    assert!(r.is_err(), "the request finished before it could be dropped: {r:?}");
+    settle().await;
+}
+
+fn remaining(res: &Response<Body>) -> u64 {
+    res.headers()[X_RATELIMIT_REMAINING].to_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_during_the_store_call_leaves_no_call_in_flight() {
+    let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
+    let svc = RateLimitLayer::new(Quota::per_minute(10), key::header("x-key"), store.clone())
+        .timeout(Duration::from_millis(50))
+        .max_in_flight(1)
+        .circuit_breaker(100, Duration::from_secs(1))
+        .layer(inner());
+    store.set(Mode::Hanging);
+    for _ in 0..3 {
+        dropped(&svc, get("/", "a"), Duration::from_millis(10)).await;
+    }
+    store.set(Mode::Up);
+    // Had a dropped call stayed counted in flight, this one would be refused as
+    // overloaded and pass without headers (fail open), the store never asked.
+    let calls = store.checks();
+    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(remaining(&res), 9, "decided by the store: nothing was taken by the dropped calls");
+    assert_eq!(store.checks(), calls + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_during_the_half_open_probe_the_circuit_still_recovers() {
+    let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
+    let svc = RateLimitLayer::new(Quota::per_minute(10), key::header("x-key"), store.clone())
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(2, Duration::from_secs(1))
+        .fail_mode(FailMode::Closed)
+        .layer(inner());
+    store.set(Mode::Failing);
+    for _ in 0..3 {
+        assert_eq!(svc.clone().oneshot(get("/", "a")).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.set(Mode::Hanging);
+    dropped(&svc, get("/", "a"), Duration::from_millis(20)).await; // the probe
+    store.set(Mode::Up);
+    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "the circuit stayed open after its probe was dropped");
+    assert_eq!(svc.clone().oneshot(get("/", "a")).await.unwrap().status(), StatusCode::OK);
+}
+
+/// Two rules: a shaper (leaky bucket, global) and a count (fixed window, per key).
+fn shaped_and_counted(store: MemoryStore) -> RateLimitLayer<MemoryStore, Body> {
+    RateLimitLayer::<_, Body>::builder(store)
+        .add_rule(Rule::new("shape", Quota::per_second(5).burst(4), key::Global).algorithm(Algorithm::LeakyBucket))
+        .add_rule(Rule::new("count", Quota::per_minute(3), key::header("x-key")).algorithm(Algorithm::FixedWindow))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_while_waiting_for_its_slot_gives_back_the_slot_and_the_units() {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let layer = shaped_and_counted(store);
+    let svc = layer.clone().layer(inner());
+    assert_eq!(svc.clone().oneshot(get("/", "a")).await.unwrap().status(), StatusCode::OK); // slot 0
+    dropped(&svc, get("/", "a"), Duration::from_millis(100)).await; // slot 200 ms, dropped at 100
+                                                                    // Its slot is free again (the next request leaves at 200 ms, not 400), and its unit
+                                                                    // of the count is back (2 left, not 1).
+    let started = tokio::time::Instant::now();
+    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    let count = layer.peek("count", "a").await.unwrap().unwrap();
+    assert_eq!(count.remaining, 0, "1 + 1 taken, and the peek's own: {count:?}");
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_while_waiting_for_readiness_after_its_slot_gives_back_its_units() {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let layer = shaped_and_counted(store);
+    // One request at a time inside; `/hang` keeps the only permit.
+    let svc = layer.clone().layer(tower::limit::ConcurrencyLimit::new(inner(), 1));
+    let holder = tokio::spawn(svc.clone().oneshot(get("/hang", "h")));
+    settle().await;
+    // Waits 200 ms for its slot, then for the permit: dropped at 300 ms.
+    dropped(&svc, get("/", "a"), Duration::from_millis(300)).await;
+    holder.abort();
+    let _ = holder.await;
+    settle().await;
+    let count = layer.peek("count", "a").await.unwrap().unwrap();
+    assert_eq!(count.remaining, 2, "the dropped request kept its unit: {count:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_during_the_inner_call_keeps_what_a_forwarded_request_took_but_count_if_units() {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let layer = RateLimitLayer::<_, Body>::builder(store)
+        .rule("count", Quota::per_minute(3), key::header("x-key"))
+        .add_rule(
+            Rule::new("login", Quota::per_minute(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap();
+    let svc = layer.clone().layer(inner());
+    dropped(&svc, get("/hang", "a"), Duration::from_millis(10)).await;
+    // Forwarded: the request counts. Its status never came: the count-by-outcome unit is
+    // given back.
+    assert_eq!(layer.peek("count", "a").await.unwrap().unwrap().remaining, 1);
+    assert_eq!(layer.peek("login", "a").await.unwrap().unwrap().remaining, 2);
+    assert_eq!(svc.clone().oneshot(get("/fail", "a")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    settle().await;
+    assert_eq!(layer.peek("login", "a").await.unwrap().unwrap().remaining, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limiter_wait_dropped_during_a_leaky_delay_gives_back_its_slot() {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let limiter = tollgate::Limiter::builder(store)
+        .rule("shape", Quota::per_second(5).burst(4), |u: &str| Some(Key::from(u)))
+        .algorithm(Algorithm::LeakyBucket)
+        .build()
+        .unwrap();
+    assert!(limiter.wait("a", Duration::from_secs(5)).await.is_allowed()); // slot 0
+    let r = tokio::time::timeout(Duration::from_millis(100), limiter.wait("a", Duration::from_secs(5))).await;
+    assert!(r.is_err());
+    settle().await;
+    let started = tokio::time::Instant::now();
+    assert!(limiter.wait("a", Duration::from_secs(5)).await.is_allowed());
+    assert_eq!(started.elapsed(), Duration::from_millis(100), "the dropped wait's slot (200 ms) was not given back");
+}

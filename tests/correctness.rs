@@ -1,0 +1,444 @@
+//! One regression test per bug of the "correct on every path" review (each failed before
+//! its fix), over `MemoryStore` and a controllable remote-like store; the Redis and
+//! Redis Cluster ones are in `redis_store.rs`, `redis_cluster.rs` and `conformance.rs`.
+
+mod support;
+
+use std::convert::Infallible;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use support::fake::{settle, sliding_log_refund_example, Mode, Remote, TokioClock, T0};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tollgate::key::{self, Key};
+use tollgate::{
+    Algorithm, BuildError, DecidedBy, FailMode, HeaderStyle, Limiter, ManualClock, MemoryStore, Quota, RateLimitLayer,
+    Rule,
+};
+use tower::{Layer, Service, ServiceExt};
+
+const SEC: u64 = 1_000_000;
+
+fn user(u: &str) -> Option<Key> {
+    Some(Key::from(u))
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+fn keyed(path: &str, key: &str) -> Request<Body> {
+    Request::get(path).header("x-key", key).body(Body::empty()).unwrap()
+}
+
+/// 200, except `/fail` (401) and `/slow` (200 once `go` is notified).
+fn app(
+    go: Arc<Notify>,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone {
+    tower::service_fn(move |req: Request<Body>| {
+        let go = go.clone();
+        async move {
+            let mut res = Response::new(Body::empty());
+            match req.uri().path() {
+                "/fail" => *res.status_mut() = StatusCode::UNAUTHORIZED,
+                "/slow" => go.notified().await,
+                _ => {}
+            }
+            Ok(res)
+        }
+    })
+}
+
+// 1. The circuit breaker stayed open for ever when its half-open probe was dropped.
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_probe_does_not_keep_the_circuit_open() {
+    let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
+    let limiter = Limiter::builder(store.clone())
+        .rule("r", Quota::per_minute(100), user)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1, Duration::from_secs(1))
+        .fail_mode(FailMode::Closed)
+        .build()
+        .unwrap();
+    store.set(Mode::Failing);
+    assert!(!limiter.check("a").await.is_allowed());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // The probe finds the store slow; its caller gives up before the deadline.
+    store.set(Mode::Hanging);
+    assert!(tokio::time::timeout(Duration::from_millis(10), limiter.check("a")).await.is_err());
+    let calls = store.checks();
+    store.set(Mode::Up);
+    let v = limiter.check("a").await;
+    assert!(v.is_allowed() && v.store_error().is_none(), "the circuit stayed open: {v:?}");
+    assert_eq!(store.checks(), calls + 1, "the store was not asked again");
+}
+
+// 2. A refund gave back the wrong units: it ran at the time of the refund and did not know
+//    what its commit took.
+
+#[tokio::test]
+async fn a_refund_after_the_boundary_leaves_the_new_window_alone() {
+    let clock = ManualClock::new(T0);
+    let edge = (T0 / (60 * SEC) + 1) * 60 * SEC;
+    // (algorithm, how many fit 45 s into the new window, how many more after A's refund)
+    for (algorithm, fit, more) in [(Algorithm::FixedWindow, 4, 0), (Algorithm::SlidingWindowCounter, 3, 1)] {
+        // `k!` is key `k` at cost 2.
+        let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+            .rule("r", Quota::per_minute(4), |u: &str| user(u.trim_end_matches('!')))
+            .algorithm(algorithm)
+            .cost(|u: &str| if u.ends_with('!') { 2 } else { 1 })
+            .build()
+            .unwrap();
+        clock.set(edge - 10 * SEC);
+        let a = limiter.check("k!").await; // 2 units, 10 s before the boundary
+        assert!(a.is_allowed());
+        clock.set(edge + 45 * SEC);
+        // Fixed window: a fresh count of 4. Sliding counter: A's 2 are `prev` now,
+        // weighing 2 × 15/60 = 0.5, so 3 fit.
+        let mut n = 0;
+        while limiter.check("k").await.is_allowed() {
+            n += 1;
+        }
+        assert_eq!(n, fit, "{algorithm}");
+        // A is given back now: its units are the old window's (fixed window: nothing to
+        // give) or `prev` (sliding counter: the 0.5 goes, one more fits). Taken from the
+        // new window's count, as it used to be, 2 more would fit.
+        limiter.refund(&a).await.unwrap();
+        let mut n = 0;
+        while limiter.check("k").await.is_allowed() {
+            n += 1;
+        }
+        assert_eq!(n, more, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn sliding_log_refund_gives_back_its_own_units_only() {
+    let clock = ManualClock::new(T0);
+    sliding_log_refund_example(MemoryStore::with_clock(clock.clone()), &clock).await;
+}
+
+#[tokio::test]
+async fn a_slow_handlers_refund_after_the_boundary_keeps_later_failures_counted() {
+    // A login limit counting failures only: 2 a minute, fixed window.
+    let clock = ManualClock::new(T0);
+    let edge = (T0 / (60 * SEC) + 1) * 60 * SEC;
+    let go = Arc::new(Notify::new());
+    let svc = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(clock.clone()))
+        .add_rule(
+            Rule::new("login", Quota::per_minute(2), key::Global)
+                .algorithm(Algorithm::FixedWindow)
+                .count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap()
+        .layer(app(go.clone()));
+    clock.set(edge - SEC);
+    // A successful login whose handler is slow: it answers after the boundary.
+    let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
+    settle().await;
+    clock.set(edge + SEC);
+    assert_eq!(svc.clone().oneshot(get("/fail")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    go.notify_one();
+    assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::OK);
+    settle().await;
+    // The slow request's unit belonged to the old window: the failure after the
+    // boundary still counts, so only one more failure fits.
+    assert_eq!(svc.clone().oneshot(get("/fail")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    settle().await;
+    assert_eq!(svc.clone().oneshot(get("/fail")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+// 4 and 5. The fallback limiter's decisions are its own: its rejections never enter the
+// blocked-key cache, and its units are given back to it.
+
+fn fallback_limiter(store: Remote, quota: Quota) -> Limiter<Remote, str> {
+    Limiter::builder(store)
+        .rule("r", quota, user)
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)), 2)
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn fallback_rejections_end_with_the_outage() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = fallback_limiter(store.clone(), Quota::per_hour(4));
+    store.set(Mode::Failing);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(limiter.check("k").await);
+    }
+    assert_eq!(got.iter().map(tollgate::Verdict::is_allowed).collect::<Vec<_>>(), [true, true, false]);
+    assert_eq!(got[2].decided_by(), Some(DecidedBy::Fallback));
+    assert!(got[2].retry_after().is_some_and(|r| r > Duration::from_secs(60)));
+    // Redis is back: the key has used nothing there, and the store must be asked.
+    store.set(Mode::Up);
+    let calls = store.checks();
+    let v = limiter.check("k").await;
+    assert_eq!(store.checks(), calls + 1, "the fallback's rejection was served from the cache");
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Store), "{v:?}");
+}
+
+#[tokio::test]
+async fn a_fallback_decision_is_refunded_to_the_fallback() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = fallback_limiter(store.clone(), Quota::per_hour(2));
+    store.set(Mode::Failing);
+    let a = limiter.check("k").await;
+    assert!(a.is_allowed() && a.decided_by() == Some(DecidedBy::Fallback));
+    assert!(limiter.check("k").await.is_rejected(), "1 an hour for each of 2 servers");
+    limiter.refund(&a).await.unwrap();
+    assert!(store.refunds().is_empty(), "the store was refunded units it never took: {:?}", store.refunds());
+    assert!(limiter.check("k").await.is_allowed(), "the fallback did not get its unit back");
+}
+
+// 7. Two layers over one store with one rule name shared their counts.
+
+#[test]
+fn two_layers_over_one_store_cannot_share_a_rule_name() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let search = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, store.clone());
+    let err = catch_unwind(AssertUnwindSafe(|| {
+        RateLimitLayer::<_, Body>::new(Quota::per_minute(100), key::Global, store.clone())
+    }))
+    .expect_err("a second layer named \"default\" on the same store");
+    let msg = err.downcast_ref::<String>().unwrap();
+    assert!(msg.contains("\"default\"") && msg.contains("builder(store).rule("), "{msg}");
+    let err = RateLimitLayer::<_, Body>::builder(store.clone()).rule("default", Quota::per_day(1), key::Global).build();
+    assert_eq!(err.unwrap_err(), BuildError::RuleInUse("default".into()));
+    // Clones of one layer share its limiter; other stores and other names are fine.
+    let _again = search.clone().layer(app(Arc::default()));
+    let _other = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, MemoryStore::new());
+    let upload = RateLimitLayer::<_, Body>::builder(store.clone()).rule("upload", Quota::per_minute(100), key::Global);
+    assert!(upload.build().is_ok());
+    // Once a layer is gone, its names are free again.
+    drop((search, _again));
+    let _ = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, store);
+}
+
+#[tokio::test]
+async fn named_rules_on_two_routes_keep_their_own_counts() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let layer = |name: &str, q| {
+        RateLimitLayer::<_, Body>::builder(store.clone())
+            .rule(name, q, key::Global)
+            .build()
+            .unwrap()
+            .layer(app(Arc::default()))
+    };
+    let (upload, search) = (layer("upload", Quota::per_minute(100)), layer("search", Quota::per_minute(3)));
+    for _ in 0..5 {
+        assert_eq!(upload.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::OK);
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            search.clone().oneshot(get("/")).await.unwrap().status(),
+            StatusCode::OK,
+            "/upload used /search's limit"
+        );
+    }
+    assert_eq!(search.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+// 9. A delayed leaky-bucket request that was cancelled kept its slot.
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_delayed_request_gives_back_its_slot() {
+    let started = Instant::now();
+    let forwarded = Arc::new(Mutex::new(Vec::new()));
+    let f = forwarded.clone();
+    let inner = tower::service_fn(move |req: Request<Body>| {
+        f.lock().unwrap().push((req.uri().path().to_owned(), started.elapsed().as_millis()));
+        async { Ok::<_, Infallible>(Response::new(Body::empty())) }
+    });
+    let svc =
+        RateLimitLayer::new(Quota::per_second(5).burst(3), key::Global, MemoryStore::with_clock(TokioClock::new()))
+            .algorithm(Algorithm::LeakyBucket)
+            .layer(inner);
+    assert_eq!(svc.clone().oneshot(get("/a")).await.unwrap().status(), StatusCode::OK); // slot 0
+    let b = tokio::spawn(svc.clone().oneshot(get("/b"))); // slot 200 ms
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    b.abort(); // the client left while waiting
+    let _ = b.await;
+    settle().await;
+    assert_eq!(svc.clone().oneshot(get("/c")).await.unwrap().status(), StatusCode::OK);
+    let times = forwarded.lock().unwrap().clone();
+    assert_eq!(times, [("/a".to_owned(), 0), ("/c".to_owned(), 200)], "C got a slot after B's ghost");
+}
+
+// 11. The fallback rebuilt quotas with `Quota::burst`, which could panic at request time.
+
+#[tokio::test]
+async fn the_fallback_never_panics_on_a_quota_the_builder_accepted() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = fallback_limiter(store.clone(), Quota::per_day(3).try_burst(150_000).unwrap());
+    store.set(Mode::Failing);
+    let v = limiter.check("k").await;
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+}
+
+// 12. `count_if` on a shadow rule was ignored.
+
+#[tokio::test]
+async fn count_if_applies_to_shadow_rules_too() {
+    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .add_rule(
+            Rule::new("trial", Quota::per_minute(1), key::Global)
+                .shadow(true)
+                .count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap();
+    let svc = layer.clone().layer(app(Arc::default()));
+    for _ in 0..3 {
+        assert_eq!(svc.clone().oneshot(get("/ok")).await.unwrap().status(), StatusCode::OK);
+        settle().await;
+    }
+    let d = layer.peek("trial", "global").await.unwrap().unwrap();
+    assert!(d.allowed, "successes were counted by the shadow rule: {d:?}");
+    assert_eq!(svc.clone().oneshot(get("/fail")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    settle().await;
+    assert!(!layer.peek("trial", "global").await.unwrap().unwrap().allowed, "the failure counts");
+}
+
+// 13 and 15. Header values, read back with a structured-field parser.
+
+fn sf_params(value: &http::HeaderValue) -> Vec<(String, Vec<(String, i64)>)> {
+    let list: sfv::List = sfv::Parser::new(value.as_bytes()).parse().expect("a structured-field list");
+    list.into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => (
+                item.bare_item.as_string().expect("a string").as_str().to_owned(),
+                item.params
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().expect("an integer"))))
+                    .collect(),
+            ),
+            sfv::ListEntry::InnerList(_) => panic!("an inner list"),
+        })
+        .collect()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+}
+
+#[tokio::test]
+async fn on_a_429_retry_after_t_and_reset_name_one_moment() {
+    let clock = ManualClock::new(T0);
+    let svc = RateLimitLayer::new(Quota::per_hour(10), key::Global, MemoryStore::with_clock(clock.clone()))
+        .algorithm(Algorithm::Gcra)
+        .headers(HeaderStyle::Both)
+        .layer(app(Arc::default()));
+    for _ in 0..10 {
+        assert_eq!(svc.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::OK);
+    }
+    clock.advance(Duration::from_secs(2));
+    let no = svc.clone().oneshot(get("/")).await.unwrap();
+    assert_eq!(no.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = no.headers();
+    let retry: u64 = h[http::header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    assert_eq!(retry, 358, "one every 360 s; 2 s have passed");
+    let t = sf_params(&h["ratelimit"])[0].1.iter().find(|(k, _)| k == "t").unwrap().1;
+    assert_eq!(t, 358, "t and Retry-After disagree (t used to be the full reset, 3598)");
+    let reset: u64 = h["x-ratelimit-reset"].to_str().unwrap().parse().unwrap();
+    assert!(reset.abs_diff(unix_now() + 358) <= 1, "X-RateLimit-Reset {reset}");
+}
+
+#[tokio::test]
+async fn on_a_2xx_t_and_reset_name_when_more_quota_comes() {
+    let clock = ManualClock::new(T0);
+    let svc = RateLimitLayer::new(Quota::per_minute(3), key::Global, MemoryStore::with_clock(clock.clone()))
+        .algorithm(Algorithm::SlidingWindowLog)
+        .headers(HeaderStyle::Both)
+        .layer(app(Arc::default()));
+    svc.clone().oneshot(get("/")).await.unwrap();
+    clock.advance(Duration::from_secs(15));
+    let ok = svc.clone().oneshot(get("/")).await.unwrap();
+    let h = ok.headers();
+    // The first unit leaves the window 45 s from now: one more fits then.
+    let params = &sf_params(&h["ratelimit"])[0].1;
+    assert_eq!(params, &[("r".to_owned(), 1), ("t".to_owned(), 45)]);
+    let reset: u64 = h["x-ratelimit-reset"].to_str().unwrap().parse().unwrap();
+    assert!(reset.abs_diff(unix_now() + 45) <= 1, "X-RateLimit-Reset {reset}");
+}
+
+#[tokio::test]
+async fn a_policy_of_a_sub_second_period_states_its_rate() {
+    let svc = RateLimitLayer::new(Quota::new(1, Duration::from_millis(250)), key::Global, MemoryStore::new())
+        .headers(HeaderStyle::Ietf)
+        .layer(app(Arc::default()));
+    let ok = svc.oneshot(get("/")).await.unwrap();
+    let policy = sf_params(&ok.headers()["ratelimit-policy"]);
+    assert_eq!(policy, [("default".to_owned(), vec![("q".to_owned(), 4), ("w".to_owned(), 1)])], "1/250ms was q=1;w=1");
+}
+
+// Probable, confirmed: a leaky-bucket delay held the inner service's readiness, so one
+// throttled key starved every other behind a backpressured service.
+
+#[tokio::test(start_paused = true)]
+async fn a_delayed_request_does_not_hold_the_inner_services_readiness() {
+    let inner = tower::limit::ConcurrencyLimit::new(app(Arc::default()), 1);
+    let svc = RateLimitLayer::new(
+        Quota::per_second(1).burst(3),
+        key::header("x-key"),
+        MemoryStore::with_clock(TokioClock::new()),
+    )
+    .algorithm(Algorithm::LeakyBucket)
+    .layer(inner);
+    let started = Instant::now();
+    svc.clone().oneshot(keyed("/", "slow")).await.unwrap();
+    let delayed = tokio::spawn(svc.clone().oneshot(keyed("/", "slow"))); // waits 1 s for its slot
+    settle().await;
+    let other = tokio::time::timeout(Duration::from_millis(500), svc.clone().oneshot(keyed("/", "fast")))
+        .await
+        .expect("another key waited for the delayed one's readiness")
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    assert_eq!(started.elapsed(), Duration::ZERO, "another key waited for the delayed one");
+    assert_eq!(delayed.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+}
+
+// Probable, confirmed: a count-by-outcome rule kept its unit when the handler failed or
+// its future was dropped (there is no status to count).
+
+#[tokio::test(start_paused = true)]
+async fn count_if_units_come_back_when_the_handler_fails_or_is_dropped() {
+    let inner = tower::service_fn(|req: Request<Body>| async move {
+        match req.uri().path() {
+            "/hang" => std::future::pending().await,
+            "/err" => Err(std::io::Error::other("handler failed")),
+            "/fail" => Ok(Response::builder().status(StatusCode::UNAUTHORIZED).body(Body::empty()).unwrap()),
+            _ => Ok(Response::new(Body::empty())),
+        }
+    });
+    let svc = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(TokioClock::new()))
+        .add_rule(Rule::new("login", Quota::per_minute(2), key::Global).count_if(|s| s == StatusCode::UNAUTHORIZED))
+        .build()
+        .unwrap()
+        .layer(inner);
+    for _ in 0..3 {
+        assert!(tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/hang"))).await.is_err());
+        settle().await;
+        assert!(svc.clone().oneshot(get("/err")).await.is_err());
+        settle().await;
+    }
+    settle().await;
+    let statuses: Vec<StatusCode> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(svc.clone().oneshot(get("/fail")).await.unwrap().status());
+            settle().await;
+        }
+        v
+    };
+    assert_eq!(statuses, [StatusCode::UNAUTHORIZED, StatusCode::UNAUTHORIZED, StatusCode::TOO_MANY_REQUESTS]);
+}
