@@ -11,7 +11,8 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use smallvec::SmallVec;
 
 use crate::headers::{self, HeaderStyle};
-use crate::verdict::RuleDecision;
+use crate::key::Key;
+use crate::verdict::{DecidedBy, RuleDecision};
 use crate::{Decision, StoreError, Verdict};
 
 /// Details of a rejection, for [`RateLimitLayer::on_rejected`](crate::RateLimitLayer::on_rejected).
@@ -19,8 +20,13 @@ use crate::{Decision, StoreError, Verdict};
 pub struct Rejection {
     /// The rule that rejected.
     pub rule: Arc<str>,
+    /// The key it rejected (for logs; think twice before echoing an API key).
+    pub key: Key,
     /// Its decision (`retry_after`, `limit`, …).
     pub decision: Decision,
+    /// Who decided: the store, the fallback limiter while the store is down (an
+    /// approximate limit), or this process's cache of the store's earlier rejections.
+    pub decided_by: DecidedBy,
 }
 
 /// Builds the response of a rejected request. The middleware adds `Retry-After` and the
@@ -78,7 +84,12 @@ impl<R> Responder<R> {
         let mut res = if grpc {
             grpc_status(8, "rate limit exceeded")
         } else {
-            self.on_rejected.response(&Rejection { rule: verdict.checks[worst].rule.clone(), decision: d.clone() })
+            self.on_rejected.response(&Rejection {
+                rule: verdict.checks[worst].rule.clone(),
+                key: verdict.checks[worst].key.clone(),
+                decision: d.clone(),
+                decided_by: verdict.source.unwrap_or(DecidedBy::Store),
+            })
         };
         let h = res.headers_mut();
         if let Some(retry) = d.retry_after {

@@ -1,0 +1,561 @@
+//! A model-based test of the whole layer. proptest generates a configuration (two rules of
+//! random algorithms and quotas — one per key, one global that counts only 401s — a fail
+//! mode, a fallback or none) and a list of commands: requests (a key, a cost, the
+//! handler's status and time, a drop of the request's future at some point), store faults
+//! and recoveries (failing, hanging), and time steps. They run through the layer over a
+//! store that records every commit (with its identity) and every refund, with tokio's clock
+//! paused and the store's clock following it. Then, against a small reference built from
+//! that record:
+//!
+//! - exactness: the units the *store* admitted, less what the reference says each refund
+//!   gives back, never exceed what the algorithm allows (sliding log: `L` in any window;
+//!   fixed window: `L` per aligned window; GCRA and token bucket: `B` plus the refill of
+//!   the span, plus what was given back in it; leaky bucket: slots never shared).
+//!   Fail-open passes and fallback decisions are over-admission by design and not in the
+//!   record;
+//! - every rejection served by the local blocked-key cache is backed by a rejection of the
+//!   store still in force (nothing the fallback decided outlives the outage);
+//! - once the store is back and the breaker's cool-down has passed, a request reaches the
+//!   store and is decided by it (the breaker recovers; nothing is left counted in flight);
+//! - nothing panics.
+//!
+//! `PROPTEST_CASES` sets the number of cases (default: 4,000 on `MemoryStore`, 100 on Redis).
+
+#![cfg(all(feature = "memory", feature = "redis"))]
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use proptest::prelude::*;
+use support::fake::{settle, TokioClock, T0};
+use support::redis::RedisServer;
+use tollgate::key::{self, Key};
+use tollgate::store::{Outcome, Refund};
+use tollgate::{
+    Algorithm, Check, Clock, DecidedBy, Decision, FailMode, ManualClock, MemoryStore, Quota, RateLimitLayer,
+    RedisStore, Rejection, Rule, Store, StoreError,
+};
+use tower::{Layer, ServiceExt};
+
+// ---------------------------------------------------------------------------------------
+// The recording store
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Up,
+    Failing,
+    Hanging,
+}
+
+#[derive(Debug, Clone)]
+enum Event {
+    /// A check the store answered at `now`.
+    Check { now: u64, checks: Vec<Check>, outcomes: Vec<Option<Outcome>> },
+    /// A refund the store was asked for at `now`.
+    Refund { now: u64, refunds: Vec<Refund> },
+}
+
+#[derive(Clone)]
+struct Recorder<S> {
+    inner: S,
+    clock: Arc<dyn Clock>,
+    mode: Arc<Mutex<Mode>>,
+    attempts: Arc<AtomicUsize>,
+    log: Arc<Mutex<Vec<Event>>>,
+}
+
+impl<S: Store + Clone> Recorder<S> {
+    fn new(inner: S, clock: Arc<dyn Clock>) -> Self {
+        Self { inner, clock, mode: Arc::new(Mutex::new(Mode::Up)), attempts: Arc::default(), log: Arc::default() }
+    }
+
+    fn attempts(&self) -> usize {
+        self.attempts.load(Ordering::SeqCst)
+    }
+
+    fn checked(&self, checks: Vec<Check>) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        let mode = *self.mode.lock().unwrap();
+        let (inner, clock, log) = (self.inner.clone(), self.clock.clone(), self.log.clone());
+        async move {
+            match mode {
+                Mode::Failing => return Err(StoreError::Unavailable("down".into())),
+                Mode::Hanging => std::future::pending::<()>().await,
+                Mode::Up => {}
+            }
+            let now = clock.now_micros();
+            let outcomes = inner.check(&checks).await?;
+            log.lock().unwrap().push(Event::Check { now, checks, outcomes: outcomes.clone() });
+            Ok(outcomes)
+        }
+    }
+}
+
+impl<S: Store + Clone> Store for Recorder<S> {
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
+        self.checked(checks.to_vec())
+    }
+
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let now = self.clock.now_micros();
+        self.log.lock().unwrap().push(Event::Refund { now, refunds: refunds.to_vec() });
+        self.inner.refund(refunds)
+    }
+
+    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.inner.peek(check)
+    }
+
+    fn reset(
+        &self,
+        rule: &str,
+        key: &Key,
+        algorithm: Algorithm,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.reset(rule, key, algorithm)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Configurations and commands
+
+#[derive(Debug, Clone)]
+struct Config {
+    per_key: (Algorithm, Quota),
+    global: (Algorithm, Quota),
+    global_fail_mode: FailMode,
+    fallback: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// One request; `drop_after`: its future is dropped after this many ms;
+    /// `background`: the next commands do not wait for it.
+    Send {
+        key: u8,
+        cost: u8,
+        status: u16,
+        handler_ms: u16,
+        drop_after: Option<u16>,
+        background: bool,
+    },
+    Fault(Mode),
+    Advance(u32),
+}
+
+fn algorithm(leaky: bool) -> impl Strategy<Value = Algorithm> {
+    let mut all = vec![Algorithm::SlidingWindowLog, Algorithm::FixedWindow, Algorithm::Gcra, Algorithm::TokenBucket];
+    if leaky {
+        all.push(Algorithm::LeakyBucket);
+    }
+    prop::sample::select(all)
+}
+
+fn quota() -> impl Strategy<Value = Quota> {
+    (2u64..6, 1u64..6, prop_oneof![Just(2u64), Just(5), Just(10)])
+        .prop_map(|(limit, burst, secs)| Quota::new(limit, Duration::from_secs(secs)).burst(burst.min(limit)))
+}
+
+fn config(leaky: bool) -> impl Strategy<Value = Config> {
+    ((algorithm(leaky), quota()), (algorithm(leaky), quota()), any::<bool>(), any::<bool>()).prop_map(
+        |(per_key, global, closed, fallback)| Config {
+            per_key,
+            global,
+            global_fail_mode: if closed { FailMode::Closed } else { FailMode::Open },
+            fallback,
+        },
+    )
+}
+
+fn ops(slow: bool) -> impl Strategy<Value = Vec<Op>> {
+    let handler = if slow { 0u16..3_000 } else { 0u16..1 };
+    let send = (
+        0u8..3,
+        1u8..4,
+        prop::sample::select(vec![200u16, 401]),
+        handler,
+        prop::option::weighted(0.25, 1u16..300),
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(|(key, cost, status, handler_ms, drop_after, background)| Op::Send {
+            key,
+            cost,
+            status,
+            handler_ms,
+            drop_after,
+            background,
+        });
+    let op = prop_oneof![
+        12 => send,
+        1 => prop::sample::select(vec![Mode::Up, Mode::Failing, Mode::Hanging]).prop_map(Op::Fault),
+        2 => Just(Op::Fault(Mode::Up)),
+        4 => (1u32..4_000).prop_map(Op::Advance),
+    ];
+    prop::collection::vec(op, 1..60)
+}
+
+// ---------------------------------------------------------------------------------------
+// Running a case
+
+/// What the layer did, seen from outside.
+#[derive(Default)]
+struct Seen {
+    /// Rejections served from the local cache: (store time, rule, key).
+    cached: Vec<(u64, String, Vec<u8>)>,
+}
+
+fn request(key: u8, cost: u8, status: u16, handler_ms: u16) -> Request<Body> {
+    Request::get("/")
+        .header("x-key", format!("k{key}"))
+        .header("x-cost", cost.to_string())
+        .header("x-status", status.to_string())
+        .header("x-sleep", handler_ms.to_string())
+        .body(Body::empty())
+        .unwrap()
+}
+
+fn header(req: &Request<Body>, name: &str) -> u64 {
+    req.headers().get(name).and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1)
+}
+
+/// Runs `ops` through a layer over `store` (inside a `LocalSet`: requests in the
+/// background are local tasks). Time steps move tokio's (paused) clock, which
+/// the store follows, or, with `manual` (Redis: tokio's clock is real there), the store's.
+/// Returns the store's record and what was seen.
+async fn run_case<S: Store + Clone>(
+    cfg: &Config,
+    ops: &[Op],
+    store: Recorder<S>,
+    cool_down: Duration,
+    cache: bool,
+    manual: Option<&ManualClock>,
+) -> (Vec<Event>, Seen) {
+    let advance = |d: Duration| async move {
+        match manual {
+            Some(clock) => clock.advance(d),
+            None => tokio::time::sleep(d).await,
+        }
+    };
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let now = store.clock.clone();
+    let record = seen.clone();
+    let mut layer = RateLimitLayer::<_, Body>::builder(store.clone())
+        .add_rule(Rule::new("k", cfg.per_key.1, key::header("x-key")).algorithm(cfg.per_key.0))
+        .add_rule(
+            Rule::new("g", cfg.global.1, key::Global)
+                .algorithm(cfg.global.0)
+                .fail_mode(cfg.global_fail_mode)
+                .count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap()
+        .cost(|req: &Request<Body>| header(req, "x-cost"))
+        .timeout(Duration::from_millis(50))
+        .max_in_flight(2)
+        .circuit_breaker(2, cool_down)
+        .local_cache(cache);
+    if cfg.fallback {
+        layer = layer.fallback(MemoryStore::with_clock(TokioClockOr(now.clone())), 2);
+    }
+    let layer = layer.on_rejected(move |r: &Rejection| {
+        if r.decided_by == DecidedBy::LocalCache {
+            record.lock().unwrap().cached.push((now.now_micros(), r.rule.to_string(), r.key.as_bytes().to_vec()));
+        }
+        let mut res = Response::new(Body::empty());
+        *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        res
+    });
+    let inner = tower::service_fn(|req: Request<Body>| async move {
+        let ms = header(&req, "x-sleep");
+        if ms > 1 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let status = StatusCode::from_u16(u16::try_from(header(&req, "x-status")).unwrap()).unwrap();
+        Ok::<_, Infallible>(Response::builder().status(status).body(Body::empty()).unwrap())
+    });
+    let svc = layer.layer(inner);
+    let mut background = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Send { key, cost, status, handler_ms, drop_after, background: in_background } => {
+                let fut = svc.clone().oneshot(request(key, cost, status, handler_ms));
+                let fut = async move {
+                    match drop_after {
+                        Some(ms) => drop(tokio::time::timeout(Duration::from_millis(u64::from(ms)), fut).await),
+                        None => drop(fut.await),
+                    }
+                };
+                if in_background {
+                    background.push(tokio::task::spawn_local(fut));
+                } else {
+                    fut.await;
+                }
+            }
+            Op::Fault(mode) => *store.mode.lock().unwrap() = mode,
+            Op::Advance(ms) => advance(Duration::from_millis(u64::from(ms))).await,
+        }
+        settle().await;
+    }
+    // Let the requests still running finish (a hanging store ends them at the deadline,
+    // leaky delays at their slot).
+    *store.mode.lock().unwrap() = Mode::Up;
+    for task in background {
+        task.await.unwrap();
+    }
+    // Recovery: the store is back; after the cool-down, a request of a new key must reach
+    // it and be decided by it.
+    *store.mode.lock().unwrap() = Mode::Up;
+    tokio::time::sleep(cool_down).await;
+    advance(cool_down).await;
+    settle().await;
+    let before = store.attempts();
+    let res = svc.clone().oneshot(request(9, 1, 200, 0)).await.unwrap();
+    assert_eq!(store.attempts(), before + 1, "after recovery the store was not asked (breaker or in-flight stuck)");
+    // Decided by the store: a 429 (the global rule may be spent), or a 200 with headers
+    // (a fail-open pass has none).
+    let decided = res.status() == StatusCode::TOO_MANY_REQUESTS || res.headers().contains_key("x-ratelimit-limit");
+    assert!(decided, "not decided by the store after recovery: {res:?}");
+    settle().await;
+    let events = store.log.lock().unwrap().clone();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    (events, seen)
+}
+
+/// A clock shared with the store (the fallback follows the same time).
+#[derive(Clone)]
+struct TokioClockOr(Arc<dyn Clock>);
+
+impl Clock for TokioClockOr {
+    fn now_micros(&self) -> u64 {
+        self.0.now_micros()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The reference
+
+/// One commit of one (rule, key): where its units went, how many, and when it was made.
+#[derive(Debug, Clone)]
+struct Commit {
+    at: u64,
+    cost: u64,
+    made: u64,
+}
+
+/// One refund: of the commit at `at` of `cost`, asked at `when`.
+#[derive(Debug, Clone)]
+struct Undo {
+    at: u64,
+    cost: u64,
+    when: u64,
+}
+
+type Id = (String, Vec<u8>, Algorithm, Quota);
+
+fn id(c: &Check) -> Id {
+    (c.rule.to_string(), c.key.as_bytes().to_vec(), c.algorithm, c.params.quota)
+}
+
+/// Commits and refunds by (rule, key), each in time order; and the store's rejections.
+type Record = (HashMap<Id, Vec<Commit>>, HashMap<Id, Vec<Undo>>, Vec<(u64, Id, Decision)>);
+
+fn split(events: &[Event]) -> Record {
+    let (mut commits, mut undos, mut rejections) =
+        (HashMap::<Id, Vec<Commit>>::new(), HashMap::<Id, Vec<Undo>>::new(), Vec::new());
+    for e in events {
+        match e {
+            Event::Check { now, checks, outcomes } => {
+                for (c, o) in checks.iter().zip(outcomes) {
+                    let Some(o) = o else { continue };
+                    if let Some(t) = o.taken {
+                        commits.entry(id(c)).or_default().push(Commit { at: t.at, cost: c.params.cost, made: *now });
+                    } else if !o.decision.allowed {
+                        rejections.push((*now, id(c), o.decision.clone()));
+                    }
+                }
+            }
+            Event::Refund { now, refunds } => {
+                for r in refunds {
+                    undos.entry(id(&r.check)).or_default().push(Undo {
+                        at: r.taken.at,
+                        cost: r.check.params.cost,
+                        when: *now,
+                    });
+                }
+            }
+        }
+    }
+    // Tasks on other threads may log out of order.
+    commits.values_mut().for_each(|l| l.sort_by_key(|c| c.made));
+    undos.values_mut().for_each(|l| l.sort_by_key(|u| u.when));
+    (commits, undos, rejections)
+}
+
+/// Checks every commit against the reference of its algorithm.
+fn check_exact(commits: &HashMap<Id, Vec<Commit>>, undos: &HashMap<Id, Vec<Undo>>) -> Result<(), String> {
+    for (id, list) in commits {
+        let (rule, _, algorithm, q) = id;
+        let none = Vec::new();
+        let undo = undos.get(id).unwrap_or(&none);
+        let (l, w, t, b) = (q.limit(), q.period_micros(), q.emission_interval_micros(), q.burst_size());
+        let fail =
+            |what: String| Err(format!("rule {rule} ({algorithm}, {q:?}): {what}; commits {list:?}, undos {undo:?}"));
+        match algorithm {
+            Algorithm::SlidingWindowLog => {
+                // At each commit: units logged in (made - W, made], less what refunds made
+                // before it gave back (only while the units were still in the window).
+                for c in list {
+                    let mut per_at: HashMap<u64, u64> = HashMap::new();
+                    for d in list.iter().filter(|d| d.made <= c.made && d.at + w > c.made) {
+                        *per_at.entry(d.at).or_default() += d.cost;
+                    }
+                    for u in undo.iter().filter(|u| u.when <= c.made && u.at + w > u.when) {
+                        if let Some(n) = per_at.get_mut(&u.at) {
+                            *n -= u.cost.min(*n);
+                        }
+                    }
+                    let units: u64 = per_at.values().sum();
+                    if units > l {
+                        return fail(format!("{units} units in the window ending at {}", c.made));
+                    }
+                }
+            }
+            Algorithm::FixedWindow => {
+                for c in list {
+                    let window = c.at / w;
+                    let taken: u64 =
+                        list.iter().filter(|d| d.at / w == window && d.made <= c.made).map(|d| d.cost).sum();
+                    let given: u64 = undo
+                        .iter()
+                        .filter(|u| u.at / w == window && u.when <= c.made && u.when / w == window)
+                        .map(|u| u.cost)
+                        .sum();
+                    if taken.saturating_sub(given) > l {
+                        return fail(format!("{} units in window {window}", taken - given));
+                    }
+                }
+            }
+            Algorithm::Gcra | Algorithm::TokenBucket => {
+                // Between any two commits: what was taken, less what was given back
+                // meanwhile, is at most the burst plus the refill of the span.
+                for (i, first) in list.iter().enumerate() {
+                    for last in &list[i..] {
+                        let span = last.made - first.made;
+                        let taken: u64 =
+                            list.iter().filter(|d| (first.made..=last.made).contains(&d.made)).map(|d| d.cost).sum();
+                        let given: u64 =
+                            undo.iter().filter(|u| (first.made..=last.made).contains(&u.when)).map(|u| u.cost).sum();
+                        if u128::from(taken) * u128::from(t) > u128::from(b + given) * u128::from(t) + u128::from(span)
+                        {
+                            return fail(format!("{taken} units in {span} µs ({given} given back)"));
+                        }
+                    }
+                }
+            }
+            Algorithm::LeakyBucket => {
+                // Slots are never shared, but with a request given back before.
+                for (i, c) in list.iter().enumerate() {
+                    if c.at < c.made {
+                        return fail(format!("slot {} before its request at {}", c.at, c.made));
+                    }
+                    for d in &list[..i] {
+                        let overlap = c.at < d.at + d.cost * t && d.at < c.at + c.cost * t;
+                        let given_back = undo.iter().any(|u| u.at == d.at && u.when <= c.made);
+                        if overlap && !given_back {
+                            return fail(format!("slots {} and {} overlap", d.at, c.at));
+                        }
+                    }
+                }
+            }
+            other => return fail(format!("no reference for {other}")),
+        }
+    }
+    Ok(())
+}
+
+/// Every cached rejection of (rule, key) must be backed by a store rejection of that rule
+/// and key still in force.
+fn check_cache(seen: &Seen, rejections: &[(u64, Id, Decision)]) -> Result<(), String> {
+    for (at, rule, key) in &seen.cached {
+        let backed = rejections.iter().any(|(when, id, d)| {
+            &id.0 == rule
+                && &id.1 == key
+                && d.retry_after.is_some_and(|r| *when + u64::try_from(r.as_micros()).unwrap() > *at)
+        });
+        if !backed {
+            return Err(format!(
+                "rule {rule}, key {:?}: rejected from the cache at {at} without a store rejection in force; \
+                 store rejections: {rejections:?}",
+                String::from_utf8_lossy(key)
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The properties
+
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(default)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(4_000), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_layer_over_memory_store_keeps_every_promise(cfg in config(true), ops in ops(true)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        let (events, seen) = rt.block_on(tokio::task::LocalSet::new().run_until(async {
+            let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+            let store = Recorder::new(MemoryStore::with_clock(TokioClockOr(clock.clone())), clock);
+            run_case(&cfg, &ops, store, Duration::from_millis(500), true, None).await
+        }));
+        let (commits, undos, rejections) = split(&events);
+        check_exact(&commits, &undos).map_err(TestCaseError::fail)?;
+        check_cache(&seen, &rejections).map_err(TestCaseError::fail)?;
+    }
+}
+
+/// One server for every Redis case; each case has a key prefix of its own.
+fn redis() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(100), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_layer_over_redis_keeps_every_promise(cfg in config(false), ops in ops(false)) {
+        static CASE: AtomicUsize = AtomicUsize::new(0);
+        let prefix = format!("model{}", CASE.fetch_add(1, Ordering::SeqCst));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (events, seen) = rt.block_on(tokio::task::LocalSet::new().run_until(async {
+            let manual = ManualClock::new(T0);
+            let clock: Arc<dyn Clock> = Arc::new(manual.clone());
+            let redis = RedisStore::from_url(&redis().url())
+                .unwrap()
+                .prefix(&prefix)
+                .unwrap()
+                .response_timeout(Duration::from_secs(1))
+                .with_clock(manual.clone());
+            redis.ping().await.unwrap();
+            let store = Recorder::new(redis, clock);
+            // Redis runs on real time: no cache (its entries would time out in real time
+            // while the store's clock jumps), a short cool-down.
+            run_case(&cfg, &ops, store, Duration::from_millis(30), false, Some(&manual)).await
+        }));
+        let (commits, undos, rejections) = split(&events);
+        check_exact(&commits, &undos).map_err(TestCaseError::fail)?;
+        check_cache(&seen, &rejections).map_err(TestCaseError::fail)?;
+    }
+}
