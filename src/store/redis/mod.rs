@@ -28,9 +28,12 @@
 //! # Several rules across cluster slots
 //!
 //! Rules whose keys sit in different slots are decided by one script per slot, at the
-//! same time. When one slot rejects, the units taken by the slots that accepted are given
-//! back: concurrent requests may briefly see them as taken (a little under-admission),
-//! never more than the limit is admitted.
+//! same time, in a task of the store's own. When one slot rejects, the units taken by the
+//! slots that accepted are given back by their commits' identity — also when the caller
+//! has stopped waiting — and concurrent requests may briefly see them as taken (a little
+//! under-admission, never over-admission). A rejection is the answer even when another
+//! slot failed (that slot's rules are left undecided); an error is returned only when no
+//! answer rejects.
 //!
 //! # Credentials and TLS
 //!
