@@ -141,7 +141,7 @@ pub(crate) fn apply(
         headers.insert(X_RATELIMIT_LIMIT, number(d.limit));
         headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
         headers.insert(X_RATELIMIT_RESET, number(now + d.reset_secs()));
-        if name_rule {
+        if name_rule && !most.rule.is_empty() {
             if let Ok(v) = HeaderValue::from_str(most.rule) {
                 headers.insert(X_RATELIMIT_RULE, v);
             }

@@ -11,7 +11,7 @@ use tower_layer::Layer;
 use crate::headers::HeaderStyle;
 use crate::key::{Key, KeyExtractor};
 use crate::limiter::{Config, LimiterBuilder};
-use crate::response::{DefaultRejection, Responder};
+use crate::response::{DefaultRejection, DefaultUnavailable, Rejection, Responder, Unavailable};
 use crate::service::RateLimit;
 use crate::store::Store;
 use crate::{Algorithm, BuildError, Decision, FailMode, Limiter, Quota, Rule, StoreError};
@@ -49,19 +49,25 @@ use crate::{Algorithm, BuildError, Decision, FailMode, Limiter, Quota, Rule, Sto
 ///     .expect("rule names are unique");
 /// # let _ = layer;
 /// ```
-pub struct RateLimitLayer<St, B, R = DefaultRejection> {
+pub struct RateLimitLayer<St, B, R = DefaultRejection, U = DefaultUnavailable> {
     limiter: Arc<Limiter<St, Request<B>>>,
     style: HeaderStyle,
     on_rejected: Arc<R>,
+    on_unavailable: Arc<U>,
 }
 
-impl<St, B, R> Clone for RateLimitLayer<St, B, R> {
+impl<St, B, R, U> Clone for RateLimitLayer<St, B, R, U> {
     fn clone(&self) -> Self {
-        Self { limiter: self.limiter.clone(), style: self.style, on_rejected: self.on_rejected.clone() }
+        Self {
+            limiter: self.limiter.clone(),
+            style: self.style,
+            on_rejected: self.on_rejected.clone(),
+            on_unavailable: self.on_unavailable.clone(),
+        }
     }
 }
 
-impl<St: fmt::Debug, B, R> fmt::Debug for RateLimitLayer<St, B, R> {
+impl<St: fmt::Debug, B, R, U> fmt::Debug for RateLimitLayer<St, B, R, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("limiter", &self.limiter)
@@ -98,11 +104,16 @@ impl<St, B: 'static> RateLimitLayer<St, B> {
     /// The layer of a limiter built with [`Limiter::builder`], which holds every setting
     /// but the HTTP ones ([`RateLimitLayer::headers`], [`RateLimitLayer::on_rejected`]).
     pub fn from_limiter(limiter: Limiter<St, Request<B>>) -> Self {
-        Self { limiter: Arc::new(limiter), style: HeaderStyle::default(), on_rejected: Arc::new(DefaultRejection) }
+        Self {
+            limiter: Arc::new(limiter),
+            style: HeaderStyle::default(),
+            on_rejected: Arc::new(DefaultRejection),
+            on_unavailable: Arc::new(DefaultUnavailable),
+        }
     }
 }
 
-impl<St, B: 'static, R> RateLimitLayer<St, B, R> {
+impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// The limiter for the settings below: a clone of this layer already handed to a
     /// service keeps the limiter it has, so this one gets its own.
     fn configure(mut self, f: impl FnOnce(&mut Config<'_, Request<B>>)) -> Self {
@@ -145,10 +156,61 @@ impl<St, B: 'static, R> RateLimitLayer<St, B, R> {
         })
     }
 
-    /// Builds rejections with `f` (status, body…); `Retry-After` and the rate-limit
-    /// headers are still added.
-    pub fn on_rejected<R2>(self, f: R2) -> RateLimitLayer<St, B, R2> {
-        RateLimitLayer { limiter: self.limiter, style: self.style, on_rejected: Arc::new(f) }
+    /// Builds rejections with `f` (status, body…) from the [`Rejection`]: the rule, its
+    /// decision, who decided, and the request's head; `Retry-After` and the rate-limit
+    /// headers are added to what it returns. [`response::text`] and [`response::json`]
+    /// are ready-made ones.
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use http::{header::ACCEPT, Response, StatusCode};
+    /// use tollgate::{key, MemoryStore, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(10), key::PeerIp, MemoryStore::new())
+    ///     .on_rejected(|r| {
+    ///         let wait = r.decision.retry_after_secs().unwrap_or(60);
+    ///         let html = r.headers.get(ACCEPT).is_some_and(|a| a.as_bytes().starts_with(b"text/html"));
+    ///         let body = if html { format!("<p>Slow down: {wait} s</p>") } else { format!("slow down: {wait} s") };
+    ///         let mut res = Response::new(Body::from(body));
+    ///         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    ///         res
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// [`response::text`]: crate::response::text
+    /// [`response::json`]: crate::response::json
+    pub fn on_rejected<F, ResBody>(self, f: F) -> RateLimitLayer<St, B, F, U>
+    where
+        F: Fn(&Rejection<'_>) -> http::Response<ResBody> + Send + Sync + 'static,
+    {
+        self.on_rejected_with(f)
+    }
+
+    /// Builds rejections with any [`OnRejected`](crate::OnRejected) (a type of your own,
+    /// rather than a closure).
+    pub fn on_rejected_with<R2>(self, handler: R2) -> RateLimitLayer<St, B, R2, U> {
+        RateLimitLayer {
+            limiter: self.limiter,
+            style: self.style,
+            on_rejected: Arc::new(handler),
+            on_unavailable: self.on_unavailable,
+        }
+    }
+
+    /// Builds the `503` of a request refused because the store could not decide under
+    /// [`FailMode::Closed`] (default: an empty `503`); `Retry-After` is added to what it
+    /// returns.
+    pub fn on_unavailable<F, ResBody>(self, f: F) -> RateLimitLayer<St, B, R, F>
+    where
+        F: Fn(&Unavailable<'_>) -> http::Response<ResBody> + Send + Sync + 'static,
+    {
+        RateLimitLayer {
+            limiter: self.limiter,
+            style: self.style,
+            on_rejected: self.on_rejected,
+            on_unavailable: Arc::new(f),
+        }
     }
 
     /// The deadline of every store call (default 50 ms): a store that has not answered by
@@ -210,7 +272,7 @@ impl<St, B: 'static, R> RateLimitLayer<St, B, R> {
 }
 
 /// Support tooling: look at and reset one key's state of one rule (see [`Limiter::peek`]).
-impl<St: Store, B: 'static, R> RateLimitLayer<St, B, R> {
+impl<St: Store, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// [`Limiter::peek`]: what rule `rule` would decide now for one unit of `key`,
     /// without consuming anything.
     ///
@@ -245,14 +307,17 @@ impl<St: Store, B: 'static, R> RateLimitLayer<St, B, R> {
     }
 }
 
-impl<S, St, B: 'static, R> Layer<S> for RateLimitLayer<St, B, R> {
-    type Service = RateLimit<S, St, B, R>;
+impl<S, St, B: 'static, R, U> Layer<S> for RateLimitLayer<St, B, R, U> {
+    type Service = RateLimit<S, St, B, R, U>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        let rules = self.limiter.rules();
         let responder = Responder {
             style: self.style,
             on_rejected: self.on_rejected.clone(),
-            name_rule: self.limiter.rules().len() > 1,
+            on_unavailable: self.on_unavailable.clone(),
+            names: rules.iter().map(Rule::public_name_or_name).collect(),
+            name_rule: rules.len() > 1,
         };
         RateLimit::new(inner, self.limiter.clone(), Arc::new(responder))
     }

@@ -95,7 +95,7 @@ mod layer;
 mod limiter;
 mod metrics;
 mod quota;
-mod response;
+pub mod response;
 mod rule;
 mod runtime;
 mod service;
@@ -112,10 +112,14 @@ pub use decision::Decision;
 pub use error::{BuildError, StoreError};
 pub use future::ResponseFuture;
 pub use headers::HeaderStyle;
+/// The `http` crate, re-exported: its `Request`, `Response` and header types are this
+/// crate's (`tollgate::http::Request` in a key extractor of an app that does not name
+/// `http` itself).
+pub use http;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use limiter::{Limiter, LimiterBuilder};
 pub use quota::Quota;
-pub use response::{DefaultRejection, OnRejected, Rejection};
+pub use response::{DefaultRejection, DefaultUnavailable, OnRejected, OnUnavailable, Rejection, Unavailable};
 pub use rule::{FailMode, Rule, MAX_RULE_NAME};
 pub use service::RateLimit;
 #[cfg(feature = "memory")]

@@ -1,13 +1,14 @@
 //! Where the layer's responses are built: the `429` of a rejection (gRPC:
 //! `RESOURCE_EXHAUSTED`), the `503` of a store failure under [`FailMode::Closed`]
-//! (gRPC: `UNAVAILABLE`), and the rate-limit headers of allowed responses.
+//! (gRPC: `UNAVAILABLE`), and the rate-limit headers of allowed responses; and the
+//! ready-made rejections [`text`] and [`json`].
 //!
 //! [`FailMode::Closed`]: crate::FailMode::Closed
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use smallvec::SmallVec;
 
 use crate::headers::{self, HeaderStyle};
@@ -15,80 +16,221 @@ use crate::key::Key;
 use crate::verdict::{DecidedBy, RuleDecision};
 use crate::{Decision, StoreError, Verdict};
 
-/// Details of a rejection, for [`RateLimitLayer::on_rejected`](crate::RateLimitLayer::on_rejected).
-#[derive(Debug, Clone)]
-pub struct Rejection {
-    /// The rule that rejected.
-    pub rule: Arc<str>,
+/// A rejected request, for [`RateLimitLayer::on_rejected`](crate::RateLimitLayer::on_rejected):
+/// the rule that rejected, its decision, and the request's head (for content negotiation).
+/// The middleware adds `Retry-After` and the rate-limit headers to the response built from it.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Rejection<'a> {
+    /// The rule that rejected (its public name: see [`Rule::public_name`](crate::Rule::public_name)).
+    pub rule: &'a str,
     /// The key it rejected (for logs; think twice before echoing an API key).
-    pub key: Key,
-    /// Its decision (`retry_after`, `limit`, …).
-    pub decision: Decision,
+    pub key: &'a Key,
+    /// Its decision: [`Decision::retry_after_secs`] is what `Retry-After` says.
+    pub decision: &'a Decision,
     /// Who decided: the store, the fallback limiter while the store is down (an
     /// approximate limit), or this process's cache of the store's earlier rejections.
     pub decided_by: DecidedBy,
+    /// The request's method.
+    pub method: &'a Method,
+    /// The request's URI.
+    pub uri: &'a Uri,
+    /// The request's headers (`Accept`, for a body in the client's format).
+    pub headers: &'a HeaderMap,
 }
 
-/// Builds the response of a rejected request. The middleware adds `Retry-After` and the
-/// rate-limit headers to whatever it returns.
+/// A request refused because the store could not decide and the fail mode is
+/// [`FailMode::Closed`](crate::FailMode::Closed), for
+/// [`RateLimitLayer::on_unavailable`](crate::RateLimitLayer::on_unavailable). The
+/// middleware adds `Retry-After`.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Unavailable<'a> {
+    /// Why the store could not decide.
+    pub error: &'a StoreError,
+    /// What `Retry-After` says (the circuit's remaining cool-down, else 1 s).
+    pub retry_after: Duration,
+    /// The request's method.
+    pub method: &'a Method,
+    /// The request's URI.
+    pub uri: &'a Uri,
+    /// The request's headers.
+    pub headers: &'a HeaderMap,
+}
+
+/// Builds the response of a rejected request. Implemented for closures
+/// `Fn(&Rejection<'_>) -> Response<ResBody>`; [`DefaultRejection`] is the default.
 pub trait OnRejected<ResBody>: Send + Sync + 'static {
     /// The response for a rejected request.
-    fn response(&self, rejection: &Rejection) -> Response<ResBody>;
+    fn response(&self, rejection: &Rejection<'_>) -> Response<ResBody>;
 }
 
-/// The default rejection: `429 Too Many Requests` with an empty body.
+/// Builds the response of a request refused because the store failed (fail closed).
+/// Implemented for closures `Fn(&Unavailable<'_>) -> Response<ResBody>`;
+/// [`DefaultUnavailable`] is the default.
+pub trait OnUnavailable<ResBody>: Send + Sync + 'static {
+    /// The response for a refused request.
+    fn response(&self, unavailable: &Unavailable<'_>) -> Response<ResBody>;
+}
+
+/// The default rejection: `429 Too Many Requests` with an empty body (any body type with
+/// a `Default`: axum's, tonic's, hyper's).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultRejection;
 
 impl<ResBody: Default> OnRejected<ResBody> for DefaultRejection {
-    fn response(&self, _: &Rejection) -> Response<ResBody> {
-        let mut res = Response::new(ResBody::default());
-        *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        res
+    fn response(&self, _: &Rejection<'_>) -> Response<ResBody> {
+        status(StatusCode::TOO_MANY_REQUESTS)
+    }
+}
+
+/// The default refusal: `503 Service Unavailable` with an empty body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultUnavailable;
+
+impl<ResBody: Default> OnUnavailable<ResBody> for DefaultUnavailable {
+    fn response(&self, _: &Unavailable<'_>) -> Response<ResBody> {
+        status(StatusCode::SERVICE_UNAVAILABLE)
     }
 }
 
 impl<F, ResBody> OnRejected<ResBody> for F
 where
-    F: Fn(&Rejection) -> Response<ResBody> + Send + Sync + 'static,
+    F: Fn(&Rejection<'_>) -> Response<ResBody> + Send + Sync + 'static,
 {
-    fn response(&self, rejection: &Rejection) -> Response<ResBody> {
+    fn response(&self, rejection: &Rejection<'_>) -> Response<ResBody> {
         self(rejection)
     }
 }
 
-/// How a layer answers: its header style and its rejection builder.
-#[derive(Debug)]
-pub(crate) struct Responder<R> {
+impl<F, ResBody> OnUnavailable<ResBody> for F
+where
+    F: Fn(&Unavailable<'_>) -> Response<ResBody> + Send + Sync + 'static,
+{
+    fn response(&self, unavailable: &Unavailable<'_>) -> Response<ResBody> {
+        self(unavailable)
+    }
+}
+
+fn status<ResBody: Default>(code: StatusCode) -> Response<ResBody> {
+    let mut res = Response::new(ResBody::default());
+    *res.status_mut() = code;
+    res
+}
+
+/// A ready-made rejection with a plain-text body, for bodies that can carry one
+/// (`ResBody: From<String>`: axum's `Body`, `Full<Bytes>`, `String`):
+/// `429` with `Too many requests: retry in 31 s.` (or, for a request that can never be
+/// accepted, `Too many requests: this request is larger than the limit allows.`).
+///
+/// ```
+/// use tollgate::{key, response, MemoryStore, Quota, RateLimitLayer};
+///
+/// let app: axum::Router = axum::Router::new()
+///     .route("/", axum::routing::get(|| async { "ok" }))
+///     .layer(RateLimitLayer::new(Quota::per_minute(10), key::PeerIp, MemoryStore::new()).on_rejected(response::text()));
+/// ```
+pub fn text<ResBody: From<String>>() -> impl Fn(&Rejection<'_>) -> Response<ResBody> + Clone + Send + Sync + 'static {
+    |r: &Rejection<'_>| {
+        let body = match r.decision.retry_after_secs() {
+            Some(s) => format!("Too many requests: retry in {s} s.\n"),
+            None => "Too many requests: this request is larger than the limit allows.\n".to_owned(),
+        };
+        with_body(body, "text/plain; charset=utf-8")
+    }
+}
+
+/// A ready-made rejection with a JSON body, for bodies that can carry one
+/// (`ResBody: From<String>`): `429` with
+/// `{"error":"rate_limited","rule":"per-ip","limit":10,"remaining":0,"retry_after":31}`
+/// (`retry_after` is `null` for a request that can never be accepted).
+///
+/// ```
+/// use tollgate::{key, response, MemoryStore, Quota, RateLimitLayer};
+///
+/// let limits = RateLimitLayer::new(Quota::per_minute(10), key::PeerIp, MemoryStore::new())
+///     .on_rejected(response::json()); // the body type comes from the router
+/// let app: axum::Router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" })).layer(limits);
+/// ```
+pub fn json<ResBody: From<String>>() -> impl Fn(&Rejection<'_>) -> Response<ResBody> + Clone + Send + Sync + 'static {
+    |r: &Rejection<'_>| {
+        let d = r.decision;
+        let retry = d.retry_after_secs().map_or_else(|| "null".to_owned(), |s| s.to_string());
+        let body = format!(
+            r#"{{"error":"rate_limited","rule":{},"limit":{},"remaining":{},"retry_after":{retry}}}"#,
+            json_string(r.rule),
+            d.limit,
+            d.remaining,
+        );
+        with_body(body, "application/json")
+    }
+}
+
+fn with_body<ResBody: From<String>>(body: String, content_type: &'static str) -> Response<ResBody> {
+    let mut res = Response::new(ResBody::from(body));
+    *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    res.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    res
+}
+
+/// `s` as a JSON string: quotes, backslashes and control characters escaped.
+fn json_string(s: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// How a layer answers: its header style, its rejection and refusal builders, and the
+/// names its rules are shown under.
+pub(crate) struct Responder<R, U> {
     pub(crate) style: HeaderStyle,
     pub(crate) on_rejected: Arc<R>,
+    pub(crate) on_unavailable: Arc<U>,
+    /// Per rule (by index): the name clients see; empty: hidden.
+    pub(crate) names: Box<[Arc<str>]>,
     /// The layer has several rules: say which one the legacy headers describe.
     pub(crate) name_rule: bool,
 }
 
 /// Whether a request is a gRPC call (`content-type: application/grpc*`).
-pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
+fn is_grpc<B>(req: &Request<B>) -> bool {
     req.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-impl<R> Responder<R> {
+impl<R, U> Responder<R, U> {
     /// The response to a rejected request: the rejection builder's (or a gRPC status),
     /// with `Retry-After` and the rate-limit headers of the worst rule.
-    pub(crate) fn rejected<ResBody>(&self, verdict: &Verdict, grpc: bool) -> Response<ResBody>
+    pub(crate) fn rejected<ResBody, B>(&self, verdict: &Verdict, req: &Request<B>) -> Response<ResBody>
     where
         R: OnRejected<ResBody>,
         ResBody: Default,
     {
         let worst = verdict.worst().expect("a rejected verdict has a rejecting rule");
         let d = &verdict.decisions[worst];
+        let grpc = is_grpc(req);
         let mut res = if grpc {
             grpc_status(8, "rate limit exceeded")
         } else {
             self.on_rejected.response(&Rejection {
-                rule: verdict.checks[worst].rule.clone(),
-                key: verdict.checks[worst].key.clone(),
-                decision: d.clone(),
+                rule: &self.names[verdict.rules[worst]],
+                key: &verdict.checks[worst].key,
+                decision: d,
                 decided_by: verdict.source.unwrap_or(DecidedBy::Store),
+                method: req.method(),
+                uri: req.uri(),
+                headers: req.headers(),
             })
         };
         let h = res.headers_mut();
@@ -114,27 +256,39 @@ impl<R> Responder<R> {
         if self.style == HeaderStyle::None {
             return;
         }
-        let all: SmallVec<[RuleDecision<'_>; 2]> = verdict.decisions().collect();
+        let all: SmallVec<[RuleDecision<'_>; 2]> = verdict
+            .decisions()
+            .zip(&verdict.rules)
+            .map(|(d, &rule)| RuleDecision { rule: &self.names[rule], ..d })
+            .collect();
         headers::apply(h, self.style, &all[most], &all, self.name_rule);
     }
-}
 
-/// The response when the store cannot decide and the fail mode refuses: `503` with
-/// `Retry-After` (gRPC: `UNAVAILABLE`).
-pub(crate) fn unavailable<ResBody: Default>(grpc: bool, err: &StoreError) -> Response<ResBody> {
-    let retry = match err {
-        StoreError::CircuitOpen(left) => *left,
-        _ => Duration::from_secs(1),
-    };
-    let mut res = if grpc {
-        grpc_status(14, "rate limiter unavailable")
-    } else {
-        let mut res = Response::new(ResBody::default());
-        *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    /// The response when the store cannot decide and the fail mode refuses: the refusal
+    /// builder's `503` (gRPC: `UNAVAILABLE`), with `Retry-After`.
+    pub(crate) fn unavailable<ResBody, B>(&self, error: &StoreError, req: &Request<B>) -> Response<ResBody>
+    where
+        U: OnUnavailable<ResBody>,
+        ResBody: Default,
+    {
+        let retry_after = match error {
+            StoreError::CircuitOpen(left) => *left,
+            _ => Duration::from_secs(1),
+        };
+        let mut res = if is_grpc(req) {
+            grpc_status(14, "rate limiter unavailable")
+        } else {
+            self.on_unavailable.response(&Unavailable {
+                error,
+                retry_after,
+                method: req.method(),
+                uri: req.uri(),
+                headers: req.headers(),
+            })
+        };
+        headers::retry_after(res.headers_mut(), retry_after);
         res
-    };
-    headers::retry_after(res.headers_mut(), retry);
-    res
+    }
 }
 
 /// A trailers-only gRPC response: HTTP 200 with `grpc-status` in the headers.

@@ -71,6 +71,7 @@ pub(crate) type Shared<I, T> = Arc<dyn Fn(&I) -> T + Send + Sync>;
 /// ```
 pub struct Rule<I: ?Sized> {
     pub(crate) name: Arc<str>,
+    pub(crate) public_name: Option<Arc<str>>,
     pub(crate) quota: Quota,
     pub(crate) quota_fn: Option<Shared<I, Option<Quota>>>,
     pub(crate) key: Arc<dyn KeyExtractor<I>>,
@@ -87,6 +88,7 @@ impl<I: ?Sized> Clone for Rule<I> {
     fn clone(&self) -> Self {
         Self {
             name: self.name.clone(),
+            public_name: self.public_name.clone(),
             quota: self.quota,
             quota_fn: self.quota_fn.clone(),
             key: self.key.clone(),
@@ -105,6 +107,7 @@ impl<I: ?Sized> fmt::Debug for Rule<I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Rule")
             .field("name", &self.name)
+            .field("public_name", &self.public_name)
             .field("quota", &self.quota)
             .field("per_request_quota", &self.quota_fn.is_some())
             .field("algorithm", &self.algorithm)
@@ -123,6 +126,7 @@ impl<I: ?Sized> Rule<I> {
     pub fn new(name: impl Into<String>, quota: Quota, key: impl KeyExtractor<I>) -> Self {
         Self {
             name: name.into().into(),
+            public_name: None,
             quota,
             quota_fn: None,
             key: Arc::new(key),
@@ -140,6 +144,20 @@ impl<I: ?Sized> Rule<I> {
     #[must_use]
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The name clients see in the rate-limit headers (`X-RateLimit-Rule`, the IETF
+    /// policy names) and in a [`Rejection`](crate::Rejection), instead of the rule's own
+    /// name (which stays the one stores and metrics use). An empty name hides the rule:
+    /// no `X-RateLimit-Rule`, and `""` in the IETF fields.
+    #[must_use]
+    pub fn public_name(mut self, name: impl Into<String>) -> Self {
+        self.public_name = Some(name.into().into());
+        self
+    }
+
+    pub(crate) fn public_name_or_name(&self) -> Arc<str> {
+        self.public_name.clone().unwrap_or_else(|| self.name.clone())
     }
 
     /// The quota given to [`Rule::new`].

@@ -10,33 +10,33 @@ use tower_service::Service;
 
 use crate::future::ResponseFuture;
 use crate::limiter::GiveBackOnDrop;
-use crate::response::{self, OnRejected, Responder};
+use crate::response::{DefaultUnavailable, OnRejected, OnUnavailable, Responder};
 use crate::store::Store;
 use crate::verdict::State;
 use crate::Limiter;
 
 /// The service built by [`RateLimitLayer`](crate::RateLimitLayer). Clones share one
 /// [`Limiter`].
-pub struct RateLimit<S, St, B, R> {
+pub struct RateLimit<S, St, B, R, U = DefaultUnavailable> {
     inner: S,
     limiter: Arc<Limiter<St, Request<B>>>,
-    responder: Arc<Responder<R>>,
+    responder: Arc<Responder<R, U>>,
 }
 
-impl<S: Clone, St, B, R> Clone for RateLimit<S, St, B, R> {
+impl<S: Clone, St, B, R, U> Clone for RateLimit<S, St, B, R, U> {
     fn clone(&self) -> Self {
         Self { inner: self.inner.clone(), limiter: self.limiter.clone(), responder: self.responder.clone() }
     }
 }
 
-impl<S: fmt::Debug, St: fmt::Debug, B, R> fmt::Debug for RateLimit<S, St, B, R> {
+impl<S: fmt::Debug, St: fmt::Debug, B, R, U> fmt::Debug for RateLimit<S, St, B, R, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit").field("inner", &self.inner).field("limiter", &self.limiter).finish_non_exhaustive()
     }
 }
 
-impl<S, St, B, R> RateLimit<S, St, B, R> {
-    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, Request<B>>>, responder: Arc<Responder<R>>) -> Self {
+impl<S, St, B, R, U> RateLimit<S, St, B, R, U> {
+    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, Request<B>>>, responder: Arc<Responder<R, U>>) -> Self {
         Self { inner, limiter, responder }
     }
 
@@ -61,7 +61,7 @@ impl<S, St, B, R> RateLimit<S, St, B, R> {
     }
 }
 
-impl<S, St, B, R, ResBody> Service<Request<B>> for RateLimit<S, St, B, R>
+impl<S, St, B, R, U, ResBody> Service<Request<B>> for RateLimit<S, St, B, R, U>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -69,6 +69,7 @@ where
     St: Store,
     B: Send + 'static,
     R: OnRejected<ResBody>,
+    U: OnUnavailable<ResBody>,
     ResBody: Default + Send + 'static,
 {
     type Response = Response<ResBody>;
@@ -93,9 +94,9 @@ where
 /// After the store call, every `.await` is covered: a request dropped while waiting for
 /// its slot gives back all it took, and one whose handler fails or is dropped gives back
 /// the units of its count-by-outcome rules (it has no status to be counted by).
-async fn handle<S, St, B, R, ResBody>(
+async fn handle<S, St, B, R, U, ResBody>(
     limiter: Arc<Limiter<St, Request<B>>>,
-    responder: Arc<Responder<R>>,
+    responder: Arc<Responder<R, U>>,
     mut inner: S,
     mut req: Request<B>,
 ) -> Result<Response<ResBody>, S::Error>
@@ -104,17 +105,17 @@ where
     St: Store,
     B: 'static,
     R: OnRejected<ResBody>,
+    U: OnUnavailable<ResBody>,
     ResBody: Default,
 {
     let plan = limiter.plan(&req);
     if plan.is_empty() {
         return inner.call(req).await;
     }
-    let grpc = response::is_grpc(&req);
     let verdict = limiter.decide(plan).await;
     match &verdict.state {
-        State::Rejected => return Ok(responder.rejected(&verdict, grpc)),
-        State::Failed { error, closed: true } => return Ok(response::unavailable(grpc, error)),
+        State::Rejected => return Ok(responder.rejected(&verdict, &req)),
+        State::Failed { error, closed: true } => return Ok(responder.unavailable(error, &req)),
         // Fail open: the request passes, with no rate-limit headers (nothing is known).
         State::Failed { closed: false, .. } => return inner.call(req).await,
         State::Allowed => {}

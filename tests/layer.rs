@@ -142,7 +142,7 @@ async fn header_styles() {
 #[tokio::test]
 async fn on_rejected_customises_the_response_and_headers_are_still_added() {
     let svc = RateLimitLayer::new(Quota::per_minute(1), key::Global, MemoryStore::with_clock(clock()))
-        .on_rejected(|r: &tollgate::Rejection| {
+        .on_rejected(|r| {
             let mut res = Response::new(Body::from(format!("slow down ({})", r.rule)));
             *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             res

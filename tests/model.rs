@@ -265,7 +265,7 @@ async fn run_case<S: Store + Clone>(
     if cfg.fallback {
         layer = layer.fallback(MemoryStore::with_clock(TokioClockOr(now.clone())), 2);
     }
-    let layer = layer.on_rejected(move |r: &Rejection| {
+    let layer = layer.on_rejected(move |r: &Rejection<'_>| {
         if r.decided_by == DecidedBy::LocalCache {
             record.lock().unwrap().cached.push((now.now_micros(), r.rule.to_string(), r.key.as_bytes().to_vec()));
         }

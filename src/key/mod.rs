@@ -202,12 +202,31 @@ impl<I: ?Sized> KeyExtractor<I> for Global {
     }
 }
 
-/// The value of a request header, e.g. `header("x-api-key")`. A request without the
+/// The value of a request header, e.g. `header("X-Api-Key")` (names are case-insensitive;
+/// any `AsRef<str>`, so a name read from configuration works). A request without the
 /// header (or with an empty value) is not limited by the rule. Any bytes are accepted;
 /// long values are hashed.
+///
+/// # Panics
+///
+/// When `name` is not a valid header name (a space, a colon, non-ASCII…); use
+/// [`try_header`] for names that come from configuration.
 #[must_use]
-pub fn header(name: &'static str) -> Header {
-    Header(HeaderName::from_static(name))
+pub fn header(name: impl AsRef<str>) -> Header {
+    try_header(name).unwrap_or_else(|e| panic!("key::header: {e}"))
+}
+
+/// [`header`], with an error instead of a panic.
+///
+/// # Errors
+///
+/// [`BuildError::InvalidKey`](crate::BuildError::InvalidKey) when `name` is not a valid
+/// header name.
+pub fn try_header(name: impl AsRef<str>) -> Result<Header, crate::BuildError> {
+    let name = name.as_ref();
+    HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
+        .map(Header)
+        .map_err(|_| crate::BuildError::InvalidKey(format!("{name:?} is not a valid HTTP header name")))
 }
 
 /// See [`header`].
@@ -272,6 +291,16 @@ mod tests {
         let long = "y".repeat(INLINE + 10);
         assert_eq!(Key::display(&long), Key::from(long.as_str()));
         assert_eq!(Key::display("z".repeat(MAX_KEY_LEN + 1)), Key::from("z".repeat(MAX_KEY_LEN + 1)));
+    }
+
+    #[test]
+    fn header_names_are_case_insensitive_and_checked() {
+        let from_config = String::from("X-Api-Key");
+        let e = header(&from_config);
+        assert_eq!(key_of(&e, &req_from("1.1.1.1:1", &[("x-api-key", "abc")])), "abc");
+        let err = try_header("x api key").unwrap_err();
+        assert_eq!(err.to_string(), "invalid key: \"x api key\" is not a valid HTTP header name");
+        assert!(std::panic::catch_unwind(|| header("bad:name")).is_err());
     }
 
     #[test]

@@ -47,13 +47,20 @@ impl<B> KeyExtractor<Request<B>> for PeerIpPrefix {
 
 static WARNED_NO_PEER: AtomicBool = AtomicBool::new(false);
 
+/// What to do when a request carries no peer address.
+pub(super) const NO_PEER_HINT: &str = "tollgate: no peer address in the request, so every such request shares \
+     the key \"unknown\" (one limit for all clients). axum: serve with \
+     app.into_make_service_with_connect_info::<SocketAddr>(); tonic: keep TcpConnectInfo (the default); \
+     behind a proxy: key::TrustedProxyIp.";
+
 pub(super) fn unknown_peer() -> Key {
     if !WARNED_NO_PEER.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            "tollgate: no peer address in the request (axum: serve with \
-             into_make_service_with_connect_info::<SocketAddr>()); such requests share \
-             the key \"unknown\""
-        );
+        tracing::warn!("{NO_PEER_HINT}");
+        // Also where it cannot be missed when no tracing subscriber is installed (a
+        // setup slip shows in the first run): once per process, in debug builds.
+        if cfg!(debug_assertions) {
+            eprintln!("{NO_PEER_HINT}");
+        }
     }
     crate::metrics::peer_unknown();
     Key::from("unknown")
