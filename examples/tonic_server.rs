@@ -67,7 +67,7 @@ pub mod hello {
     pub const SAY_HELLO: &str = "/hello.Greeter/SayHello";
 
     /// The server: routes `SayHello` to [`say_hello`]. tonic serves any
-    /// `Service<http::Request<Body>>` that is also a `NamedService`.
+    /// `Service<tollgate::http::Request<Body>>` that is also a `NamedService`.
     #[derive(Debug, Clone, Default)]
     pub struct GreeterServer;
 
@@ -75,8 +75,8 @@ pub mod hello {
         const NAME: &'static str = "hello.Greeter";
     }
 
-    impl tower::Service<http::Request<Body>> for GreeterServer {
-        type Response = http::Response<Body>;
+    impl tower::Service<tollgate::http::Request<Body>> for GreeterServer {
+        type Response = tollgate::http::Response<Body>;
         type Error = Infallible;
         type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
@@ -84,7 +84,7 @@ pub mod hello {
             Poll::Ready(Ok(()))
         }
 
-        fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        fn call(&mut self, req: tollgate::http::Request<Body>) -> Self::Future {
             Box::pin(async move {
                 if req.uri().path() != SAY_HELLO {
                     return Ok(Status::unimplemented(format!("no method {}", req.uri().path())).into_http());
@@ -138,7 +138,7 @@ pub mod hello {
             req: impl IntoRequest<HelloRequest>,
         ) -> Result<tonic::Response<HelloReply>, Status> {
             self.inner.ready().await.map_err(|e| Status::unavailable(format!("channel not ready: {e}")))?;
-            let path = http::uri::PathAndQuery::from_static(SAY_HELLO);
+            let path = tollgate::http::uri::PathAndQuery::from_static(SAY_HELLO);
             self.inner.unary(req.into_request(), path, ProstCodec::<HelloRequest, HelloReply>::default()).await
         }
     }

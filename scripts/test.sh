@@ -22,6 +22,9 @@ if ! have redis-server || ! have redis-cli; then
 fi
 echo "== $(redis-server --version)"
 
-# Plain `cargo test` builds the examples as binaries (tests/examples_run.rs runs them) and
-# runs the doctests too. Two test threads: the machine this is tuned for has two cores.
-cargo test --all-features -- --test-threads=2
+# tests/examples_run.rs runs the example programs (workspace member `examples/`) as
+# processes: build them first. Then every test of the workspace, doctests included (the
+# README's snippets among them). Two test threads: the machine this is tuned for has two
+# cores.
+cargo build -p tollgate-examples --examples --all-features
+cargo test --workspace --all-features -- --test-threads=2

@@ -5,7 +5,7 @@
 
 // Shared with `examples/simulate.rs`, which uses all of it; these tests use a part.
 #[allow(dead_code)]
-#[path = "../examples/simulate/sim.rs"]
+#[path = "../simulate/sim.rs"]
 mod sim;
 
 use std::time::Duration;
