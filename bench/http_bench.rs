@@ -3,9 +3,9 @@
 //!
 //! ```text
 //! apt-get install wrk                                   # the load generator (Debian package)
-//! cargo run --release --example http_bench              # all runs, then a markdown table
-//! DURATION=5 ROUNDS=1 cargo run --release --example http_bench
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --release --features redis --example http_bench
+//! cargo run --release -p tollgate-bench --example http_bench              # all runs, then a markdown table
+//! DURATION=5 ROUNDS=1 cargo run --release -p tollgate-bench --example http_bench
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --release -p tollgate-bench --example http_bench
 //! ```
 //!
 //! Runs, each on a fresh server: `bare` (no layer), `memory` with a high limit (every

@@ -2,7 +2,7 @@
 //! multiplexed connection, beside baselines measured in the same run on the same Redis.
 //!
 //! ```text
-//! cargo run --release --features redis --example loadtest -- [--quick]
+//! cargo run --release -p tollgate-bench --example loadtest -- [--quick]
 //!     [--threads N] [--rlf PATH/bench.js] [--out FILE.md] [--only ALGORITHM]
 //! ```
 //!
@@ -41,7 +41,7 @@ mod support;
 
 #[cfg(not(feature = "redis"))]
 fn main() {
-    eprintln!("the load test needs Redis: cargo run --release --features redis --example loadtest");
+    eprintln!("the load test needs Redis: cargo run --release -p tollgate-bench --example loadtest");
     std::process::exit(2);
 }
 
@@ -117,7 +117,7 @@ mod run {
                 "--rlf" => o.rlf = Some(args.next().ok_or("--rlf needs the path of the node script")?),
                 "--out" => o.out = Some(args.next().ok_or("--out needs a file name")?),
                 "--only" => o.only = Some(args.next().ok_or("--only needs an algorithm")?.parse()?),
-                other => return Err(format!("unknown argument {other:?}; see the top of examples/loadtest.rs").into()),
+                other => return Err(format!("unknown argument {other:?}; see the top of bench/loadtest.rs").into()),
             }
         }
         Ok(o)

@@ -2,8 +2,8 @@
 //! keyed limiter (`RateLimiter::keyed`, GCRA on a DashMap) in the same run.
 //!
 //! ```text
-//! cargo bench --bench memory
-//! cargo bench --bench memory -- --warm-up-time 3 --measurement-time 10   # steadier numbers
+//! cargo bench -p tollgate-bench --bench memory
+//! cargo bench -p tollgate-bench --bench memory -- --warm-up-time 3 --measurement-time 10   # steadier numbers
 //! ```
 //!
 //! Every benchmark makes one decision per iteration over 10,000 pre-built keys visited in a

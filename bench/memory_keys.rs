@@ -3,8 +3,8 @@
 //! allowed), keys visited round robin.
 //!
 //! ```text
-//! cargo run --release --example memory_keys               # 100, 1,000, 10,000 and 100,000 keys
-//! cargo run --release --example memory_keys -- 30000000   # decisions per measurement (default 10 M)
+//! cargo run --release -p tollgate-bench --example memory_keys               # 100, 1,000, 10,000 and 100,000 keys
+//! cargo run --release -p tollgate-bench --example memory_keys -- 30000000   # decisions per measurement (default 10 M)
 //! ```
 //!
 //! Each key count is measured for tollgate then governor, twice, interleaved; the table
@@ -64,7 +64,7 @@ fn main() {
     println!("| keys | tollgate ns / decision | governor ns / decision | speed vs governor |");
     println!("|---:|---:|---:|---:|");
     for n in [100u64, 1_000, 10_000, 100_000] {
-        // API-key-like keys, as in benches/memory.rs.
+        // API-key-like keys, as in bench/memory.rs.
         let keys: Vec<String> = (0..n).map(|i| format!("ak_{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15))).collect();
         let (mut ours, mut theirs) = (f64::MAX, f64::MAX);
         for _ in 0..2 {

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! redis-server --port 6390 --save '' --appendonly no &
-//! REDIS_URL=redis://127.0.0.1:6390 cargo run --release --features redis --example redis_memory
+//! REDIS_URL=redis://127.0.0.1:6390 cargo run --release -p tollgate-bench --example redis_memory
 //! ```
 //!
 //! Starts nothing itself: it uses the Redis at `REDIS_URL` (default
@@ -13,7 +13,7 @@
 
 #[cfg(not(feature = "redis"))]
 fn main() {
-    eprintln!("this example needs the `redis` feature: cargo run --release --features redis --example redis_memory");
+    eprintln!("this example needs the `redis` feature: cargo run --release -p tollgate-bench --example redis_memory");
 }
 
 #[cfg(feature = "redis")]

@@ -3,12 +3,12 @@
 //! rule: at most `L` accepted units in any window of length `W`, per key.
 //!
 //! ```text
-//! cargo run --release --example simulate -- --trace bursty --quota 100/min [--seed N] [--svg out.svg]
-//! cargo run --release --example simulate -- --all      # every trace: README.md and docs/img/*.svg
+//! cargo run --release -p tollgate-bench --example simulate -- --trace bursty --quota 100/min [--seed N] [--svg out.svg]
+//! cargo run --release -p tollgate-bench --example simulate -- --all      # every trace: README.md and docs/img/*.svg
 //! ```
 //!
 //! Traces: `poisson-below`, `poisson-above`, `boundary`, `bursty`, `heavy-tail` (see
-//! `examples/simulate/sim.rs`). The table gives, per algorithm: the requests accepted,
+//! `bench/simulate/sim.rs`). The table gives, per algorithm: the requests accepted,
 //! the over-admitted ones (accepted although their trailing window then held more than
 //! `L`), the wrongly refused ones (refused although the window had room), and the largest
 //! number accepted in any `W`-long window, divided by `L`.

@@ -2,8 +2,8 @@
 //! a [`tollgate::Limiter`] — the same rules, store and protections the HTTP layer uses.
 //!
 //! ```text
-//! cargo run --example job_queue                                    # in-process store
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --features redis --example job_queue
+//! cargo run -p tollgate-examples --example job_queue                                    # in-process store
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p tollgate-examples --features redis --example job_queue
 //! ```
 //!
 //! Two customers enqueue jobs at once: `acme` 14, `globex` 3. Each customer may start 5

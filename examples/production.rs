@@ -2,8 +2,8 @@
 //! limits read from a config file, Prometheus metrics, and admin routes.
 //!
 //! ```text
-//! cargo run --features metrics,config --example production
-//! LIMITS_FILE=limits.toml INTERNAL_TOKEN=s3cret cargo run --features metrics,config --example production
+//! cargo run -p tollgate-examples --features production --example production
+//! LIMITS_FILE=limits.toml INTERNAL_TOKEN=s3cret cargo run -p tollgate-examples --features production --example production
 //! ```
 //!
 //! Public listener (`PORT`, default 3000):

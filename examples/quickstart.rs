@@ -1,8 +1,8 @@
 //! An axum server with a per-IP limit and a per-API-key limit.
 //!
 //! ```text
-//! cargo run --example quickstart                                   # in-process store
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --features redis --example quickstart
+//! cargo run -p tollgate-examples --example quickstart                                   # in-process store
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p tollgate-examples --features redis --example quickstart
 //! ```
 //!
 //! Then `curl -i http://127.0.0.1:3000/` eleven times within a minute: the eleventh answer

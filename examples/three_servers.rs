@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! redis-server --port 6379 &        # or point REDIS_URL at any Redis
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --features redis --example three_servers
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p tollgate-examples --features redis --example three_servers
 //! ```
 //!
 //! Each server has its own `RedisStore` (its own pool and connections), as three machines

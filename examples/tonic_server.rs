@@ -2,8 +2,8 @@
 //! metadata) and per client address.
 //!
 //! ```text
-//! cargo run --features tonic --example tonic_server            # serve on 127.0.0.1:50051
-//! cargo run --features tonic --example tonic_server -- demo    # serve, call itself until limited, exit
+//! cargo run -p tollgate-examples --features tonic --example tonic_server            # serve on 127.0.0.1:50051
+//! cargo run -p tollgate-examples --features tonic --example tonic_server -- demo    # serve, call itself until limited, exit
 //! grpcurl -plaintext -H 'x-api-key: demo' -d '{"name":"you"}' 127.0.0.1:50051 hello.Greeter/SayHello
 //! ```
 //!

@@ -1,6 +1,6 @@
 //! Runs the examples that need no external service as child processes, on free loopback
-//! ports, and talks to them over real sockets: what a user sees after `cargo run
-//! --example …`.
+//! ports, and talks to them over real sockets: what a user sees after `cargo run -p
+//! tollgate-examples --example …`.
 //!
 //! The binaries are the ones `cargo test` builds under `target/<profile>/examples/`; an
 //! example whose features are off is neither built nor run. Children are killed on drop.
@@ -34,8 +34,7 @@ fn binary(name: &str) -> PathBuf {
     let path = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(
         path.exists(),
-        "{} is missing: `cargo test` builds the examples (not `cargo test --test examples_run` alone); \
-         or run `cargo build --examples --all-features` first",
+        "{} is missing: run `cargo build -p tollgate-examples --examples --all-features` first (scripts/test.sh does)",
         path.display()
     );
     path

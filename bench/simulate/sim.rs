@@ -1,4 +1,4 @@
-//! The simulator's core, shared by `examples/simulate.rs` and `tests/accuracy.rs`: request
+//! The simulator's core, shared by `bench/simulate.rs` and `bench/tests/accuracy.rs`: request
 //! traces generated from a seed, their replay through a store with simulated time, and the
 //! judge that holds every decision against the exact sliding-window rule.
 //!

@@ -1,9 +1,9 @@
 //! The properties the accuracy figures of the README rest on, checked with the
-//! simulator's own trace generator and judge (`examples/simulate/sim.rs`) on traces small
+//! simulator's own trace generator and judge (`bench/simulate/sim.rs`) on traces small
 //! enough for a debug build.
 #![cfg(feature = "memory")]
 
-// Shared with `examples/simulate.rs`, which uses all of it; these tests use a part.
+// Shared with `bench/simulate.rs`, which uses all of it; these tests use a part.
 #[allow(dead_code)]
 #[path = "../simulate/sim.rs"]
 mod sim;

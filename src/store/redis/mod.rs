@@ -317,7 +317,7 @@ impl RedisStore {
         self.rebuild(|c| c.clock = Some(clock))
     }
 
-    /// Not part of the API (feature `bench-internals`, for `examples/loadtest.rs`, which
+    /// Not part of the API (feature `bench-internals`, for `bench/loadtest.rs`, which
     /// measures the script alone as a baseline): what [`Store::check`] sends for `checks`
     /// on a standalone server, by `EVALSHA` of `sha` (or `EVAL` of `text` after a
     /// `NOSCRIPT`). May change in any release.
