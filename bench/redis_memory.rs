@@ -38,25 +38,14 @@ mod imp {
     /// As long as the default prefix `tollgate`, so that key sizes are representative.
     const PREFIX: &str = "tgmemory";
 
-    /// The tag in key names (`<prefix>:{<key>}:<rule>:<tag>:v1`, see `RedisStore`).
-    fn tag(a: Algorithm) -> &'static str {
-        match a {
-            Algorithm::FixedWindow => "fw",
-            Algorithm::SlidingWindowLog => "swl",
-            Algorithm::SlidingWindowCounter => "swc",
-            Algorithm::TokenBucket => "tb",
-            Algorithm::LeakyBucket => "lb",
-            _ => "gcra",
-        }
-    }
-
     async fn used_memory(conn: &mut MultiplexedConnection) -> redis::RedisResult<i64> {
         let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
         Ok(info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0))
     }
 
-    async fn delete_all(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
-        let mut cursor: u64 = 0;
+    /// Every key under [`PREFIX`].
+    async fn scan_all(conn: &mut MultiplexedConnection) -> redis::RedisResult<Vec<Vec<u8>>> {
+        let (mut cursor, mut all) = (0u64, Vec::new());
         loop {
             let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                 .arg(cursor)
@@ -66,14 +55,22 @@ mod imp {
                 .arg(1000)
                 .query_async(conn)
                 .await?;
-            if !keys.is_empty() {
-                let _: i64 = redis::cmd("UNLINK").arg(keys).query_async(conn).await?;
-            }
+            all.extend(keys);
             if next == 0 {
-                return Ok(());
+                // SCAN may return a key twice while the table resizes.
+                all.sort_unstable();
+                all.dedup();
+                return Ok(all);
             }
             cursor = next;
         }
+    }
+
+    async fn delete_all(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+        for chunk in scan_all(conn).await?.chunks(1000) {
+            let _: i64 = redis::cmd("UNLINK").arg(chunk).query_async(conn).await?;
+        }
+        Ok(())
     }
 
     pub(super) async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -118,19 +115,18 @@ mod imp {
             }
             let took = started.elapsed();
             let after = used_memory(&mut conn).await?;
-            let mut sampled = 0;
-            let mut bytes = 0;
-            for i in (0..USERS).step_by(USERS / SAMPLE) {
-                let key = format!("{PREFIX}:{{user-{i}}}:api:{}:v1", tag(algorithm));
-                let usage: Option<i64> =
-                    redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query_async(&mut conn).await?;
-                if let Some(u) = usage {
-                    sampled += 1;
-                    bytes += u;
-                }
+            // Every key under the prefix is one user's state (the layout is `RedisStore`'s
+            // business, so the keys are found by SCAN rather than by spelling their names).
+            let keys = scan_all(&mut conn).await?;
+            if keys.len() != USERS {
+                return Err(format!("{algorithm}: {} keys for {USERS} users", keys.len()).into());
             }
-            if sampled != SAMPLE {
-                return Err(format!("{algorithm}: only {sampled} of {SAMPLE} sampled keys exist").into());
+            let (mut sampled, mut bytes) = (0, 0);
+            for key in keys.iter().step_by(USERS / SAMPLE) {
+                let usage: Option<i64> =
+                    redis::cmd("MEMORY").arg("USAGE").arg(key).arg("SAMPLES").arg(0).query_async(&mut conn).await?;
+                sampled += 1;
+                bytes += usage.ok_or("a scanned key vanished")?;
             }
             #[allow(clippy::cast_precision_loss)]
             let (usage, delta) = (bytes as f64 / sampled as f64, (after - before) as f64 / USERS as f64);

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p tollgate-bench --example simulate -- --trace bursty --quota 100/min [--seed N] [--svg out.svg]
-//! cargo run --release -p tollgate-bench --example simulate -- --all      # every trace: README.md and docs/img/*.svg
+//! cargo run --release -p tollgate-bench --example simulate -- --all      # every trace: docs/accuracy.md and docs/img/*.svg
 //! ```
 //!
 //! Traces: `poisson-below`, `poisson-above`, `boundary`, `bursty`, `heavy-tail` (see
@@ -43,7 +43,7 @@ usage: simulate --trace NAME [--quota Q] [--seed N] [--requests N] [--svg PATH] 
   --svg PATH       also draw key 0's accepted requests in the trailing window, per algorithm
   --store S        memory (default) or redis (REDIS_URL; needs a build with redis support)
   --all            replay every trace, print the tables and regenerate the report and figures
-  --report PATH    the markdown file whose generated blocks --all rewrites (default README.md)
+  --report PATH    the markdown file whose generated blocks --all rewrites (default docs/accuracy.md)
   --img-dir DIR    where --all writes boundary.svg and bursty.svg (default docs/img)";
 
 /// The largest trace the simulator builds (about 2 GB with the judge and the decisions).
@@ -77,7 +77,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
         requests: None,
         svg: None,
         backend: Backend::Memory,
-        report: PathBuf::from("README.md"),
+        report: PathBuf::from("docs/accuracy.md"),
         img_dir: PathBuf::from("docs/img"),
     };
     let mut report_given = false;

@@ -16,9 +16,9 @@
 //!     .layer(
 //!         RateLimitLayer::new(
 //!             Quota::per_minute(100),
-//!             // Annotate the request type: `&http::Request<axum::body::Body>` for axum,
+//!             // Annotate the request type: `&axum::extract::Request` for axum,
 //!             // `&http::Request<tonic::body::Body>` for tonic.
-//!             |req: &http::Request<axum::body::Body>| {
+//!             |req: &axum::extract::Request| {
 //!                 req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
 //!             },
 //!             MemoryStore::new(),
@@ -128,3 +128,16 @@ pub use store::memory::MemoryStore;
 pub use store::redis::RedisStore;
 pub use store::{Check, Store};
 pub use verdict::{DecidedBy, RuleDecision, Verdict};
+
+/// The README's Rust examples, compiled (and run where they can) as doctests so the
+/// guide cannot drift from the API.
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "memory",
+    feature = "redis",
+    feature = "config",
+    feature = "test-util"
+))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

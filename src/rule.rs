@@ -63,7 +63,7 @@ pub(crate) type Shared<I, T> = Arc<dyn Fn(&I) -> T + Send + Sync>;
 /// ```
 /// use tollgate::{key, Algorithm, Quota, Rule};
 ///
-/// type Request = http::Request<axum::body::Body>;
+/// type Request = axum::extract::Request;
 ///
 /// let rule: Rule<Request> = Rule::new("per-ip", Quota::per_minute(100), key::PeerIp)
 ///     .algorithm(Algorithm::Gcra)

@@ -1,5 +1,5 @@
 //! Markdown output: the figures table, the memory table, and the generated blocks of
-//! the README (or of any file that has the same markers).
+//! `docs/accuracy.md` (or of any file that has the same markers).
 
 use std::fmt::Write as _;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The properties the accuracy figures of the README rest on, checked with the
+//! The properties the accuracy figures of `docs/accuracy.md` rest on, checked with the
 //! simulator's own trace generator and judge (`bench/simulate/sim.rs`) on traces small
 //! enough for a debug build.
 #![cfg(feature = "memory")]

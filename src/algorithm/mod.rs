@@ -21,7 +21,7 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
-/// Which algorithm a rule uses. See the README's "Choosing an algorithm".
+/// Which algorithm a rule uses. See the README's "Algorithms" and `docs/accuracy.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Algorithm {

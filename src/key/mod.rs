@@ -3,7 +3,7 @@
 //!
 //! Any closure `Fn(&I) -> Option<K>` with `K: Into<Key>` is an extractor for inputs of
 //! type `I`; for the HTTP layer `I` is `http::Request<B>`. Annotate the request type, as
-//! Rust cannot infer it from the layer: `|req: &http::Request<axum::body::Body>| …` for
+//! Rust cannot infer it from the layer: `|req: &axum::extract::Request| …` for
 //! axum, `|req: &http::Request<tonic::body::Body>| …` for tonic. A closure that returns
 //! `None` says "do not limit this input by this rule". The built-in IP extractors never
 //! return `None`: without connection info they warn once and limit under one shared
