@@ -1,9 +1,10 @@
 //! [`PeerIp`]: the address of the connected peer, canonicalised.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::Request;
+use ipnet::Ipv6Net;
 
 use super::{Key, KeyExtractor};
 
@@ -88,16 +89,8 @@ pub(crate) fn canonical_ip(ip: IpAddr, v6_bits: u8) -> IpAddr {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask128(v6_bits))),
+            None => IpAddr::V6(Ipv6Net::new(v6, v6_bits.min(128)).map_or(v6, |net| net.network())),
         },
-    }
-}
-
-pub(super) fn mask128(bits: u8) -> u128 {
-    if bits == 0 {
-        0
-    } else {
-        u128::MAX << (128 - u32::from(bits.min(128)))
     }
 }
 

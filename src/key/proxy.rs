@@ -1,58 +1,38 @@
 //! [`TrustedProxyIp`]: the client address behind trusted reverse proxies.
 
 use std::net::{IpAddr, SocketAddr};
-use std::str::FromStr;
 use std::sync::Arc;
 
 use http::Request;
+use ipnet::Ipv4Net;
 
-use super::peer::{canonical_ip, ip_key, mask128, peer_addr, unknown_peer};
+use super::peer::{canonical_ip, ip_key, peer_addr, unknown_peer};
 use super::{Key, KeyExtractor};
 use crate::BuildError;
 
-/// An IP network such as `10.0.0.0/8` or `::1/128` (a bare address is a /32 or /128).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IpNet {
-    addr: IpAddr,
-    bits: u8,
-}
+/// An IP network (`10.0.0.0/8`, `fd00::/8`): the [`ipnet`] crate's, re-exported.
+pub use ipnet::IpNet;
 
-impl IpNet {
-    /// Whether `ip` is inside this network (IPv4-mapped addresses count as IPv4).
-    #[must_use]
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, canonical_ip(ip, 128)) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let m = if self.bits == 0 { 0 } else { u32::MAX << (32 - u32::from(self.bits)) };
-                u32::from(net) & m == u32::from(ip) & m
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let m = mask128(self.bits);
-                u128::from(net) & m == u128::from(ip) & m
-            }
-            _ => false,
-        }
-    }
-}
-
-impl FromStr for IpNet {
-    type Err = BuildError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |why: &str| BuildError::InvalidKey(format!("trusted proxy network {s:?}: {why}"));
-        let (addr, bits) = match s.trim().split_once('/') {
-            Some((a, b)) => (a, Some(b)),
-            None => (s.trim(), None),
-        };
-        let addr: IpAddr = addr.parse().map_err(|_| bad("not an IP address"))?;
-        let addr = canonical_ip(addr, 128);
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let bits = match bits {
-            Some(b) => b.parse::<u8>().ok().filter(|&b| b <= max).ok_or_else(|| bad("bad prefix length"))?,
-            None => max,
-        };
-        Ok(Self { addr, bits })
-    }
+/// One trusted network: a CIDR or a bare address (a /32 or /128). An IPv4-mapped IPv6
+/// network (`::ffff:10.0.0.0/104`) becomes the IPv4 network it maps (`10.0.0.0/8`), as
+/// clients' addresses are compared in their canonical form.
+fn parse_network(s: &str) -> Result<IpNet, BuildError> {
+    let text = s.trim();
+    let net = if text.contains('/') {
+        text.parse::<IpNet>()
+            .map_err(|_| BuildError::InvalidKey(format!("trusted proxy network {s:?}: not an address/prefix length")))?
+    } else {
+        text.parse::<IpAddr>()
+            .map(IpNet::from)
+            .map_err(|_| BuildError::InvalidKey(format!("trusted proxy network {s:?}: not an IP address")))?
+    };
+    Ok(match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
+            None => net.trunc(),
+        },
+        _ => net.trunc(),
+    })
 }
 
 /// Which header a trusted proxy writes the client address into.
@@ -99,7 +79,7 @@ impl TrustedProxyIp {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let trusted = trusted.into_iter().map(|s| s.as_ref().parse()).collect::<Result<Vec<IpNet>, _>>()?;
+        let trusted = trusted.into_iter().map(|s| parse_network(s.as_ref())).collect::<Result<Vec<_>, _>>()?;
         Ok(Self { trusted: trusted.into(), header: ProxyHeader::default(), v6_bits: 64 })
     }
 
@@ -118,7 +98,8 @@ impl TrustedProxyIp {
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
-        self.trusted.iter().any(|n| n.contains(ip))
+        let ip = canonical_ip(ip, 128);
+        self.trusted.iter().any(|n| n.contains(&ip))
     }
 
     /// The client address for a request whose peer is `peer`.
@@ -231,13 +212,26 @@ mod tests {
 
     #[test]
     fn networks() {
-        let n: IpNet = "10.0.0.0/8".parse().unwrap();
-        assert!(n.contains("10.200.1.1".parse().unwrap()));
-        assert!(n.contains("::ffff:10.1.1.1".parse().unwrap()));
-        assert!(!n.contains("11.0.0.1".parse().unwrap()));
-        let n: IpNet = "fd00::/8".parse().unwrap();
-        assert!(n.contains("fd12::1".parse().unwrap()));
-        assert!("1.2.3.4/40".parse::<IpNet>().is_err());
-        assert!("nope".parse::<IpNet>().unwrap_err().to_string().contains("nope"));
+        let trusted = |nets: &[&str], ip: &str| {
+            let k = TrustedProxyIp::new(nets).unwrap();
+            k.is_trusted(ip.parse().unwrap())
+        };
+        assert!(trusted(&["10.0.0.0/8"], "10.200.1.1"));
+        assert!(trusted(&["10.0.0.0/8"], "::ffff:10.1.1.1"), "a mapped client is its IPv4 address");
+        assert!(!trusted(&["10.0.0.0/8"], "11.0.0.1"));
+        assert!(trusted(&["fd00::/8"], "fd12::1"));
+        assert!(!trusted(&["fd00::/8"], "fe00::1"));
+        // A bare address is one host; host bits in a CIDR are ignored.
+        assert!(trusted(&[" 192.168.1.7 "], "192.168.1.7"));
+        assert!(!trusted(&["192.168.1.7"], "192.168.1.8"));
+        assert!(trusted(&["10.1.2.3/8"], "10.9.9.9"));
+        // A mapped IPv6 network is the IPv4 network it maps.
+        assert!(trusted(&["::ffff:10.0.0.0/104"], "10.3.3.3"));
+        assert!(trusted(&["::ffff:10.0.0.0/104"], "::ffff:10.3.3.3"));
+        assert!(!trusted(&["::ffff:10.0.0.0/104"], "11.3.3.3"));
+        let err = |net: &str| TrustedProxyIp::new([net]).unwrap_err().to_string();
+        assert!(err("1.2.3.4/40").contains("1.2.3.4/40"));
+        assert!(err("nope").contains("\"nope\": not an IP address"));
+        assert!(err("10.0.0.0/x").contains("prefix length"));
     }
 }
