@@ -246,3 +246,39 @@ async fn a_multi_slot_check_cut_off_by_the_deadline_still_rolls_back() {
     // unit stayed taken.
     assert_eq!(store.peek(&a).await.unwrap().remaining, 8);
 }
+
+/// Default deadline (50 ms) and response timeout (100 ms): one slot rejects at once while
+/// another slot's node hangs. The rejection is the answer, at once (it used to wait for
+/// the hung slot past the deadline and turn into a fail-open pass); and when the hung
+/// slot answers after all, what it took is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_does_not_wait_for_a_hung_slot() {
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls()).unwrap(); // default response timeout
+    store.ping().await.unwrap();
+    let (ip, account) = (key_on(&cluster, 0, "ip"), key_on(&cluster, 1, "acct"));
+    let per_account = check("per-account", &account, Algorithm::Gcra, Quota::per_hour(100));
+    let limiter: Limiter<RedisStore, str> = Limiter::builder(store.clone())
+        .rule("per-ip", Quota::per_hour(1), move |_: &str| Some(ip.clone()))
+        .add_rule(
+            Rule::new("per-account", Quota::per_hour(100), move |_: &str| Some(account.clone()))
+                .algorithm(Algorithm::Gcra),
+        )
+        .algorithm(Algorithm::FixedWindow)
+        .local_cache(false)
+        .build() // default deadline, default fail mode (open)
+        .unwrap();
+    assert!(limiter.check("r").await.is_allowed());
+    assert!(limiter.check("r").await.is_rejected());
+    let before = store.peek(&per_account).await.unwrap().remaining;
+
+    cluster.node(1).pause();
+    let v = limiter.check("r").await;
+    assert!(v.is_rejected() && v.store_error().is_none(), "per-ip is over its limit, yet: {v:?}");
+    // Node 1 runs again within the response timeout: its slot accepts, late, and the
+    // task gives its unit back.
+    std::thread::sleep(Duration::from_millis(40));
+    cluster.node(1).resume();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(store.peek(&per_account).await.unwrap().remaining, before, "the late slot's unit was kept");
+}

@@ -4,16 +4,24 @@
 //!
 //! - The task owns the calls: when the caller's future is dropped (its deadline passed,
 //!   the client left), the calls still end and the rollback still runs. The caller gets
-//!   its answer once the rollback is done, so that its next request finds the units back.
+//!   its answer once the rollback of the slots that answered is done, so that its next
+//!   request finds the units back.
+//! - A rejection does not wait long for slots still out: 5 ms after it, it is answered
+//!   without them, as a hung node would otherwise hold the answer past the caller's
+//!   deadline and turn the rejection into a store error (a fail-open pass by default).
+//!   What a late slot takes is given back when it answers.
 //! - A rollback gives back exactly what each slot's commit took (its `Taken`), never
 //!   units of requests decided in between.
 //! - If any slot rejected, the request is rejected, whatever another slot's error: the
 //!   rules of a failed slot are reported undecided (`None`). An error is returned only
 //!   when no answer rejects.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::call::Inner;
 use super::keys;
@@ -21,6 +29,11 @@ use super::script::{Reply, MODE_CHECK};
 use crate::key::Key;
 use crate::store::{Check, Outcome, Refund};
 use crate::StoreError;
+
+/// Once a slot has rejected, how long the slots still out have to answer before the
+/// rejection is answered without them: long enough for healthy nodes (so that the caller's
+/// next request finds their units back), well inside the default 50 ms deadline.
+const LATE_SLOT_GRACE: Duration = Duration::from_millis(5);
 
 impl Inner {
     /// Indexes of the checks (by their keys) grouped so that each group is one script
@@ -51,42 +64,87 @@ pub(super) async fn check_slots(
     let checks: Arc<[Check]> = checks.into();
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let calls = groups.iter().map(|g| {
-            let group: Vec<&Check> = g.iter().map(|&i| &checks[i]).collect();
-            let inner = &inner;
-            async move { inner.run_check(&group, MODE_CHECK).await }
-        });
-        let replies = join_all(calls).await;
-        let everyone = replies.iter().all(|r| matches!(r, Ok(reply) if reply.all));
-        let result = combine(checks.len(), &groups, &replies, everyone);
-        if everyone {
-            let _ = tx.send(result);
-            return;
-        }
-        // Roll back what the slots that accepted took: by each commit's identity.
-        let rollbacks: Vec<Vec<Refund>> = groups
+        let mut calls: FuturesUnordered<_> = groups
             .iter()
-            .zip(&replies)
-            .filter_map(|(g, r)| match r {
-                Ok(reply) if reply.all => Some(refunds(&checks, g, reply)),
-                _ => None,
+            .enumerate()
+            .map(|(slot, g)| {
+                let group: Vec<&Check> = g.iter().map(|&i| &checks[i]).collect();
+                let inner = &inner;
+                async move { (slot, inner.run_check(&group, MODE_CHECK).await) }
             })
             .collect();
-        let calls = rollbacks.iter().map(|r| {
-            let group: Vec<&Refund> = r.iter().collect();
-            let inner = &inner;
-            async move { inner.run_refund(&group).await }
-        });
-        for r in join_all(calls).await {
-            if let Err(e) = r {
-                tracing::warn!(target: "tollgate", error = %e, "could not give back the units of a rejected multi-slot check");
+        let mut replies: Vec<Option<Result<Reply, StoreError>>> = groups.iter().map(|_| None).collect();
+        let mut rolled_back = vec![false; groups.len()];
+        let mut tx = Some(tx);
+        // Once a slot has rejected, how long the others still have to answer before the
+        // rejection is answered without them.
+        let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        loop {
+            let next = match grace.as_mut() {
+                Some(sleep) if tx.is_some() => tokio::select! {
+                    next = calls.next() => next,
+                    () = sleep.as_mut() => {
+                        // The slots still out are late: answer the rejection without them
+                        // (a hung node would hold it past the caller's deadline and turn
+                        // it into a store error); what they take is given back when they
+                        // answer.
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(combine(checks.len(), &groups, &replies, false));
+                        }
+                        continue;
+                    }
+                },
+                _ => calls.next().await,
+            };
+            let Some((slot, reply)) = next else { break };
+            replies[slot] = Some(reply);
+            if !replies.iter().flatten().any(|r| matches!(r, Ok(reply) if !reply.all)) {
+                continue;
             }
+            // A slot rejected: the request is rejected. Give back what the slots that
+            // accepted took.
+            roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
+            grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(LATE_SLOT_GRACE)));
+        }
+        let Some(tx) = tx else { return };
+        let everyone = replies.iter().all(|r| matches!(r, Some(Ok(reply)) if reply.all));
+        if !everyone {
+            roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
         }
         // Answered once the units are back, so that the caller's next request finds them;
         // a caller gone by then (its deadline passed) changes nothing here.
-        let _ = tx.send(result);
+        let _ = tx.send(combine(checks.len(), &groups, &replies, everyone));
     });
     rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("the multi-slot check task ended early".into())))
+}
+
+/// Gives back, by each commit's identity, what the slots that accepted took, once per
+/// slot.
+async fn roll_back(
+    inner: &Inner,
+    checks: &[Check],
+    groups: &[Vec<usize>],
+    replies: &[Option<Result<Reply, StoreError>>],
+    rolled_back: &mut [bool],
+) {
+    let mut rollbacks: Vec<Vec<Refund>> = Vec::new();
+    for ((g, r), done) in groups.iter().zip(replies).zip(rolled_back.iter_mut()) {
+        if let (Some(Ok(reply)), false) = (r, *done) {
+            if reply.all {
+                rollbacks.push(refunds(checks, g, reply));
+                *done = true;
+            }
+        }
+    }
+    let calls = rollbacks.iter().map(|r| {
+        let group: Vec<&Refund> = r.iter().collect();
+        async move { inner.run_refund(&group).await }
+    });
+    for r in join_all(calls).await {
+        if let Err(e) = r {
+            tracing::warn!(target: "tollgate", error = %e, "could not give back the units of a rejected multi-slot check");
+        }
+    }
 }
 
 /// What a group that accepted took.
@@ -99,23 +157,23 @@ fn refunds(checks: &[Check], group: &[usize], reply: &Reply) -> Vec<Refund> {
 }
 
 /// The outcomes in the order of the checks: all taken when `everyone` accepted; else
-/// decisions with nothing taken (rolled back), `None` for a failed slot's rules when
-/// another slot rejected, or the first error when none rejected.
+/// decisions with nothing taken (rolled back), `None` for the rules of a slot that failed
+/// or has not answered when another slot rejected, or the first error when none rejected.
 fn combine(
     n: usize,
     groups: &[Vec<usize>],
-    replies: &[Result<Reply, StoreError>],
+    replies: &[Option<Result<Reply, StoreError>>],
     everyone: bool,
 ) -> Result<Vec<Option<Outcome>>, StoreError> {
-    let rejected = replies.iter().any(|r| matches!(r, Ok(reply) if !reply.all));
+    let rejected = replies.iter().flatten().any(|r| matches!(r, Ok(reply) if !reply.all));
     if !rejected {
-        if let Some(Err(e)) = replies.iter().find(|r| r.is_err()) {
+        if let Some(Err(e)) = replies.iter().flatten().find(|r| r.is_err()) {
             return Err(e.clone());
         }
     }
     let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
     for (g, r) in groups.iter().zip(replies) {
-        let Ok(reply) = r else { continue };
+        let Some(Ok(reply)) = r else { continue };
         for (&i, o) in g.iter().zip(&reply.outcomes) {
             outcomes[i] = o.clone().map(|o| Outcome { taken: if everyone { o.taken } else { None }, ..o });
         }
