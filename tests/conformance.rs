@@ -254,6 +254,19 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(61 * SEC), one(0, 3), one(0, 1), Undo(2), Undo(2), Peek(0, 1), one(0, 2)],
             ],
         ));
+        // A bucket's refund gives back what its commit still holds back: nothing once the
+        // bucket has refilled, a part of it while refilling.
+        out.push(scenario(
+            format!("{a}: late and partial refunds"),
+            T0,
+            vec![rule("r", "k", a, Quota::per_minute(1).burst(2))],
+            vec![
+                vec![one(0, 1), Advance(60 * SEC), one(0, 1), one(0, 1), one(0, 1)],
+                vec![Undo(4), Peek(0, 1), one(0, 1)],
+                vec![Advance(20 * SEC), Undo(4), Peek(0, 1), one(0, 1), one(0, 1), Peek(0, 1)],
+                vec![Advance(70 * SEC), Undo(2), Peek(0, 1), Peek(0, 2)],
+            ],
+        ));
         let b = partner(a);
         out.push(scenario(
             format!("{a}: two rules on one key, a rejected rule consumes nothing from the other"),

@@ -442,3 +442,45 @@ async fn count_if_units_come_back_when_the_handler_fails_or_is_dropped() {
     };
     assert_eq!(statuses, [StatusCode::UNAUTHORIZED, StatusCode::UNAUTHORIZED, StatusCode::TOO_MANY_REQUESTS]);
 }
+
+// The second review (one test per finding; each failed before its fix).
+
+// R2. A token bucket's or GCRA's refund after the bucket had refilled gave the tokens a
+// second time: more than the burst at one instant.
+
+#[tokio::test]
+async fn a_late_bucket_refund_never_lets_more_than_the_burst_through() {
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let clock = ManualClock::new(T0);
+        let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+            .rule("jobs", Quota::per_minute(1).burst(2), user)
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        let a = limiter.check("ada").await;
+        assert!(a.is_allowed());
+        clock.advance(Duration::from_secs(60)); // a's token has refilled
+        let mut at_once = 0;
+        while limiter.check("ada").await.is_allowed() {
+            at_once += 1;
+        }
+        assert_eq!(at_once, 2, "{algorithm}: the burst");
+        limiter.refund(&a).await.unwrap();
+        assert!(limiter.check("ada").await.is_rejected(), "{algorithm}: a third request at one instant, burst 2");
+
+        // A refund in time gives back what its commit still holds back: all of it at
+        // once, the rest of it 20 s later.
+        let (b, c) = (limiter.check("bob").await, limiter.check("bob").await);
+        assert!(b.is_allowed() && c.is_allowed() && limiter.check("bob").await.is_rejected());
+        limiter.refund(&c).await.unwrap();
+        assert!(limiter.check("bob").await.is_allowed(), "{algorithm}: an immediate refund gave nothing back");
+        clock.advance(Duration::from_secs(20));
+        // b's token would have been back 60 s after b; 20 s later it still holds back two
+        // thirds of a token, which the refund gives back: with the third refilled, one
+        // whole token, and the next one a full minute away.
+        limiter.refund(&b).await.unwrap();
+        assert!(limiter.check("bob").await.is_allowed(), "{algorithm}: a timely refund gave too little back");
+        let v = limiter.check("bob").await;
+        assert_eq!(v.retry_after(), Some(Duration::from_secs(60)), "{algorithm}: a partial refund gave too much back");
+    }
+}

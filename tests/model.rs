@@ -444,18 +444,32 @@ fn check_exact(commits: &HashMap<Id, Vec<Commit>>, undos: &HashMap<Id, Vec<Undo>
                 }
             }
             Algorithm::Gcra | Algorithm::TokenBucket => {
-                // Between any two commits: what was taken, less what was given back
-                // meanwhile, is at most the burst plus the refill of the span.
-                for (i, first) in list.iter().enumerate() {
-                    for last in &list[i..] {
-                        let span = last.made - first.made;
-                        let taken: u64 =
-                            list.iter().filter(|d| (first.made..=last.made).contains(&d.made)).map(|d| d.cost).sum();
-                        let given: u64 =
-                            undo.iter().filter(|u| (first.made..=last.made).contains(&u.when)).map(|u| u.cost).sum();
-                        if u128::from(taken) * u128::from(t) > u128::from(b + given) * u128::from(t) + u128::from(span)
-                        {
-                            return fail(format!("{taken} units in {span} µs ({given} given back)"));
+                // Each refund removes its own commit (matched by identity, in time order).
+                // At every commit, the commits still standing (made by then, not refunded
+                // by then) must fit the bucket: in any span ending there, at most the
+                // burst plus the span's refill. A refund may give back less than its
+                // commit holds (conservative), never more: so this must hold.
+                let mut refunded_at: Vec<Option<u64>> = vec![None; list.len()];
+                for u in undo {
+                    let found = list.iter().enumerate().find(|(i, d)| {
+                        refunded_at[*i].is_none() && d.at == u.at && d.cost == u.cost && d.made <= u.when
+                    });
+                    if let Some((i, _)) = found {
+                        refunded_at[i] = Some(u.when);
+                    }
+                }
+                for c in list {
+                    let standing: Vec<&Commit> = list
+                        .iter()
+                        .zip(&refunded_at)
+                        .filter(|(d, r)| d.made <= c.made && r.is_none_or(|when| when > c.made))
+                        .map(|(d, _)| d)
+                        .collect();
+                    for first in &standing {
+                        let span = c.made - first.made;
+                        let taken: u64 = standing.iter().filter(|d| d.made >= first.made).map(|d| d.cost).sum();
+                        if u128::from(taken) * u128::from(t) > u128::from(b) * u128::from(t) + u128::from(span) {
+                            return fail(format!("{taken} units standing in the {span} µs before {}", c.made));
                         }
                     }
                 }

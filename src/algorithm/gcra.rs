@@ -30,16 +30,23 @@ impl Gcra {
         Decision::reject(l, capacity.saturating_sub(used) / t, used, retry)
     }
 
-    /// Applies an accepted request; returns `now`.
+    /// Applies an accepted request; returns the new TAT: the time the burst would be whole
+    /// again had nothing else been taken, the commit's identity for [`Gcra::refund`].
     pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         self.tat = self.tat.max(now) + p.cost * p.quota.emission_interval_micros();
-        now
+        self.tat
     }
 
-    /// Gives back the units of a commit: the cells are interchangeable, so the TAT moves
-    /// back by `c·T`, but never before `now` (what has drained since is not given twice).
-    pub fn refund(&mut self, p: &Params, _at: u64, now: u64) {
-        self.tat = self.tat.saturating_sub(p.cost * p.quota.emission_interval_micros()).max(now);
+    /// Gives back what the commit whose TAT was `at` still holds back: its `c·T`, less
+    /// what has drained since `at - c·T` (by `at`, its cells would have drained had
+    /// nothing else been taken; giving those back too would let more than the burst
+    /// through at once). Never moves the TAT before `now`.
+    ///
+    /// Conservative: when later requests kept the bucket from draining, the commit holds
+    /// back more than this gives back; never less.
+    pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
+        let held = (p.cost * p.quota.emission_interval_micros()).min(at.saturating_sub(now));
+        self.tat = self.tat.saturating_sub(held).max(now);
     }
 
     /// The theoretical arrival time: from then on the full burst is available again.

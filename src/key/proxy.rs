@@ -17,14 +17,14 @@ pub use ipnet::IpNet;
 /// network (`::ffff:10.0.0.0/104`) becomes the IPv4 network it maps (`10.0.0.0/8`), as
 /// clients' addresses are compared in their canonical form.
 fn parse_network(s: &str) -> Result<IpNet, BuildError> {
+    let bad = |why: &str| BuildError::InvalidKey(format!("trusted proxy network {s:?}: {why}"));
     let text = s.trim();
-    let net = if text.contains('/') {
-        text.parse::<IpNet>()
-            .map_err(|_| BuildError::InvalidKey(format!("trusted proxy network {s:?}: not an address/prefix length")))?
-    } else {
-        text.parse::<IpAddr>()
-            .map(IpNet::from)
-            .map_err(|_| BuildError::InvalidKey(format!("trusted proxy network {s:?}: not an IP address")))?
+    let net = match text.split_once('/') {
+        None => text.parse::<IpAddr>().map(IpNet::from).map_err(|_| bad("not an IP address"))?,
+        Some((addr, _)) => {
+            addr.parse::<IpAddr>().map_err(|_| bad("not an IP address"))?;
+            text.parse::<IpNet>().map_err(|_| bad("bad prefix length"))?
+        }
     };
     Ok(match net {
         IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
@@ -232,6 +232,8 @@ mod tests {
         let err = |net: &str| TrustedProxyIp::new([net]).unwrap_err().to_string();
         assert!(err("1.2.3.4/40").contains("1.2.3.4/40"));
         assert!(err("nope").contains("\"nope\": not an IP address"));
-        assert!(err("10.0.0.0/x").contains("prefix length"));
+        assert!(err("10.0.0.0/x").contains("bad prefix length"));
+        assert!(err("10.0.0.0/33").contains("bad prefix length"));
+        assert!(err("10.0.0/8").contains("not an IP address"));
     }
 }

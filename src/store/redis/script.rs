@@ -214,7 +214,8 @@ fn int(v: &Value) -> Result<u64, StoreError> {
 /// that the script's verdicts agree. When the script committed (`mode` is
 /// [`MODE_CHECK`] and every rule accepted), each outcome says where its units went, as
 /// the algorithm's `commit` would: the decision's time, the newest log entry's when the
-/// clock stepped back, the leaky bucket's first slot.
+/// clock stepped back, the leaky bucket's first slot, when a token bucket or GCRA would be
+/// whole again.
 ///
 /// # Errors
 ///
@@ -252,12 +253,17 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Resul
                 if d.allowed { "accepts" } else { "rejects" },
             )));
         }
-        let at = match check.algorithm {
-            Algorithm::LeakyBucket => f1.max(now),
-            Algorithm::SlidingWindowLog => f3.max(now),
-            _ => now,
-        };
-        outcomes.push(Some(Outcome { decision: d, taken: committed.then_some(Taken { at }) }));
+        let taken = committed.then(|| Taken {
+            at: match check.algorithm {
+                Algorithm::LeakyBucket => f1.max(now),
+                Algorithm::SlidingWindowLog => f3.max(now),
+                // What the algorithm's commit returns: when the bucket would be whole again.
+                Algorithm::TokenBucket => TokenBucket { level: f1, last: f2 }.commit(p, now),
+                Algorithm::Gcra => Gcra { tat: f1 }.commit(p, now),
+                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => now,
+            },
+        });
+        outcomes.push(Some(Outcome { decision: d, taken }));
     }
     if all != outcomes.iter().flatten().all(|o| o.decision.allowed) {
         return Err(bad_reply("overall verdict does not match the rules'", reply));

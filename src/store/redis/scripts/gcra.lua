@@ -24,7 +24,9 @@ function ALG.gcra.commit(key, s, p, now)
   put(key, fmt(tat), tat, now)
 end
 
+-- p.at: the TAT the commit left (gcra.rs): give back what it still holds back, its c·T
+-- less what has drained since.
 function ALG.gcra.refund(key, s, p, now)
-  local tat = max(s[1] - p.c * p.T, now)
+  local tat = max(s[1] - min(p.c * p.T, max(p.at - now, 0)), now)
   put(key, fmt(tat), tat, now)
 end

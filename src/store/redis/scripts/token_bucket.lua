@@ -33,8 +33,10 @@ function ALG.tb.commit(key, s, p, now)
   tb_put(key, level, max(s[2], now), capacity, now)
 end
 
+-- p.at: when the commit's bucket would have been full again (token_bucket.rs): give back
+-- what it still holds back, its c·T less what has refilled since.
 function ALG.tb.refund(key, s, p, now)
   local capacity = p.B * p.T
-  local level = min(tb_level_at(s, capacity, now) + p.c * p.T, capacity)
+  local level = min(tb_level_at(s, capacity, now) + min(p.c * p.T, max(p.at - now, 0)), capacity)
   tb_put(key, level, max(s[2], now), capacity, now)
 end
