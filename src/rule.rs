@@ -209,7 +209,9 @@ impl<I: ?Sized> Rule<I> {
     }
 
     /// Shadow (dry-run) mode: decide and record (log, metric), but never reject and send
-    /// no rate-limit headers — to roll out a new limit safely.
+    /// no rate-limit headers — to roll out a new limit safely. It counts what it would
+    /// count enforced: a request refused by an enforced rule (429, or 503 failing closed)
+    /// takes nothing from it.
     #[must_use]
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;

@@ -116,9 +116,9 @@ where
     match &verdict.state {
         State::Rejected => return Ok(responder.rejected(&verdict, &req)),
         State::Failed { error, closed: true } => return Ok(responder.unavailable(error, &req)),
-        // Fail open: the request passes, with no rate-limit headers (nothing is known).
-        State::Failed { closed: false, .. } => return inner.call(req).await,
-        State::Allowed => {}
+        // Fail open: the request passes, with no rate-limit headers (nothing is known);
+        // its shadow rules count by outcome as for any forwarded request.
+        State::Failed { closed: false, .. } | State::Allowed => {}
     }
     let delay = verdict.delay();
     if !delay.is_zero() {

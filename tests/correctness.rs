@@ -484,3 +484,35 @@ async fn a_late_bucket_refund_never_lets_more_than_the_burst_through() {
         assert_eq!(v.retry_after(), Some(Duration::from_secs(60)), "{algorithm}: a partial refund gave too much back");
     }
 }
+
+// R3. Shadow rules kept what they took for requests another rule refused: a shadow rule
+// counting only 401s was charged for 429s, and a plain one counted requests that never
+// happened (an enforced rule in its place would have taken nothing).
+
+#[tokio::test]
+async fn a_refused_request_takes_nothing_from_shadow_rules() {
+    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .rule("strict", Quota::per_minute(1), key::Global)
+        .add_rule(
+            Rule::new("logins", Quota::per_minute(3), key::Global)
+                .shadow(true)
+                .count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .add_rule(Rule::new("candidate", Quota::per_minute(10), key::Global).shadow(true))
+        .build()
+        .unwrap();
+    let svc = layer.clone().layer(app(Arc::new(Notify::new())));
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(svc.clone().oneshot(get("/ok")).await.unwrap().status());
+        settle().await;
+    }
+    assert_eq!(statuses[0], StatusCode::OK);
+    assert!(statuses[1..].iter().all(|&s| s == StatusCode::TOO_MANY_REQUESTS), "{statuses:?}");
+    // No 401: the 401 counter holds nothing (a peek reports the room after one more).
+    let logins = layer.peek("logins", "global").await.unwrap().unwrap();
+    assert_eq!(logins.remaining, 2, "the shadow 401-counter was charged: {logins:?}");
+    // One request happened: the candidate limit counted it alone.
+    let candidate = layer.peek("candidate", "global").await.unwrap().unwrap();
+    assert_eq!(candidate.remaining, 8, "the shadow rule counted refused requests: {candidate:?}");
+}

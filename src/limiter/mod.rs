@@ -200,8 +200,17 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         GiveBack::new(self.store.clone(), &self.runtime.settings, verdict.commits(|r| select(&self.rules[r])))
     }
 
+    /// A refused input did not happen: what its shadow rules took goes back, as an
+    /// enforced rule's would (a rejection by one rule consumes nothing from the others).
+    /// Detached, like every give-back.
+    fn give_back_shadow(&self, verdict: &mut Verdict) {
+        let commits = std::mem::take(&mut verdict.shadow);
+        GiveBack::new(self.store.clone(), &self.runtime.settings, commits).spawn("the shadow rules of a refused input");
+    }
+
     /// Decides a plan: the blocked-key cache, then one guarded store call (shadow rules
-    /// beside it), the fail mode when the store cannot decide.
+    /// beside it), the fail mode when the store cannot decide. A refused input keeps
+    /// nothing its shadow rules took.
     pub(crate) async fn decide(&self, plan: Plan) -> Verdict {
         let Plan { enforced, shadow } = plan;
         let remote = !self.store.is_local();
@@ -237,6 +246,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 }
                 let mut verdict = Verdict::empty(State::Failed { error, closed });
                 verdict.shadow = shadow_commits;
+                if closed {
+                    self.give_back_shadow(&mut verdict);
+                }
                 return verdict;
             }
         };
@@ -258,6 +270,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         // (a share for one server) and end with the outage.
         if verdict.is_rejected() && remote && by == DecidedBy::Store && self.runtime.settings.cache_enabled {
             self.remember_rejections(&verdict);
+        }
+        if verdict.is_rejected() {
+            self.give_back_shadow(&mut verdict);
         }
         verdict
     }
