@@ -21,7 +21,7 @@ use crate::{Decision, Quota, StoreError};
 /// }
 /// # }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Verdict {
     pub(crate) state: State,
     /// The enforced rules the store decided: their checks, rule indexes, decisions, and

@@ -108,7 +108,7 @@ async fn a_refund_after_the_boundary_leaves_the_new_window_alone() {
         // A is given back now: its units are the old window's (fixed window: nothing to
         // give) or `prev` (sliding counter: the 0.5 goes, one more fits). Taken from the
         // new window's count, as it used to be, 2 more would fit.
-        limiter.refund(&a).await.unwrap();
+        limiter.refund(a).await.unwrap();
         let mut n = 0;
         while limiter.check("k").await.is_allowed() {
             n += 1;
@@ -194,7 +194,7 @@ async fn a_fallback_decision_is_refunded_to_the_fallback() {
     let a = limiter.check("k").await;
     assert!(a.is_allowed() && a.decided_by() == Some(DecidedBy::Fallback));
     assert!(limiter.check("k").await.is_rejected(), "1 an hour for each of 2 servers");
-    limiter.refund(&a).await.unwrap();
+    limiter.refund(a).await.unwrap();
     assert!(store.refunds().is_empty(), "the store was refunded units it never took: {:?}", store.refunds());
     assert!(limiter.check("k").await.is_allowed(), "the fallback did not get its unit back");
 }
@@ -465,20 +465,20 @@ async fn a_late_bucket_refund_never_lets_more_than_the_burst_through() {
             at_once += 1;
         }
         assert_eq!(at_once, 2, "{algorithm}: the burst");
-        limiter.refund(&a).await.unwrap();
+        limiter.refund(a).await.unwrap();
         assert!(limiter.check("ada").await.is_rejected(), "{algorithm}: a third request at one instant, burst 2");
 
         // A refund in time gives back what its commit still holds back: all of it at
         // once, the rest of it 20 s later.
         let (b, c) = (limiter.check("bob").await, limiter.check("bob").await);
         assert!(b.is_allowed() && c.is_allowed() && limiter.check("bob").await.is_rejected());
-        limiter.refund(&c).await.unwrap();
+        limiter.refund(c).await.unwrap();
         assert!(limiter.check("bob").await.is_allowed(), "{algorithm}: an immediate refund gave nothing back");
         clock.advance(Duration::from_secs(20));
         // b's token would have been back 60 s after b; 20 s later it still holds back two
         // thirds of a token, which the refund gives back: with the third refilled, one
         // whole token, and the next one a full minute away.
-        limiter.refund(&b).await.unwrap();
+        limiter.refund(b).await.unwrap();
         assert!(limiter.check("bob").await.is_allowed(), "{algorithm}: a timely refund gave too little back");
         let v = limiter.check("bob").await;
         assert_eq!(v.retry_after(), Some(Duration::from_secs(60)), "{algorithm}: a partial refund gave too much back");

@@ -174,9 +174,9 @@ async fn refund_gives_back_what_an_allowed_verdict_took() {
     assert!(a.is_allowed() && b.is_allowed());
     let rejected = limiter.check("ada").await;
     assert!(rejected.is_rejected());
-    limiter.refund(&rejected).await.unwrap(); // took nothing: gives back nothing
+    limiter.refund(rejected).await.unwrap(); // took nothing: gives back nothing
     assert!(limiter.check("ada").await.is_rejected());
-    limiter.refund(&b).await.unwrap();
+    limiter.refund(b).await.unwrap();
     assert!(limiter.check("ada").await.is_allowed(), "the refunded unit is usable again");
     assert!(limiter.check("ada").await.is_rejected());
 }

@@ -182,10 +182,45 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// exactly those of its commits, to whoever decided them (the store, or the fallback
     /// limiter), and nothing once they have left their window.
     ///
+    /// Takes the verdict: its units go back at most once (a second refund of the same
+    /// commits would give back units of other requests). A verdict is not `Clone` for
+    /// the same reason.
+    ///
+    /// ```
+    /// # async fn run(limiter: tollgate::Limiter<tollgate::MemoryStore, str>) {
+    /// let verdict = limiter.check("job-7").await;
+    /// if verdict.is_allowed() {
+    ///     limiter.refund(verdict).await.unwrap(); // the job was cancelled after all
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// Twice does not compile:
+    ///
+    /// ```compile_fail,E0382
+    /// # async fn run(limiter: tollgate::Limiter<tollgate::MemoryStore, str>) {
+    /// let verdict = limiter.check("job-7").await;
+    /// limiter.refund(verdict).await.unwrap();
+    /// limiter.refund(verdict).await.unwrap();
+    /// # }
+    /// ```
+    ///
+    /// Nor does a copy to refund:
+    ///
+    /// ```compile_fail,E0599
+    /// # async fn run(limiter: tollgate::Limiter<tollgate::MemoryStore, str>) {
+    /// let verdict = limiter.check("job-7").await;
+    /// limiter.refund(verdict.clone()).await.unwrap();
+    /// # }
+    /// ```
+    ///
     /// # Errors
     ///
-    /// The store's error (no deadline or circuit breaker applies here).
-    pub async fn refund(&self, verdict: &Verdict) -> Result<(), StoreError> {
+    /// The store's error (no deadline or circuit breaker applies here). The verdict is
+    /// spent either way: after a timeout the store may have given the units back, and
+    /// trying again could give them twice.
+    pub async fn refund(&self, verdict: Verdict) -> Result<(), StoreError> {
+        let verdict = &verdict;
         // Units come back: a rejection this process remembers for these keys may no
         // longer hold.
         for (check, &rule) in verdict.checks.iter().zip(&verdict.rules) {

@@ -142,11 +142,11 @@ pub async fn sliding_log_refund_example<St: Store>(store: St, clock: &ManualCloc
     let c = limiter.check("k").await;
     assert!(a.is_allowed() && b.is_allowed() && c.is_allowed());
     at(90);
-    limiter.refund(&a).await.unwrap();
+    limiter.refund(a).await.unwrap();
     at(96);
     assert!(limiter.check("k").await.is_rejected(), "three units in (36 s, 96 s]");
     // Giving back C's unit (still in the window) frees exactly one.
-    limiter.refund(&c).await.unwrap();
+    limiter.refund(c).await.unwrap();
     assert!(limiter.check("k").await.is_allowed());
     assert!(limiter.check("k").await.is_rejected());
 }
