@@ -78,4 +78,9 @@ pub enum StoreError {
     /// The store answered with an error (a script error, a wrong type, …).
     #[error("store error: {0}")]
     Backend(String),
+    /// The call itself was wrong: a check list that names one state (rule, key and
+    /// algorithm) twice. A `Limiter` never makes one; a direct [`Store`](crate::Store)
+    /// caller can.
+    #[error("invalid store call: {0}")]
+    Invalid(String),
 }

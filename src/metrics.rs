@@ -3,7 +3,7 @@
 //! | name | kind | labels |
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `rule`, `outcome` = `allowed` / `rejected` / `shadow_rejected` / `local_rejected` |
-//! | `tollgate_store_errors_total` | counter | `kind` = `timeout` / `unavailable` / `overloaded` / `circuit_open` / `full` / `backend` |
+//! | `tollgate_store_errors_total` | counter | `kind` = `timeout` / `unavailable` / `overloaded` / `circuit_open` / `full` / `backend` / `invalid` |
 //! | `tollgate_store_latency_seconds` | histogram | — |
 //! | `tollgate_fail_open_total` | counter | — (requests passed because the store failed) |
 //! | `tollgate_fail_closed_total` | counter | — (requests answered 503 because the store failed) |
@@ -32,6 +32,7 @@ pub(crate) fn store_error(err: &StoreError) {
             StoreError::CircuitOpen(_) => "circuit_open",
             StoreError::Full(_) => "full",
             StoreError::Backend(_) => "backend",
+            StoreError::Invalid(_) => "invalid",
         };
         metrics::counter!("tollgate_store_errors_total", "kind" => kind).increment(1);
     }

@@ -12,7 +12,7 @@ use support::redis::RedisServer;
 use tollgate::algorithm::Params;
 use tollgate::key::Key;
 use tollgate::store::{Refund, Taken};
-use tollgate::{Algorithm, BuildError, Check, Quota, RedisStore, Store, StoreError};
+use tollgate::{Algorithm, BuildError, Check, MemoryStore, Quota, RedisStore, Store, StoreError};
 
 fn check(rule: &str, key: impl Into<Key>, algorithm: Algorithm, quota: Quota) -> Check {
     Check { rule: rule.into(), key: key.into(), algorithm, params: Params::new(quota) }
@@ -500,4 +500,33 @@ async fn a_sliding_log_request_of_any_cost_is_one_member() {
     c.params = c.params.cost(2);
     let d = store.check_one(&c).await.unwrap().decision;
     assert!(!d.allowed && d.remaining == 1, "{d:?}");
+}
+
+/// A raw check list naming one state twice is refused by both stores (it used to decide
+/// both against the state before either commit, over-admitting, and a Redis token bucket
+/// stored a negative level that failed every later check of the key).
+#[tokio::test]
+async fn a_check_list_naming_one_state_twice_is_refused() {
+    let server = RedisServer::start();
+    let redis = RedisStore::from_url(&server.url()).unwrap();
+    let memory = MemoryStore::new();
+    let tb = |cost| Check {
+        rule: "r".into(),
+        key: "k".into(),
+        algorithm: Algorithm::TokenBucket,
+        params: Params { cost, ..Params::new(Quota::per_minute(3).burst(2)) },
+    };
+    let twice = [tb(1), tb(2)];
+    let e = redis.check(&twice).await.unwrap_err();
+    assert!(matches!(&e, StoreError::Invalid(m) if m.contains("twice")), "{e}");
+    let e = memory.check(&twice).await.unwrap_err();
+    assert!(matches!(&e, StoreError::Invalid(m) if m.contains("twice")), "{e}");
+    // Nothing was taken, and the key still works.
+    for store_check in [redis.check(&[tb(2)]).await.unwrap(), memory.check(&[tb(2)]).await.unwrap()] {
+        assert!(store_check[0].as_ref().unwrap().decision.allowed);
+    }
+    // Same key under another rule or algorithm: distinct states, decided together.
+    let other = Check { algorithm: Algorithm::Gcra, ..tb(1) };
+    assert!(redis.check(&[tb(1), other.clone()]).await.is_ok());
+    assert!(memory.check(&[tb(1), other]).await.is_ok());
 }

@@ -220,6 +220,7 @@ impl MemoryStore {
         if let [check] = checks {
             return Ok(vec![self.check_one_at(check, now)?]);
         }
+        super::distinct(checks)?;
         self.sweep_due(now);
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
         // commit only if all pass.

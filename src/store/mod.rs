@@ -88,6 +88,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Decides `checks` together; commits them only if all are allowed.
     ///
+    /// The checks must name distinct states: a list with one (rule, key, algorithm) twice
+    /// is refused with [`StoreError::Invalid`] (both would be decided against the state
+    /// before either commits).
+    ///
     /// An entry is `None` only when the store could not decide that check but could
     /// decide another that rejected the request (a Redis Cluster slot that failed while
     /// another slot rejected): the request is rejected, and nothing is taken. When no
@@ -119,6 +123,20 @@ pub trait Store: Send + Sync + 'static {
     fn identity(&self) -> Option<usize> {
         None
     }
+}
+
+/// Refuses a check list that names one state twice (see [`Store::check`]).
+#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
+pub(crate) fn distinct(checks: &[Check]) -> Result<(), StoreError> {
+    for (i, a) in checks.iter().enumerate() {
+        if let Some(b) = checks[..i].iter().find(|b| b.rule == a.rule && b.key == a.key && b.algorithm == a.algorithm) {
+            return Err(StoreError::Invalid(format!(
+                "rule {:?} ({}) checks key {:?} twice in one call",
+                b.rule, b.algorithm, b.key
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl<S: Store> Store for Arc<S> {

@@ -164,6 +164,7 @@ impl Inner {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
+        crate::store::distinct(checks)?;
         let groups = self.groups(checks.iter().map(|c| &c.key));
         if let [_] = groups.as_slice() {
             let all: Vec<&Check> = checks.iter().collect();

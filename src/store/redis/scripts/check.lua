@@ -26,7 +26,8 @@ if all and commit then
   local written = {}
   for i = 1, #KEYS do
     local a, s = ALG[ps[i].alg], states[i]
-    -- The same key twice in one check: commit on top of the first commit.
+    -- Rust refuses a check list naming one state twice (store::distinct); should a key
+    -- come twice anyway, commit on top of the first commit rather than over it.
     if written[KEYS[i]] then s = a.read(KEYS[i], ps[i], now) or a.default() end
     a.commit(KEYS[i], s, ps[i], now)
     written[KEYS[i]] = true
