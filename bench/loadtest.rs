@@ -857,10 +857,13 @@ mod run {
         }
         for w in w1.iter().filter(|w| w.algorithm != Algorithm::SlidingWindowLog) {
             let n = w.script.per_decision(w.script.inside);
+            // The token bucket reads an existing key's TTL too (a tier of a longer period
+            // keeps its state): one command more on keys seen before.
+            let most = if w.algorithm == Algorithm::TokenBucket { 4 } else { 3 };
             t.push((
-                format!("W1 {}: script ≤ 3 commands / decision (TIME included, EVALSHA not)", w.algorithm),
+                format!("W1 {}: script ≤ {most} commands / decision (TIME included, EVALSHA not)", w.algorithm),
                 format!("{n:.2}"),
-                n <= 3.0,
+                n <= f64::from(most),
             ));
         }
         if let Some(g) = w1.iter().find(|w| w.algorithm == Algorithm::Gcra) {

@@ -16,10 +16,11 @@ use support::redis::{RedisCluster, RedisServer};
 use tollgate::algorithm::Params;
 use tollgate::key::Key;
 use tollgate::store::{Outcome as StoreOutcome, Refund};
-use tollgate::{Algorithm, Check, Decision, ManualClock, MemoryStore, Quota, RedisStore, Store};
+use tollgate::{Algorithm, Check, Clock, Decision, ManualClock, MemoryStore, Quota, RedisStore, Store};
 
 /// 2023-11-14T22:13:20Z, in µs.
 const T0: u64 = 1_700_000_000_000_000;
+const MS: u64 = 1_000;
 const SEC: u64 = 1_000_000;
 const MIN: u64 = 60 * SEC;
 /// Generous: a slow CI machine must not turn into a store error.
@@ -48,9 +49,11 @@ enum Step {
     Peek(usize, u64),
     Reset(usize),
     Advance(u64),
+    /// The clock steps back (NTP, a Redis failover to a server whose clock is behind).
+    Back(u64),
 }
 
-use Step::{Advance, Peek, Reset, Undo};
+use Step::{Advance, Back, Peek, Reset, Undo};
 
 /// One request on every rule, cost 1.
 fn all(rules: usize) -> Step {
@@ -267,6 +270,29 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(70 * SEC), Undo(2), Peek(0, 1), Peek(0, 2)],
             ],
         ));
+        // A refund that leaves the state as never seen, then the clock steps back: Redis
+        // deleted the key, and MemoryStore must forget the state alike.
+        out.push(scenario(
+            format!("{a}: refunded to nothing, then the clock steps back"),
+            T0,
+            vec![rule("r", "k", a, Quota::per_minute(4).burst(4))],
+            vec![
+                vec![one(0, 1), Undo(1), Back(2 * SEC), Peek(0, 1), Peek(0, 4), one(0, 4), one(0, 1)],
+                vec![Advance(5 * SEC), one(0, 2), Undo(1), Back(SEC), Peek(0, 1), one(0, 4)],
+            ],
+        ));
+        // The clock steps back across a window boundary: the stored window's counts hold
+        // (they used to be wiped, admitting the limit again), and refunds still find them.
+        out.push(scenario(
+            format!("{a}: a step back across a boundary"),
+            edge + MS,
+            vec![rule("r", "k", a, Quota::per_minute(5))],
+            vec![
+                vec![one(0, 3), one(0, 2), Back(2 * MS), one(0, 1), Peek(0, 1), one(0, 3), Undo(2)],
+                vec![Back(MS), Peek(0, 1), one(0, 3), Advance(4 * MS), one(0, 1), Peek(0, 5)],
+                vec![Advance(61 * SEC), one(0, 5)],
+            ],
+        ));
         let b = partner(a);
         out.push(scenario(
             format!("{a}: two rules on one key, a rejected rule consumes nothing from the other"),
@@ -407,6 +433,10 @@ async fn run<S: Store>(store: &S, clock: &ManualClock, sc: &Scenario, ns: &str) 
             }
             Step::Advance(us) => {
                 clock.advance(Duration::from_micros(*us));
+                Outcome::Done
+            }
+            Step::Back(us) => {
+                clock.set(clock.now_micros() - us);
                 Outcome::Done
             }
         };

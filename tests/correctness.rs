@@ -516,3 +516,28 @@ async fn a_refused_request_takes_nothing_from_shadow_rules() {
     let candidate = layer.peek("candidate", "global").await.unwrap().unwrap();
     assert_eq!(candidate.remaining, 8, "the shadow rule counted refused requests: {candidate:?}");
 }
+
+// R4. A clock step back of 2 ms across a window boundary wiped a fixed window's and a
+// sliding counter's state (their stored window was "in the future"): 15 and 10 admitted
+// within 3 ms at 5/min.
+
+#[tokio::test]
+async fn a_small_step_back_across_a_boundary_keeps_the_counts() {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter, Algorithm::SlidingWindowLog] {
+        let edge = (T0 / 60_000_000 + 1) * 60_000_000;
+        let clock = ManualClock::new(edge + 1_000);
+        let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+            .rule("r", Quota::per_minute(5), user)
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        let mut admitted = 0;
+        for t in [edge + 1_000, edge - 1_000, edge + 2_000] {
+            clock.set(t);
+            while limiter.check("k").await.is_allowed() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 5, "{algorithm}: admitted within 3 ms at 5/min");
+    }
+}

@@ -282,36 +282,35 @@ async fn a_refused_store_connects_once_the_server_accepts_its_password() {
 
 const ACL_PASSWORD: &str = "alice-pw-7f3e";
 
-/// The ACL a limiter needs, as `docs/managed-redis.md` gives it: its own keys only, and
-/// only the commands it sends (`PING`, `EVALSHA`/`EVAL`, `DEL`) or its scripts call.
-const LIMITER_ACL: &[&str] = &[
-    "resetkeys",
-    "~tollgate:*",
-    "resetchannels",
-    "-@all",
-    "+ping",
-    "+evalsha",
-    "+eval",
-    "+del",
-    "+time",
-    "+get",
-    "+set",
-    "+pexpire",
-    "+zadd",
-    "+zscore",
-    "+zrem",
-    "+zrange",
-    "+zrangebyscore",
-    "+zremrangebyscore",
-];
+/// The least-privilege ACL as `docs/redis.md` gives it (and the README repeats): its own
+/// keys only, and only the commands it sends or its scripts call. Read from the document,
+/// so that what users copy is what is tested.
+fn documented_acl(name: &str) -> Vec<&'static str> {
+    let docs = include_str!("../docs/redis.md");
+    let prefix = format!("ACL SETUSER limiter {name}");
+    let line =
+        docs.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no `{prefix}` in docs/redis.md"));
+    line.strip_prefix("ACL SETUSER limiter ").unwrap().split(' ').filter(|w| *w != ">PASSWORD").collect()
+}
+
+/// Every Redis server: `on >PASSWORD …`.
+fn limiter_acl() -> Vec<&'static str> {
+    let acl = documented_acl("on >PASSWORD");
+    let readme = include_str!("../README.md");
+    assert!(
+        readme.contains(&format!("ACL SETUSER limiter {}", acl.join(" ").replacen("on ", "on >PASSWORD ", 1))),
+        "the README's ACL differs from docs/redis.md's"
+    );
+    acl
+}
 
 /// A server whose default user is off: only `alice` (all rights), `limiter` (the least an
 /// ACL user needs) and `admin` (for the test's redis-cli) can do anything.
 fn acl_server() -> RedisServer {
     let mut args = vec!["--user", "default", "off", "--user", "admin", "on", ">admin-pw", "~*", "&*", "+@all"];
     args.extend(["--user", "alice", "on", ">alice-pw-7f3e", "~*", "&*", "+@all"]);
-    args.extend(["--user", "limiter", "on", ">limiter-pw"]);
-    args.extend(LIMITER_ACL);
+    args.extend(["--user", "limiter", ">limiter-pw"]);
+    args.extend(limiter_acl());
     RedisServer::builder().args(&args).start()
 }
 
@@ -376,6 +375,11 @@ async fn cluster_urls_carry_a_password_or_an_acl_user() {
     // Credentials after the cluster is up: the harness's health checks run without them.
     for node in cluster.nodes() {
         assert_eq!(node.cmd(&["ACL", "SETUSER", "alice", "on", ">alice-pw-7f3e", "~*", "&*", "+@all"]), "OK");
+        // The documented least-privilege user, with the cluster's addition.
+        let mut limiter = vec!["ACL", "SETUSER", "limiter", ">limiter-pw"];
+        limiter.extend(limiter_acl());
+        limiter.extend(documented_acl("+cluster"));
+        assert_eq!(node.cmd(&limiter), "OK");
         assert_eq!(node.cmd(&["CONFIG", "SET", "requirepass", CLUSTER_PASSWORD]), "OK");
     }
     let ports = cluster.ports();
@@ -389,6 +393,18 @@ async fn cluster_urls_carry_a_password_or_an_acl_user() {
     for i in 0..6 {
         assert_decides(&by_password, &format!("cluster-pw-{i}")).await;
         assert_decides(&by_user, &format!("cluster-acl-{i}")).await;
+    }
+
+    let least = RedisStore::cluster(urls("limiter", "limiter-pw")).unwrap().response_timeout(Duration::from_secs(2));
+    least.ping().await.unwrap();
+    for i in 0..6 {
+        assert_decides(&least, &format!("cluster-least-{i}")).await;
+    }
+    for algorithm in Algorithm::ALL {
+        let check = Check { rule: "r".into(), key: "k".into(), algorithm, params: Params::new(Quota::per_minute(2)) };
+        let taken = least.check_one(&check).await.unwrap_or_else(|e| panic!("{algorithm:?}: {e}")).taken.unwrap();
+        least.refund(&[tollgate::store::Refund { check: check.clone(), taken }]).await.unwrap();
+        least.reset("r", &"k".into(), algorithm).await.unwrap();
     }
 
     let refused = RedisStore::cluster(urls("alice", "wrong-pw")).unwrap();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use support::redis::RedisServer;
 use tollgate::algorithm::Params;
 use tollgate::key::Key;
-use tollgate::store::{Refund, Taken};
+use tollgate::store::{Outcome, Refund, Taken};
 use tollgate::{Algorithm, BuildError, Check, MemoryStore, Quota, RedisStore, Store, StoreError};
 
 fn check(rule: &str, key: impl Into<Key>, algorithm: Algorithm, quota: Quota) -> Check {
@@ -529,4 +529,61 @@ async fn a_check_list_naming_one_state_twice_is_refused() {
     let other = Check { algorithm: Algorithm::Gcra, ..tb(1) };
     assert!(redis.check(&[tb(1), other.clone()]).await.is_ok());
     assert!(memory.check(&[tb(1), other]).await.is_ok());
+}
+
+/// A key whose quota changes between requests (tiers of different periods): a write under
+/// the shorter period kept its own TTL on Redis, so the longer period's state vanished
+/// with it (the sliding window log's day units after a second; a token bucket's likewise),
+/// while `MemoryStore` kept the longest expiry. Both now keep it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_tier_does_not_cut_a_longer_tiers_state_short() {
+    let server = RedisServer::start();
+    let redis = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(5));
+    redis.ping().await.unwrap();
+    let memory = MemoryStore::new();
+    let check =
+        |algorithm, quota| Check { rule: "r".into(), key: "acct".into(), algorithm, params: Params::new(quota) };
+    let daily = |a| check(a, Quota::per_day(2));
+    // Fine-grained enough to accept a moment after the daily units were taken.
+    let short = |a| check(a, Quota::per_second(10_000));
+    let allowed = |o: Outcome| o.decision.allowed;
+    let mut seen: BTreeMap<(String, &str), Vec<bool>> = BTreeMap::new();
+    for a in Algorithm::ALL {
+        for (name, store) in [("memory", &memory as &dyn DynCheck), ("redis", &redis as &dyn DynCheck)] {
+            let log = seen.entry((a.to_string(), name)).or_default();
+            log.push(allowed(store.one(&daily(a)).await));
+            log.push(allowed(store.one(&daily(a)).await));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    for a in Algorithm::ALL {
+        for (name, store) in [("memory", &memory as &dyn DynCheck), ("redis", &redis as &dyn DynCheck)] {
+            seen.get_mut(&(a.to_string(), name)).unwrap().push(allowed(store.one(&short(a)).await));
+        }
+    }
+    // The short period's TTL (about a second) runs out; the day's must not.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for a in Algorithm::ALL {
+        for (name, store) in [("memory", &memory as &dyn DynCheck), ("redis", &redis as &dyn DynCheck)] {
+            seen.get_mut(&(a.to_string(), name)).unwrap().push(allowed(store.one(&daily(a)).await));
+        }
+    }
+    for a in Algorithm::ALL {
+        let (m, r) = (&seen[&(a.to_string(), "memory")], &seen[&(a.to_string(), "redis")]);
+        assert_eq!(m, r, "{a}: memory and Redis differ");
+        if matches!(a, Algorithm::SlidingWindowLog | Algorithm::TokenBucket) {
+            assert_eq!(m, &[true, true, true, false], "{a}: the day's state was lost to the second's TTL");
+        }
+    }
+}
+
+/// `Store::check_one` behind `dyn` (the trait's futures are `impl Future`).
+trait DynCheck {
+    fn one<'a>(&'a self, check: &'a Check) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + 'a>>;
+}
+
+impl<S: Store> DynCheck for S {
+    fn one<'a>(&'a self, check: &'a Check) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + 'a>> {
+        Box::pin(async move { self.check_one(check).await.unwrap() })
+    }
 }

@@ -16,6 +16,13 @@ pub struct FixedWindow {
 }
 
 impl FixedWindow {
+    /// The window of `now`, or the stored one when the clock stepped back before its start:
+    /// a step back across a boundary must not wipe the count (time, for one state, never
+    /// goes back).
+    fn window_of(&self, period: u64, now: u64) -> u64 {
+        (now / period).max(self.window)
+    }
+
     fn count_at(&self, w: u64) -> u64 {
         if self.window == w {
             self.count
@@ -28,7 +35,7 @@ impl FixedWindow {
     #[must_use]
     pub fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, period, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
-        let w = now / period;
+        let w = self.window_of(period, now);
         let count = self.count_at(w);
         let window_end = (w + 1) * period - now;
         if count.saturating_add(c) <= l {
@@ -41,12 +48,13 @@ impl FixedWindow {
     }
 
     /// Applies an accepted request; returns where its units went (`now`, whose window
-    /// holds them).
+    /// holds them; the stored window's start when the clock stepped back before it).
     pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
-        let w = now / p.quota.period_micros();
+        let period = p.quota.period_micros();
+        let w = self.window_of(period, now);
         self.count = self.count_at(w) + p.cost;
         self.window = w;
-        now
+        now.max(w * period)
     }
 
     /// Gives back the units of a commit made at `at`, if its window is still the stored

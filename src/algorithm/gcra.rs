@@ -30,22 +30,24 @@ impl Gcra {
         Decision::reject(l, capacity.saturating_sub(used) / t, used, retry)
     }
 
-    /// Applies an accepted request; returns the new TAT: the time the burst would be whole
-    /// again had nothing else been taken, the commit's identity for [`Gcra::refund`].
+    /// Applies an accepted request; returns `now`, the commit's identity for
+    /// [`Gcra::refund`].
     pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         self.tat = self.tat.max(now) + p.cost * p.quota.emission_interval_micros();
-        self.tat
+        now
     }
 
-    /// Gives back what the commit whose TAT was `at` still holds back: its `c·T`, less
-    /// what has drained since `at - c·T` (by `at`, its cells would have drained had
-    /// nothing else been taken; giving those back too would let more than the burst
-    /// through at once). Never moves the TAT before `now`.
+    /// Gives back what the commit made at `at` still holds back: its `c·T`, less the time
+    /// since `at` (one cell drains per `T`; a cell given back after it would have drained
+    /// lets more than the burst through at once). Never moves the TAT before `now`.
     ///
-    /// Conservative: when later requests kept the bucket from draining, the commit holds
-    /// back more than this gives back; never less.
+    /// Conservative, and by design: when later requests kept the bucket from draining,
+    /// the commit holds back more than this gives back. A bound taken from the TAT the
+    /// commit left instead would count the debts of other requests, which may be given
+    /// back too (the model test found the over-admission).
     pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
-        let held = (p.cost * p.quota.emission_interval_micros()).min(at.saturating_sub(now));
+        let cells = p.cost * p.quota.emission_interval_micros();
+        let held = cells.min((at + cells).saturating_sub(now));
         self.tat = self.tat.saturating_sub(held).max(now);
     }
 

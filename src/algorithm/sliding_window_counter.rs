@@ -33,6 +33,14 @@ fn fits(prev: u64, curr: u64, elapsed: u64, period: u64, cost: u64, limit: u64) 
 }
 
 impl SlidingWindowCounter {
+    /// The window of `now` and the µs elapsed in it; the stored window's start when the
+    /// clock stepped back before it (a step back across a boundary must not wipe the
+    /// counts: time, for one state, never goes back).
+    fn window_of(&self, period: u64, now: u64) -> (u64, u64) {
+        let w = (now / period).max(self.window);
+        (w, now.saturating_sub(w * period))
+    }
+
     /// `(prev, curr)` as seen from window `w`.
     fn counts_at(&self, w: u64) -> (u64, u64) {
         if self.window == w {
@@ -49,8 +57,7 @@ impl SlidingWindowCounter {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
     pub fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, period, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
-        let w = now / period;
-        let e = now - w * period;
+        let (w, e) = self.window_of(period, now);
         let (prev, curr) = self.counts_at(w);
         let est = estimate(prev, curr, e, period);
         let remaining = |est: f64| (l as f64 - est).max(0.0).floor() as u64;
@@ -73,12 +80,14 @@ impl SlidingWindowCounter {
         Decision::reject(l, remaining(est), reset, retry)
     }
 
-    /// Applies an accepted request; returns `now` (whose window holds its units).
+    /// Applies an accepted request; returns `now` (whose window holds its units; the
+    /// stored window's start when the clock stepped back before it).
     pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
-        let w = now / p.quota.period_micros();
+        let period = p.quota.period_micros();
+        let (w, _) = self.window_of(period, now);
         let (prev, curr) = self.counts_at(w);
         *self = Self { window: w, prev, curr: curr + p.cost };
-        now
+        now.max(w * period)
     }
 
     /// Gives back the units of a commit made at `at`: from `curr` while its window is the

@@ -38,29 +38,26 @@ impl TokenBucket {
         Decision::reject(l, level / t, capacity - level, retry)
     }
 
-    /// Applies an accepted request; returns when the bucket would be full again had
-    /// nothing else been taken, the commit's identity for [`TokenBucket::refund`] (the
-    /// same number as GCRA's).
+    /// Applies an accepted request; returns `now`, the commit's identity for
+    /// [`TokenBucket::refund`].
     pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
         // Saturating: a check list naming the same state twice must not underflow.
         self.level = self.level_at(capacity, now).saturating_sub(p.cost * t);
         self.last = self.last.max(now);
-        now + (capacity - self.level)
+        now
     }
 
-    /// Gives back what the commit that would have refilled by `at` still holds back: its
-    /// `c` tokens, less what has refilled since `at - c·T` (tokens are interchangeable,
-    /// and giving back what the bucket has refilled since would let more than the burst
-    /// through at once). Never above the capacity.
-    ///
-    /// Conservative: when later requests kept the bucket from refilling, the commit holds
-    /// back more than this gives back; never less.
+    /// Gives back what the commit made at `at` still holds back: its `c` tokens, less one
+    /// per `T` elapsed since (tokens are interchangeable, and giving back what the bucket
+    /// has refilled since would let more than the burst through at once). Never above
+    /// the capacity. Conservative by design, as [`Gcra::refund`](super::gcra::Gcra::refund).
     pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
-        let held = (p.cost * t).min(at.saturating_sub(now));
+        let tokens = p.cost * t;
+        let held = tokens.min((at + tokens).saturating_sub(now));
         self.level = (self.level_at(capacity, now) + held).min(capacity);
         self.last = self.last.max(now);
     }

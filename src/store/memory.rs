@@ -259,6 +259,11 @@ impl MemoryStore {
             self.with_existing(&c.rule, c.algorithm, &c.key, |t, h| {
                 if let Some(e) = t.find_mut(h, |e| matches(e, &c.rule, c.algorithm, &c.key)) {
                     e.state.refund(&c.params, r.taken.at, now);
+                    // Given back to "never seen": forgotten, as Redis deletes the key (the
+                    // two differ once the clock steps back).
+                    if e.state.expires_at(&c.params) <= now {
+                        e.state = State::new(c.algorithm);
+                    }
                 }
             });
         }

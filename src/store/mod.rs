@@ -20,11 +20,10 @@ pub(crate) type Outcomes = smallvec::SmallVec<[Option<Outcome>; 1]>;
 /// Where a store recorded the units of an allowed, committed check: what a refund needs to
 /// give back exactly those units, and nothing else (see [`State::refund`]).
 ///
-/// `at` is in µs since the epoch: the time of the decision for the window algorithms; the
-/// timestamp the units were logged under for the sliding window log (the newest entry's,
-/// when the clock stepped back); the first slot for the leaky bucket; for the token bucket
-/// and GCRA, when the bucket would have been whole again had nothing else been taken (a
-/// refund gives back only what the commit still holds back by then).
+/// `at` is in µs since the epoch: the time of the decision for the window algorithms (the
+/// stored window's start when the clock stepped back before it), the token bucket and
+/// GCRA; the timestamp the units were logged under for the sliding window log (the newest
+/// entry's, when the clock stepped back); the first slot for the leaky bucket.
 ///
 /// [`State::refund`]: crate::algorithm::State::refund
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

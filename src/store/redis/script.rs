@@ -213,9 +213,9 @@ fn int(v: &Value) -> Result<u64, StoreError> {
 /// Decides from a check script's reply with the algorithms' pure functions, and checks
 /// that the script's verdicts agree. When the script committed (`mode` is
 /// [`MODE_CHECK`] and every rule accepted), each outcome says where its units went, as
-/// the algorithm's `commit` would: the decision's time, the newest log entry's when the
-/// clock stepped back, the leaky bucket's first slot, when a token bucket or GCRA would be
-/// whole again.
+/// the algorithm's `commit` would: the decision's time (a window's start when the clock
+/// stepped back before it), the newest log entry's when the clock stepped back, the leaky
+/// bucket's first slot.
 ///
 /// # Errors
 ///
@@ -257,10 +257,11 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Resul
             at: match check.algorithm {
                 Algorithm::LeakyBucket => f1.max(now),
                 Algorithm::SlidingWindowLog => f3.max(now),
-                // What the algorithm's commit returns: when the bucket would be whole again.
-                Algorithm::TokenBucket => TokenBucket { level: f1, last: f2 }.commit(p, now),
-                Algorithm::Gcra => Gcra { tat: f1 }.commit(p, now),
-                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => now,
+                Algorithm::TokenBucket | Algorithm::Gcra => now,
+                Algorithm::FixedWindow => FixedWindow { window: f1, count: f2 }.commit(p, now),
+                Algorithm::SlidingWindowCounter => {
+                    SlidingWindowCounter { window: f1, prev: f2, curr: f3 }.commit(p, now)
+                }
             },
         });
         outcomes.push(Some(Outcome { decision: d, taken }));

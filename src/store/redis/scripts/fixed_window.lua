@@ -1,6 +1,11 @@
 -- Fixed window counter (src/algorithm/fixed_window.rs). State 'window:count'.
 ALG.fw = {}
 
+-- The window of `now`, or the stored one when the clock stepped back before its start.
+local function fw_window(s, p, now)
+  return max(floordiv(now, p.W), s[1])
+end
+
 local function fw_count_at(s, w)
   if s[1] == w then return s[2] end
   return 0
@@ -16,7 +21,7 @@ end
 
 -- accept iff count + c <= L
 function ALG.fw.decide(s, p, now)
-  return fw_count_at(s, floordiv(now, p.W)) + p.c <= p.L
+  return fw_count_at(s, fw_window(s, p, now)) + p.c <= p.L
 end
 
 function ALG.fw.fields(s)
@@ -24,7 +29,7 @@ function ALG.fw.fields(s)
 end
 
 function ALG.fw.commit(key, s, p, now)
-  local w = floordiv(now, p.W)
+  local w = fw_window(s, p, now)
   local count = fw_count_at(s, w) + p.c
   put(key, fmt(w) .. ':' .. fmt(count), (w + 1) * p.W, now)
 end
@@ -33,5 +38,5 @@ end
 function ALG.fw.refund(key, s, p, now)
   if s[1] ~= floordiv(p.at, p.W) then return end
   local count = max(s[2] - p.c, 0)
-  put(key, fmt(s[1]) .. ':' .. fmt(count), (s[1] + 1) * p.W, now)
+  put_keep(key, fmt(s[1]) .. ':' .. fmt(count), (s[1] + 1) * p.W, now)
 end

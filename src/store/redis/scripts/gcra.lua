@@ -24,9 +24,10 @@ function ALG.gcra.commit(key, s, p, now)
   put(key, fmt(tat), tat, now)
 end
 
--- p.at: the TAT the commit left (gcra.rs): give back what it still holds back, its c·T
--- less what has drained since.
+-- p.at: when the commit was made (gcra.rs): give back what it still holds back, its
+-- c·T less the time since.
 function ALG.gcra.refund(key, s, p, now)
-  local tat = max(s[1] - min(p.c * p.T, max(p.at - now, 0)), now)
-  put(key, fmt(tat), tat, now)
+  local cells = p.c * p.T
+  local tat = max(s[1] - min(cells, max(p.at + cells - now, 0)), now)
+  put_keep(key, fmt(tat), tat, now)
 end

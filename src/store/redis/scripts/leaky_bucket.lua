@@ -29,5 +29,5 @@ end
 function ALG.lb.refund(key, s, p, now)
   if s[1] ~= p.at + p.c * p.T then return end
   local next = max(p.at, now)
-  put(key, fmt(next), next, now)
+  put_keep(key, fmt(next), next, now)
 end

@@ -48,12 +48,34 @@ local function ttl_ms(expires, now)
   return ms
 end
 
--- Stores a packed string state that is "never seen" from `expires` on.
+-- Stores a packed string state that is "never seen" from `expires` on. For writes whose
+-- expiry never moves earlier: commits of GCRA and the leaky bucket (their expiry is their
+-- state, which a commit only moves later) and of the window algorithms (a window of
+-- another period does not match the stored one, so its state is replaced anyway).
 local function put(key, value, expires, now)
   if expires <= now then
     redis.call('DEL', key)
   else
     redis.call('SET', key, value, 'PX', fmt(ttl_ms(expires, now)))
+  end
+end
+
+-- The TTL for `expires`, or the longer one the key already has: a key shared by quotas
+-- of different periods (tiers) keeps the longest one's state, as MemoryStore does.
+local function ttl_keep(key, expires, now)
+  local ms = ttl_ms(expires, now)
+  local left = redis.call('PTTL', key)
+  if left > ms then return left end
+  return ms
+end
+
+-- `put` for writes whose expiry may move earlier (refunds; the token bucket, whose
+-- capacity depends on the quota): one PTTL more, and a longer TTL is kept.
+local function put_keep(key, value, expires, now)
+  if expires <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, value, 'PX', fmt(ttl_keep(key, expires, now)))
   end
 end
 

@@ -19,10 +19,15 @@ function ALG.swc.default()
   return { 0, 0, 0 }
 end
 
+-- The window of `now`, or the stored one when the clock stepped back before its start.
+local function swc_window(s, p, now)
+  return max(floordiv(now, p.W), s[1])
+end
+
 -- accept iff prev * (W - e) / W + curr + c <= L, in doubles, in exactly this order
 function ALG.swc.decide(s, p, now)
-  local w = floordiv(now, p.W)
-  local e = now - w * p.W
+  local w = swc_window(s, p, now)
+  local e = max(now - w * p.W, 0)
   local prev, curr = swc_counts_at(s, w)
   local estimate = prev * (p.W - e) / p.W + curr
   return estimate + p.c <= p.L
@@ -33,7 +38,7 @@ function ALG.swc.fields(s)
 end
 
 function ALG.swc.commit(key, s, p, now)
-  local w = floordiv(now, p.W)
+  local w = swc_window(s, p, now)
   local prev, curr = swc_counts_at(s, w)
   put(key, fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(curr + p.c), (w + 2) * p.W, now)
 end
@@ -50,5 +55,5 @@ function ALG.swc.refund(key, s, p, now)
   else
     return
   end
-  put(key, fmt(s[1]) .. ':' .. fmt(prev) .. ':' .. fmt(curr), (s[1] + 2) * p.W, now)
+  put_keep(key, fmt(s[1]) .. ':' .. fmt(prev) .. ':' .. fmt(curr), (s[1] + 2) * p.W, now)
 end

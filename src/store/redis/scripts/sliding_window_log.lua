@@ -117,7 +117,7 @@ function ALG.swl.commit(key, s, p, now)
   end
   redis.call('ZADD', key, fmt(ts), fmt(ts) .. ':' .. fmt(units))
   swl_set_total(key, total + p.c)
-  redis.call('PEXPIRE', key, fmt(ttl_ms(ts + p.W, now)))
+  redis.call('PEXPIRE', key, fmt(ttl_keep(key, ts + p.W, now)))
 end
 
 -- Gives back the c units of the commit recorded at `at`, from its own member, while it

@@ -24,7 +24,7 @@ function ALG.tb.fields(s)
 end
 
 local function tb_put(key, level, last, capacity, now)
-  put(key, fmt(level) .. ':' .. fmt(last), last + (capacity - min(level, capacity)), now)
+  put_keep(key, fmt(level) .. ':' .. fmt(last), last + (capacity - min(level, capacity)), now)
 end
 
 function ALG.tb.commit(key, s, p, now)
@@ -33,10 +33,11 @@ function ALG.tb.commit(key, s, p, now)
   tb_put(key, level, max(s[2], now), capacity, now)
 end
 
--- p.at: when the commit's bucket would have been full again (token_bucket.rs): give back
--- what it still holds back, its c·T less what has refilled since.
+-- p.at: when the commit was made (token_bucket.rs): give back what it still holds back,
+-- its c·T less the time since.
 function ALG.tb.refund(key, s, p, now)
   local capacity = p.B * p.T
-  local level = min(tb_level_at(s, capacity, now) + min(p.c * p.T, max(p.at - now, 0)), capacity)
+  local tokens = p.c * p.T
+  local level = min(tb_level_at(s, capacity, now) + min(tokens, max(p.at + tokens - now, 0)), capacity)
   tb_put(key, level, max(s[2], now), capacity, now)
 end

@@ -39,7 +39,13 @@ if ok and ARGV[2] == 'c' then
     elseif (q + 1) * 1000 <= a then
       q = q + 1
     end
-    redis.call('SET', KEYS[1], string.format('%d:%d', level, last), 'PX', string.format('%d', q + 1))
+    -- lib.lua's ttl_keep: a longer TTL the key has (another quota's state) is kept.
+    local ms = q + 1
+    if v then
+      local left = redis.call('PTTL', KEYS[1])
+      if left > ms then ms = left end
+    end
+    redis.call('SET', KEYS[1], string.format('%d:%d', level, last), 'PX', string.format('%d', ms))
   end
 end
 local r = ok and 1 or 0
