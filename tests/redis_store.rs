@@ -587,3 +587,28 @@ impl<S: Store> DynCheck for S {
         Box::pin(async move { self.check_one(check).await.unwrap() })
     }
 }
+
+/// Rule names are claimed per store: a reconfigured copy (`response_timeout`) counts into
+/// the same keys, so it may not reuse a rule name (it used to slip past and share the
+/// counts). Another prefix is other keys. A store built separately is another store, as
+/// each server of a deployment has its own (and `shared_limit.rs` plays three in one
+/// process).
+#[test]
+fn rule_names_are_claimed_per_store_and_prefix() {
+    let url = "redis://127.0.0.1:6399/0";
+    let claim = |store: RedisStore| {
+        tollgate::RateLimitLayer::<_, axum::body::Body>::builder(store)
+            .rule("api", Quota::per_minute(10), tollgate::key::Global)
+            .build()
+    };
+    let store = RedisStore::from_url(url).unwrap();
+    let first = claim(store.clone()).unwrap();
+    let in_use = Err(BuildError::RuleInUse("api".into()));
+    assert_eq!(claim(store.clone().response_timeout(Duration::from_millis(20))).map(|_| ()), in_use);
+    assert_eq!(claim(store.clone().connect_timeout(Duration::from_millis(20))).map(|_| ()), in_use);
+    let _other_prefix = claim(store.clone().prefix("other").unwrap()).unwrap();
+    let _another_store = claim(RedisStore::from_url(url).unwrap()).unwrap();
+    // Once the layer is gone, the name is free again.
+    drop(first);
+    let _again = claim(store).unwrap();
+}

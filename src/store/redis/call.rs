@@ -23,6 +23,9 @@ pub(super) struct Config {
     pub(super) prefix: Arc<str>,
     pub(super) timeouts: Timeouts,
     pub(super) clock: Option<SharedClock>,
+    /// Made with the store, kept by every store built from it (`response_timeout`, …):
+    /// with the prefix, the store's identity (`Store::identity`).
+    pub(super) token: Arc<()>,
 }
 
 pub(super) struct Inner {

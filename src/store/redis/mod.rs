@@ -160,6 +160,7 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.into(),
             timeouts: Timeouts { response: RESPONSE_TIMEOUT, connect: CONNECT_TIMEOUT },
             clock: None,
+            token: Arc::new(()),
         }
     }
 
@@ -385,8 +386,20 @@ impl Store for RedisStore {
         false
     }
 
+    /// The store as built by `from_url`, `new`, `cluster` or `cluster_pool`, and its key
+    /// prefix: a reconfigured copy (`response_timeout`, `with_clock`, …) counts into the
+    /// same keys and keeps the identity; another prefix is another identity. Two stores
+    /// built separately have two identities even on one server — as several servers do,
+    /// or one process playing several in a test.
     fn identity(&self) -> Option<usize> {
-        Some(Arc::as_ptr(&self.inner) as usize)
+        use std::hash::{Hash, Hasher};
+        let config = &self.inner.config;
+        // Fixed keys: the same inputs give the same identity in the whole process.
+        let mut h = std::hash::DefaultHasher::new();
+        (Arc::as_ptr(&config.token) as usize).hash(&mut h);
+        config.prefix.hash(&mut h);
+        #[allow(clippy::cast_possible_truncation, reason = "an identity, not a number")]
+        Some(h.finish() as usize)
     }
 }
 
