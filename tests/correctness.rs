@@ -541,3 +541,29 @@ async fn a_small_step_back_across_a_boundary_keeps_the_counts() {
         assert_eq!(admitted, 5, "{algorithm}: admitted within 3 ms at 5/min");
     }
 }
+
+// R5. A 429 answered by the blocked-key cache said `remaining: 0` where the store's 429
+// for the same request had said 2.
+
+#[tokio::test]
+async fn a_cached_429_says_what_the_stores_429_said() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let layer = RateLimitLayer::<_, Body>::builder(store.clone())
+        .rule("per-user", Quota::per_hour(5), key::Global)
+        .build()
+        .unwrap()
+        .cost(|_| 3)
+        .headers(HeaderStyle::Both);
+    let svc = layer.layer(app(Arc::new(Notify::new())));
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let res = svc.clone().oneshot(get("/")).await.unwrap();
+        let h = |n: &str| res.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+        seen.push((res.status(), h("x-ratelimit-remaining"), h("retry-after"), h("ratelimit"), h("x-ratelimit-reset")));
+    }
+    assert_eq!(seen[0].0, StatusCode::OK);
+    assert_eq!(seen[1].0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(store.checks(), 2, "the third request was answered by the cache");
+    assert_eq!(seen[1].1.as_deref(), Some("2"), "the store's 429: 2 units left, 3 asked");
+    assert_eq!(seen[2], seen[1], "the cache's 429 differs from the store's");
+}

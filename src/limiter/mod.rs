@@ -347,17 +347,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 continue; // units may be given back: a rejection is not final
             }
             let quota = check.params.quota;
-            if let Some(left) = self.runtime.cache.blocked(rule, &check.key, check.params.cost, quota, now) {
+            if let Some(decision) = self.runtime.cache.blocked(rule, &check.key, check.params.cost, quota, now) {
                 crate::metrics::decision(&check.rule, "local_rejected");
-                let decision = Decision {
-                    allowed: false,
-                    limit: quota.limit(),
-                    remaining: 0,
-                    reset_after: left,
-                    refill_after: left,
-                    retry_after: Some(left),
-                    delay: Duration::ZERO,
-                };
                 let outcome = Outcome { decision, taken: None };
                 let (checks, rules) = (smallvec![check.clone()], smallvec![rule]);
                 return Some(Verdict::decided(checks, rules, smallvec![Some(outcome)], DecidedBy::LocalCache));
@@ -369,8 +360,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn remember_rejections(&self, verdict: &Verdict) {
         let now = self.runtime.mono_us();
         for ((check, &rule), d) in verdict.checks.iter().zip(&verdict.rules).zip(&verdict.decisions) {
-            if let (false, Some(retry), None) = (d.allowed, d.retry_after, &self.rules[rule].count_if) {
-                self.runtime.cache.insert(rule, &check.key, check.params.cost, check.params.quota, now, retry);
+            if let (false, Some(_), None) = (d.allowed, d.retry_after, &self.rules[rule].count_if) {
+                self.runtime.cache.insert(rule, &check.key, check.params.cost, check.params.quota, now, d);
             }
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hashbrown::HashTable;
 
 use crate::key::Key;
-use crate::Quota;
+use crate::{Decision, Quota};
 
 /// Keys known to be rejected until some time: rejected locally, with no store call.
 pub(crate) struct BlockedCache {
@@ -34,7 +34,10 @@ struct BlockedEntry {
     cost: u64,
     quota: Quota,
     until: u64,
-    retry: Duration,
+    /// The store's rejection, and when it was made: a cached answer says what the store
+    /// said (its remaining units, its times less what has passed since).
+    decision: Decision,
+    at: u64,
 }
 
 const SHARDS: usize = 16;
@@ -57,8 +60,9 @@ impl BlockedCache {
         (h, self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
-    /// If (rule, key) is blocked at `now` for `cost` under `quota`: the time left.
-    pub(crate) fn blocked(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64) -> Option<Duration> {
+    /// If (rule, key) is blocked at `now` for `cost` under `quota`: the store's rejection
+    /// as it stands now (its durations less the time since).
+    pub(crate) fn blocked(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64) -> Option<Decision> {
         if now >= self.last_until.load(Ordering::Relaxed) {
             return None;
         }
@@ -66,18 +70,28 @@ impl BlockedCache {
         let e = shard.table.find(h, |e| e.rule == rule && e.key == *key)?;
         (e.until > now && cost >= e.cost && quota == e.quota).then(|| {
             let left = Duration::from_micros(e.until - now);
-            left.min(e.retry)
+            let passed = Duration::from_micros(now.saturating_sub(e.at));
+            let d = &e.decision;
+            Decision {
+                reset_after: d.reset_after.saturating_sub(passed).max(left),
+                // On a 429 the next unit comes with the retry (as the store's answer says).
+                refill_after: left,
+                retry_after: Some(left),
+                delay: Duration::ZERO,
+                ..d.clone()
+            }
         })
     }
 
-    /// Records that (rule, key) rejects `cost` for `retry`.
-    pub(crate) fn insert(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64, retry: Duration) {
+    /// Records that (rule, key) rejects `cost`, as `decision` says (until its retry).
+    pub(crate) fn insert(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64, decision: &Decision) {
+        let Some(retry) = decision.retry_after else { return };
         let until = now.saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX));
         let (h, mut shard) = self.shard(rule, key);
         // A lookup racing with this may miss the new entry and ask the store: harmless.
         self.last_until.fetch_max(until, Ordering::Relaxed);
         if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
-            *e = BlockedEntry { rule, key: key.clone(), cost, quota, until, retry };
+            *e = BlockedEntry { rule, key: key.clone(), cost, quota, until, decision: decision.clone(), at: now };
             return;
         }
         if shard.table.len() >= shard.sweep_at {
@@ -88,9 +102,8 @@ impl BlockedCache {
             return; // bounded: under a flood of distinct keys, stop caching
         }
         let hasher = &self.hasher;
-        shard.table.insert_unique(h, BlockedEntry { rule, key: key.clone(), cost, quota, until, retry }, |e| {
-            hasher.hash_one((e.rule, &e.key))
-        });
+        let entry = BlockedEntry { rule, key: key.clone(), cost, quota, until, decision: decision.clone(), at: now };
+        shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key)));
     }
 
     /// Forgets (rule, key): after an admin reset, the key must reach the store again.
@@ -111,23 +124,41 @@ impl BlockedCache {
 mod tests {
     use super::*;
 
+    /// A store's rejection: 3 of 10 left, the next fit in `retry` µs, all back in 40 s.
+    fn rejected(retry: u64) -> Decision {
+        Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 3,
+            reset_after: Duration::from_secs(40),
+            refill_after: Duration::from_micros(retry),
+            retry_after: Some(Duration::from_micros(retry)),
+            delay: Duration::ZERO,
+        }
+    }
+
     #[test]
     fn blocked_cache_is_exact_and_bounded() {
         let cache = BlockedCache::new(SHARDS * 100);
         let k = Key::from("k");
         let q = Quota::per_minute(10);
-        cache.insert(0, &k, 2, q, 1_000, Duration::from_micros(500));
-        assert!(cache.blocked(0, &k, 2, q, 1_499).is_some());
+        cache.insert(0, &k, 2, q, 1_000, &rejected(500));
+        let d = cache.blocked(0, &k, 2, q, 1_499).unwrap();
+        // The store's answer, 499 µs on.
+        assert_eq!((d.allowed, d.limit, d.remaining), (false, 10, 3));
+        assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
+        assert_eq!(d.refill_after, Duration::from_micros(1));
+        assert_eq!(d.reset_after, Duration::from_micros(40_000_000 - 499));
         assert!(cache.blocked(0, &k, 3, q, 1_200).is_some(), "a larger cost is rejected too");
         assert!(cache.blocked(0, &k, 1, q, 1_200).is_none(), "a smaller cost may fit");
         assert!(cache.blocked(0, &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
         assert!(cache.blocked(0, &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
         assert!(cache.blocked(0, &k, 2, q, 1_500).is_none());
-        cache.insert(1, &k, 1, q, 1_000, Duration::from_micros(100));
+        cache.insert(1, &k, 1, q, 1_000, &rejected(100));
         assert!(cache.blocked(1, &k, 1, q, 1_050).is_some(), "an earlier end recorded later");
         assert!(cache.blocked(1, &k, 2, q, 1_200).is_none());
         for i in 0..10_000 {
-            cache.insert(0, &Key::from(format!("k{i}")), 1, q, 2_000, Duration::from_secs(1));
+            cache.insert(0, &Key::from(format!("k{i}")), 1, q, 2_000, &rejected(1_000_000));
         }
         assert!(cache.len() <= SHARDS * 100 + SHARDS);
     }
