@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+mod system;
+
 /// A source of wall-clock time in integer microseconds since the Unix epoch.
 ///
 /// Every algorithm works on integer microseconds, so a store driven by one clock gives
@@ -16,12 +18,19 @@ pub trait Clock: Send + Sync + 'static {
     fn now_micros(&self) -> u64;
 }
 
-/// The system clock: wall-clock time read once, at first use, then advanced by a
-/// monotonic clock (the CPU's time-stamp counter where it is reliable, through `quanta`).
+/// The system clock: wall-clock time advanced by a monotonic clock (the CPU's time-stamp
+/// counter where it is reliable, through `quanta`), re-anchored to the wall clock every
+/// second without ever stepping back.
 ///
-/// Reading it costs a few nanoseconds instead of a `clock_gettime` call, and it never
-/// steps backwards when NTP corrects the wall clock — what a limiter wants. It is the
-/// default clock of `MemoryStore`; `RedisStore` uses Redis's own `TIME`.
+/// Reading it costs a few nanoseconds instead of a `clock_gettime` call. It never steps
+/// backwards when NTP corrects the wall clock — decisions and TTLs assume time goes
+/// forward — yet it follows the wall clock: once a second it compares itself with it and
+/// spreads the difference over the next second (running at most twice as fast, or at
+/// least half as fast; a difference of more than a second ahead of it is a step forward).
+/// So a time-stamp counter that runs fast on some hypervisor, or a wall clock that NTP
+/// corrects, stays within a few milliseconds of the wall clock instead of drifting apart
+/// over the uptime. It is the default clock of `MemoryStore`; `RedisStore` uses Redis's
+/// own `TIME`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
@@ -29,22 +38,10 @@ fn wall_micros() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// The wall-clock time and the raw counter reading taken together at first use.
-struct Anchor {
-    wall_micros: u64,
-    clock: quanta::Clock,
-    raw: u64,
-}
-
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
-        static ANCHOR: std::sync::OnceLock<Anchor> = std::sync::OnceLock::new();
-        let a = ANCHOR.get_or_init(|| {
-            let clock = quanta::Clock::new();
-            Anchor { wall_micros: wall_micros(), raw: clock.raw(), clock }
-        });
-        // A raw counter read and one scaling: no thread-local or global lookups per call.
-        a.wall_micros + a.clock.delta_as_nanos(a.raw, a.clock.raw()) / 1_000
+        static CLOCK: std::sync::OnceLock<system::Disciplined<system::Tsc>> = std::sync::OnceLock::new();
+        CLOCK.get_or_init(|| system::Disciplined::new(system::Tsc::new(), system::Tuning::DEFAULT)).now()
     }
 }
 
