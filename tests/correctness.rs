@@ -468,19 +468,28 @@ async fn a_late_bucket_refund_never_lets_more_than_the_burst_through() {
         limiter.refund(a).await.unwrap();
         assert!(limiter.check("ada").await.is_rejected(), "{algorithm}: a third request at one instant, burst 2");
 
-        // A refund in time gives back what its commit still holds back: all of it at
-        // once, the rest of it 20 s later.
+        // A refund in time gives back what its commit still holds back. With no commit
+        // since (d comes at the same instant as b), all of it, even 20 s later (a slow
+        // handler's count-by-outcome refund).
         let (b, c) = (limiter.check("bob").await, limiter.check("bob").await);
         assert!(b.is_allowed() && c.is_allowed() && limiter.check("bob").await.is_rejected());
         limiter.refund(c).await.unwrap();
         assert!(limiter.check("bob").await.is_allowed(), "{algorithm}: an immediate refund gave nothing back");
         clock.advance(Duration::from_secs(20));
-        // b's token would have been back 60 s after b; 20 s later it still holds back two
-        // thirds of a token, which the refund gives back: with the third refilled, one
-        // whole token, and the next one a full minute away.
         limiter.refund(b).await.unwrap();
-        assert!(limiter.check("bob").await.is_allowed(), "{algorithm}: a timely refund gave too little back");
+        assert!(limiter.check("bob").await.is_allowed(), "{algorithm}: a late refund gave too little back");
         let v = limiter.check("bob").await;
+        assert_eq!(v.retry_after(), Some(Duration::from_secs(40)), "{algorithm}: b's whole token came back");
+
+        // A commit made 20 s after e bounds e's refund to the 40 s of cells e still held
+        // back then: without e, f and g fill the bucket, and the next one is a minute
+        // away (the whole token back would make it 40 s).
+        let e = limiter.check("carol").await;
+        clock.advance(Duration::from_secs(20));
+        assert!(limiter.check("carol").await.is_allowed(), "{algorithm}: f");
+        limiter.refund(e).await.unwrap();
+        assert!(limiter.check("carol").await.is_allowed(), "{algorithm}: g");
+        let v = limiter.check("carol").await;
         assert_eq!(v.retry_after(), Some(Duration::from_secs(60)), "{algorithm}: a partial refund gave too much back");
     }
 }

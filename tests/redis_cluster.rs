@@ -136,6 +136,11 @@ async fn cluster_rules_within_and_across_slots() {
     let evalsha: u64 = calls(&cluster, "evalsha").iter().sum();
     // One EVALSHA per slot per request, plus a refund per accepting slot when one rejected.
     assert!(evalsha >= 90, "{evalsha}");
+    // A rejection is answered without waiting more than 5 ms for a slow slot, whose units
+    // come back when it answers: give the rollbacks a moment on a busy machine. (The token
+    // bucket's rollbacks of overlapping commits each give back c·T less the time to the
+    // latest commit — conservative by design — short by microseconds, not a token.)
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 36, "units stayed taken on {k0}");
     assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 36, "units stayed taken on {k2}");
     assert!(!store.peek(&across[1]).await.unwrap().allowed);
@@ -156,8 +161,16 @@ async fn cluster_rules_within_and_across_slots() {
         .zip(&first)
         .map(|(c, o)| Refund { check: c.clone(), taken: o.as_ref().unwrap().taken.unwrap() })
         .collect();
+    let bucket_before = store.peek(&across[0]).await.unwrap();
     store.refund(&refunds).await.unwrap();
-    assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 37);
+    // The token bucket gives back c·T less the time from the commit to the latest one (the
+    // rejected checks since, a second or two): most of a token, not all of it.
+    let bucket_after = store.peek(&across[0]).await.unwrap();
+    assert_eq!(bucket_after.remaining, 36, "{bucket_after:?}");
+    assert!(
+        bucket_after.refill_after + Duration::from_secs(60) < bucket_before.refill_after,
+        "the refund reached the bucket: {bucket_before:?} -> {bucket_after:?}"
+    );
     assert!(store.peek(&across[1]).await.unwrap().allowed);
     assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 37);
     assert!(calls(&cluster, "evalsha").iter().all(|&n| n > 0), "every node took part");

@@ -76,12 +76,14 @@ async fn one_round_trip_per_decision() {
         let (per_evalsha, inside, all) =
             (evalsha as f64 / N as f64, (total - evalsha) as f64 / N as f64, total as f64 / N as f64);
         report.push_str(&format!("| {algorithm} | {per_evalsha:.2} | {inside:.2} | {all:.2} |\n"));
-        if algorithm != Algorithm::SlidingWindowLog {
-            // TIME + GET + SET … PX.
-            assert!(inside <= 3.0, "{algorithm}: {inside} commands inside the script per decision: {stats:?}");
-        } else {
-            assert!(inside <= 6.0, "{algorithm}: {inside} commands inside the script per decision: {stats:?}");
-        }
+        // TIME + GET + SET … PX; a PTTL more on keys seen before for the token bucket,
+        // whose TTL depends on the quota (a tier of a longer period keeps its state).
+        let most = match algorithm {
+            Algorithm::SlidingWindowLog => 7.0,
+            Algorithm::TokenBucket => 4.0,
+            _ => 3.0,
+        };
+        assert!(inside <= most, "{algorithm}: {inside} commands inside the script per decision: {stats:?}");
     }
     eprintln!("commands per decision on the accepting path, server TIME, {N} decisions each:\n{report}");
 }
@@ -474,7 +476,7 @@ return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
                     assert_eq!(r[..3], r[4..7], "{ctx}");
                     let (pa, pb): (i64, i64) = (r[3].parse().unwrap(), r[7].parse().unwrap());
                     assert!((pa - pb).abs() <= 50, "{ctx}");
-                    committed += usize::from(r[1].starts_with("SET"));
+                    committed += usize::from(r[1].split(';').any(|c| c.starts_with("SET")));
                 }
             }
         }

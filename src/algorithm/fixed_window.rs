@@ -16,11 +16,16 @@ pub struct FixedWindow {
 }
 
 impl FixedWindow {
-    /// The window of `now`, or the stored one when the clock stepped back before its start:
-    /// a step back across a boundary must not wipe the count (time, for one state, never
-    /// goes back).
+    /// The window of `now`, or the stored one when it is the next (the clock stepped back
+    /// across its start): a step back across a boundary must not wipe the count. Only the
+    /// next one: a stored window of another period (a tier) is not comparable.
     fn window_of(&self, period: u64, now: u64) -> u64 {
-        (now / period).max(self.window)
+        let w = now / period;
+        if self.window == w + 1 {
+            self.window
+        } else {
+            w
+        }
     }
 
     fn count_at(&self, w: u64) -> u64 {

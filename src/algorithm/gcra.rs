@@ -1,17 +1,29 @@
-//! GCRA, the generic cell rate algorithm: one stored value, the theoretical arrival time.
+//! GCRA, the generic cell rate algorithm: the theoretical arrival time decides; the time
+//! of the latest commit bounds refunds.
 //!
 //! Emission interval `T = ceil(W / L)`. With `TAT' = max(TAT, now)`: accept iff
 //! `TAT' + c·T - now <= B·T`, then `TAT = TAT' + c·T`. `B` requests may arrive at the same
 //! instant; a cost above `B` is never accepted. Same decisions as the token bucket.
+//!
+//! A refund of the commit made at `a` moves the TAT back by
+//! `min(c·T, a + c·T - latest commit)`. Sound whatever else is refunded: the TAT stays at
+//! least that of the commits still standing, since a commit made at `m` after `a` left a
+//! TAT at least `m` ahead of `a + c·T`'s share (so, with `m <= latest`, removing this
+//! commit may move the TAT back by at most `a + c·T - latest` past it). And tight where it
+//! matters: with no commit since (a slow handler's own count-by-outcome refund) it is
+//! `c·T`; overlapping commits rolled back together lose only the gap between them.
 
 use super::{next_unit, Params};
 use crate::Decision;
 
-/// The theoretical arrival time, µs since the epoch (0: never seen).
+/// The theoretical arrival time and the latest commit, µs since the epoch (0: never
+/// seen).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Gcra {
     /// Theoretical arrival time.
     pub tat: u64,
+    /// When the latest commit was made (bounds refunds; see the module docs).
+    pub last: u64,
 }
 
 impl Gcra {
@@ -34,20 +46,16 @@ impl Gcra {
     /// [`Gcra::refund`].
     pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
         self.tat = self.tat.max(now) + p.cost * p.quota.emission_interval_micros();
+        self.last = self.last.max(now);
         now
     }
 
     /// Gives back what the commit made at `at` still holds back: its `c·T`, less the time
-    /// since `at` (one cell drains per `T`; a cell given back after it would have drained
-    /// lets more than the burst through at once). Never moves the TAT before `now`.
-    ///
-    /// Conservative, and by design: when later requests kept the bucket from draining,
-    /// the commit holds back more than this gives back. A bound taken from the TAT the
-    /// commit left instead would count the debts of other requests, which may be given
-    /// back too (the model test found the over-admission).
+    /// from it to the latest commit (see the module docs), never moving the TAT before
+    /// `now` (what has drained since is not given twice).
     pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
         let cells = p.cost * p.quota.emission_interval_micros();
-        let held = cells.min((at + cells).saturating_sub(now));
+        let held = cells.min((at + cells).saturating_sub(self.last));
         self.tat = self.tat.saturating_sub(held).max(now);
     }
 

@@ -8,14 +8,15 @@
 use super::{next_unit, Params};
 use crate::Decision;
 
-/// The bucket's level (in µs of refill, `tokens × T`) at time `last`.
+/// The bucket's level (in µs of refill, `tokens × T`) at time `last`, the latest commit.
 ///
 /// The default (`level 0` at `last 0`) refills to a full bucket at any real time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokenBucket {
     /// Tokens × T at `last`.
     pub level: u64,
-    /// When the level was last updated (µs since the epoch).
+    /// When the latest commit was made (µs since the epoch): the level is as of then.
+    /// Refunds add to the level without moving it, so it bounds them as GCRA's does.
     pub last: u64,
 }
 
@@ -50,16 +51,16 @@ impl TokenBucket {
     }
 
     /// Gives back what the commit made at `at` still holds back: its `c` tokens, less one
-    /// per `T` elapsed since (tokens are interchangeable, and giving back what the bucket
-    /// has refilled since would let more than the burst through at once). Never above
-    /// the capacity. Conservative by design, as [`Gcra::refund`](super::gcra::Gcra::refund).
-    pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
+    /// per `T` from it to the latest commit (the same bound as
+    /// [`Gcra::refund`](super::gcra::Gcra::refund), whose module docs say why), never
+    /// above the capacity. The level stays as of the latest commit: adding to it there is
+    /// adding to it now, as the refill since is the same.
+    pub fn refund(&mut self, p: &Params, at: u64, _now: u64) {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
         let tokens = p.cost * t;
-        let held = tokens.min((at + tokens).saturating_sub(now));
-        self.level = (self.level_at(capacity, now) + held).min(capacity);
-        self.last = self.last.max(now);
+        let held = tokens.min((at + tokens).saturating_sub(self.last));
+        self.level = (self.level + held).min(capacity);
     }
 
     /// When the bucket is full again.

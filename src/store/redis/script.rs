@@ -241,7 +241,7 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Resul
             Algorithm::SlidingWindowCounter => SlidingWindowCounter { window: f1, prev: f2, curr: f3 }.decide(p, now),
             Algorithm::TokenBucket => TokenBucket { level: f1, last: f2 }.decide(p, now),
             Algorithm::LeakyBucket => LeakyBucket { next: f1 }.decide(p, now),
-            Algorithm::Gcra => Gcra { tat: f1 }.decide(p, now),
+            Algorithm::Gcra => Gcra { tat: f1, last: f2 }.decide(p, now),
         };
         if d.allowed != script_allowed {
             return Err(StoreError::Backend(format!(

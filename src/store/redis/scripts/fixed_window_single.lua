@@ -22,8 +22,8 @@ if w * W > now then
 elseif (w + 1) * W <= now then
   w = w + 1
 end
--- The stored window when the clock stepped back before its start.
-if sw > w then w = sw end
+-- The stored window when it is the next (the clock stepped back across its start).
+if sw == w + 1 then w = sw end
 local count = 0
 if sw == w then count = sn end
 -- accept iff count + c <= L

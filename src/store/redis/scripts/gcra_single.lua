@@ -10,8 +10,15 @@ if #KEYS ~= 1 or ARGV[3] ~= 'gcra' then
 end
 -- ARGV[6..8]: burst B, emission interval T (µs), cost c. `x + 0` converts like tonumber.
 local B, T, c = ARGV[6] + 0, ARGV[7] + 0, ARGV[8] + 0
+-- State 'tat:gap' (the latest commit `gap` µs before the TAT), or none.
+local tat, last = 0, 0
 local v = redis.call('GET', KEYS[1])
-local tat = v and v + 0 or 0
+if v then
+  local gap
+  tat, gap = string.match(v, '([^:]+):([^:]+)')
+  tat = tat + 0
+  last = tat - gap
+end
 local base = tat > now and tat or now
 -- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T
 local ok = c <= B and base - now + c * T <= B * T
@@ -26,7 +33,10 @@ if ok and ARGV[2] == 'c' then
   elseif (q + 1) * 1000 <= a then
     q = q + 1
   end
-  redis.call('SET', KEYS[1], string.format('%d', new), 'PX', string.format('%d', q + 1))
+  -- The latest commit is now (or later, when the clock stepped back): `gap` before `new`.
+  local gap = new - (last > now and last or now)
+  if gap < 0 then gap = 0 end
+  redis.call('SET', KEYS[1], string.format('%d:%d', new, gap), 'PX', string.format('%d', q + 1))
 end
 local r = ok and 1 or 0
-return { now, r, r, tat, 0, 0 }
+return { now, r, r, tat, last, 0 }

@@ -19,9 +19,12 @@ function ALG.swc.default()
   return { 0, 0, 0 }
 end
 
--- The window of `now`, or the stored one when the clock stepped back before its start.
+-- The window of `now`, or the stored one when it is the next (the clock stepped back across
+-- its start); only the next: a window of another period (a tier) is not comparable.
 local function swc_window(s, p, now)
-  return max(floordiv(now, p.W), s[1])
+  local w = floordiv(now, p.W)
+  if s[1] == w + 1 then return s[1] end
+  return w
 end
 
 -- accept iff prev * (W - e) / W + curr + c <= L, in doubles, in exactly this order

@@ -85,7 +85,7 @@ function ALG.swl.read(key, p, now)
 end
 
 function ALG.swl.default()
-  return { 0, 0, 0, 0, 0, 0 }
+  return { 0, 0, 0, 0, 0, 0, fresh = true }
 end
 
 -- accept iff units in the window + c <= L
@@ -117,7 +117,9 @@ function ALG.swl.commit(key, s, p, now)
   end
   redis.call('ZADD', key, fmt(ts), fmt(ts) .. ':' .. fmt(units))
   swl_set_total(key, total + p.c)
-  redis.call('PEXPIRE', key, fmt(ttl_keep(key, ts + p.W, now)))
+  -- A key that did not exist has no longer TTL to keep: no PTTL.
+  local ms = s.fresh and ttl_ms(ts + p.W, now) or ttl_keep(key, ts + p.W, now)
+  redis.call('PEXPIRE', key, fmt(ms))
 end
 
 -- Gives back the c units of the commit recorded at `at`, from its own member, while it

@@ -1,5 +1,5 @@
 -- Token bucket (src/algorithm/token_bucket.rs). State 'level:last', the level in µs of
--- refill (tokens × T).
+-- refill (tokens × T) as of the latest commit, at `last`.
 ALG.tb = {}
 
 local function tb_level_at(s, capacity, now)
@@ -11,7 +11,7 @@ function ALG.tb.read(key)
 end
 
 function ALG.tb.default()
-  return { 0, 0 }
+  return { 0, 0, fresh = true }
 end
 
 -- accept iff c <= B and the level holds c·T
@@ -23,21 +23,24 @@ function ALG.tb.fields(s)
   return s[1], s[2], 0
 end
 
-local function tb_put(key, level, last, capacity, now)
-  put_keep(key, fmt(level) .. ':' .. fmt(last), last + (capacity - min(level, capacity)), now)
+-- A key that did not exist has no TTL to keep (as token_bucket_single.lua: no PTTL).
+local function tb_put(key, fresh, level, last, capacity, now)
+  local write = fresh and put or put_keep
+  write(key, fmt(level) .. ':' .. fmt(last), last + (capacity - min(level, capacity)), now)
 end
 
 function ALG.tb.commit(key, s, p, now)
   local capacity = p.B * p.T
   local level = tb_level_at(s, capacity, now) - p.c * p.T
-  tb_put(key, level, max(s[2], now), capacity, now)
+  tb_put(key, s.fresh, level, max(s[2], now), capacity, now)
 end
 
 -- p.at: when the commit was made (token_bucket.rs): give back what it still holds back,
--- its c·T less the time since.
+-- its c·T less the time from it to the latest commit (`last`), added to the level as of
+-- then.
 function ALG.tb.refund(key, s, p, now)
   local capacity = p.B * p.T
   local tokens = p.c * p.T
-  local level = min(tb_level_at(s, capacity, now) + min(tokens, max(p.at + tokens - now, 0)), capacity)
-  tb_put(key, level, max(s[2], now), capacity, now)
+  local level = min(s[1] + min(tokens, max(p.at + tokens - s[2], 0)), capacity)
+  tb_put(key, false, level, s[2], capacity, now)
 end
