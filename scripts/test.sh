@@ -24,7 +24,8 @@ echo "== $(redis-server --version)"
 
 # tests/examples_run.rs runs the example programs (workspace member `examples/`) as
 # processes: build them first. Then every test of the workspace, doctests included (the
-# README's snippets among them). Two test threads: the machine this is tuned for has two
-# cores.
+# README's snippets among them), all of them even after a failure (a failing binary must
+# not hide the next one's failures). Two test threads: the machine this is tuned for has
+# two cores.
 cargo build -p tollgate-examples --examples --all-features
-cargo test --workspace --all-features -- --test-threads=2
+cargo test --workspace --all-features --no-fail-fast -- --test-threads=2
