@@ -63,6 +63,27 @@ impl Decision {
         self.retry_after_secs().unwrap_or_else(|| ceil_secs(self.refill_after))
     }
 
+    /// Whether this allowed decision leaves the rule with `share` or more of its quota in
+    /// use (`share` in (0, 1]; 0.8: at most a fifth left): a warning before clients are
+    /// rejected, as Envoy's `near_limit`. The limiter counts these in the metric
+    /// `tollgate_near_limit_total` (see `LimiterBuilder::near_limit`).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # let d = |remaining| tollgate::Decision { allowed: true, limit: 100, remaining,
+    /// #     reset_after: Duration::ZERO, refill_after: Duration::ZERO, retry_after: None, delay: Duration::ZERO };
+    /// assert!(d(20).is_near_limit(0.8));
+    /// assert!(!d(21).is_near_limit(0.8));
+    /// ```
+    #[must_use]
+    pub fn is_near_limit(&self, share: f64) -> bool {
+        #[allow(clippy::cast_precision_loss)]
+        let used = self.limit.saturating_sub(self.remaining) as f64;
+        #[allow(clippy::cast_precision_loss)]
+        let limit = self.limit as f64;
+        self.allowed && self.limit > 0 && used >= share * limit
+    }
+
     pub(crate) fn allow(limit: u64, remaining: u64, reset_after_us: u64, refill_after_us: u64) -> Self {
         Self {
             allowed: true,

@@ -251,6 +251,19 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
         self.configure(|c| c.settings.cache_enabled = on)
     }
 
+    /// The share of a quota in use from which an allowed decision counts in
+    /// `tollgate_near_limit_total` (default 0.8); see
+    /// [`LimiterBuilder::near_limit`](crate::LimiterBuilder::near_limit).
+    ///
+    /// # Panics
+    ///
+    /// When `share` is not in (0, 1].
+    #[must_use]
+    pub fn near_limit(self, share: f64) -> Self {
+        crate::runtime::check_near_limit(share);
+        self.configure(|c| c.settings.near_limit = share)
+    }
+
     /// The layer's rules.
     #[must_use]
     pub fn rules(&self) -> &[Rule<Request<B>>] {

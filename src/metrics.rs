@@ -3,6 +3,7 @@
 //! | name | kind | labels |
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `rule`, `outcome` = `allowed` / `rejected` / `shadow_rejected` / `local_rejected` |
+//! | `tollgate_near_limit_total` | counter | `rule` (allowed decisions that leave the rule's near-limit share of its quota in use; never labelled by key) |
 //! | `tollgate_store_errors_total` | counter | `kind` = `timeout` / `unavailable` / `overloaded` / `circuit_open` / `full` / `backend` / `invalid` |
 //! | `tollgate_store_latency_seconds` | histogram | — |
 //! | `tollgate_fail_open_total` | counter | — (requests passed because the store failed) |
@@ -20,6 +21,11 @@ use crate::StoreError;
 pub(crate) fn decision(rule: &str, outcome: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_decisions_total", "rule" => rule.to_owned(), "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn near_limit(rule: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_near_limit_total", "rule" => rule.to_owned()).increment(1);
 }
 
 pub(crate) fn store_error(err: &StoreError) {

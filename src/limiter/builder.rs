@@ -132,6 +132,21 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
         self
     }
 
+    /// The share of a quota in use from which an allowed decision counts as near the
+    /// limit, in the metric `tollgate_near_limit_total{rule}` (default 0.8: at most a fifth
+    /// left; see [`Decision::is_near_limit`](crate::Decision::is_near_limit)). An alert on
+    /// it warns before clients are rejected.
+    ///
+    /// # Panics
+    ///
+    /// When `share` is not in (0, 1].
+    #[must_use]
+    pub fn near_limit(mut self, share: f64) -> Self {
+        crate::runtime::check_near_limit(share);
+        self.settings.near_limit = share;
+        self
+    }
+
     /// The limiter.
     ///
     /// # Errors

@@ -305,6 +305,14 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         let Checks { checks, rules } = enforced;
         let mut verdict = Verdict::decided(checks, rules, outcomes, by);
+        if verdict.is_allowed() {
+            // Near the limit: what this input leaves in use (a rejected one takes nothing).
+            for (c, d) in verdict.checks.iter().zip(&verdict.decisions) {
+                if d.is_near_limit(self.runtime.settings.near_limit) {
+                    crate::metrics::near_limit(&c.rule);
+                }
+            }
+        }
         verdict.shadow = shadow_commits;
         // Only the store's own rejections are final: the fallback's limits are its own
         // (a share for one server) and end with the outage.

@@ -27,6 +27,9 @@ pub(crate) struct Settings {
     #[cfg(feature = "memory")]
     pub(crate) fallback: Option<(crate::MemoryStore, u64)>,
     pub(crate) cache_enabled: bool,
+    /// The share of a quota in use from which an allowed decision counts as near the
+    /// limit (`tollgate_near_limit_total`).
+    pub(crate) near_limit: f64,
 }
 
 impl Default for Settings {
@@ -38,8 +41,17 @@ impl Default for Settings {
             #[cfg(feature = "memory")]
             fallback: None,
             cache_enabled: true,
+            near_limit: 0.8,
         }
     }
+}
+
+/// Checks a near-limit share: in (0, 1].
+pub(crate) fn check_near_limit(share: f64) {
+    assert!(
+        share > 0.0 && share <= 1.0,
+        "tollgate: near_limit({share}) is not a share of the quota: use a number in (0, 1], e.g. 0.8"
+    );
 }
 
 pub(crate) struct Runtime {

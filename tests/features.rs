@@ -1,0 +1,111 @@
+//! What users of other rate limiters keep asking for: the near-limit signal, penalties,
+//! charges after the response, hashed client keys and limits changed at runtime — through
+//! the layer, on `MemoryStore` and on real Redis.
+#![cfg(all(feature = "redis", feature = "memory", feature = "metrics"))]
+
+mod support;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use support::redis::RedisServer;
+use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer, RedisStore, Store};
+use tower::{Layer, Service, ServiceExt};
+
+fn ok() -> impl Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible, Future: Send> + Clone
+{
+    tower::service_fn(|_req: Request<Body>| async { Ok(Response::new(Body::empty())) })
+}
+
+fn get(user: &str) -> Request<Body> {
+    Request::get("/").header("x-user", user).body(Body::empty()).unwrap()
+}
+
+/// Runs `f` on a current-thread runtime with a Prometheus recorder of its own; returns
+/// what `f` returned and the scrape.
+fn with_metrics<T>(f: impl std::future::Future<Output = T>) -> (T, String) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let out = metrics::with_local_recorder(&recorder, || rt.block_on(f));
+    (out, handle.render())
+}
+
+/// The value of a counter line `name{labels…} value` whose labels include all of `labels`.
+fn counter(scrape: &str, name: &str, labels: &[&str]) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+// ---------------------------------------------------------------------------------------
+// Near-limit signal
+
+async fn ten_requests<St: Store>(store: St) -> Vec<StatusCode> {
+    let layer = RateLimitLayer::<_, Body>::builder(store)
+        .rule("api", Quota::per_minute(10), key::header("x-user"))
+        .rule("half", Quota::per_minute(20), key::header("x-user"))
+        .build()
+        .unwrap()
+        .algorithm(Algorithm::Gcra)
+        .near_limit(0.5);
+    let svc = layer.layer(ok());
+    let mut statuses = Vec::new();
+    for _ in 0..11 {
+        statuses.push(svc.clone().oneshot(get("ada")).await.unwrap().status());
+    }
+    statuses
+}
+
+#[test]
+fn the_near_limit_metric_counts_admissions_that_leave_the_share_in_use() {
+    let server = RedisServer::start();
+    let stores: [(&str, Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<StatusCode>>>>>);
+        2] = [
+        ("memory", Box::new(|| Box::pin(ten_requests(MemoryStore::new())))),
+        (
+            "redis",
+            Box::new(|| {
+                Box::pin(ten_requests(
+                    RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2)),
+                ))
+            }),
+        ),
+    ];
+    for (name, run) in stores {
+        let (statuses, scrape) = with_metrics(run());
+        assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 10, "{name}: {statuses:?}");
+        // Half or more in use: the 5th to 10th of 10 (6), the 10th of 20 (1); the 11th was
+        // rejected and counts in neither.
+        assert_eq!(counter(&scrape, "tollgate_near_limit_total", &["rule=\"api\""]), 6.0, "{name}:\n{scrape}");
+        assert_eq!(counter(&scrape, "tollgate_near_limit_total", &["rule=\"half\""]), 1.0, "{name}:\n{scrape}");
+        // Labelled by rule only, never by key.
+        assert!(!scrape.contains("ada"), "{name}: a client key in the metrics:\n{scrape}");
+    }
+}
+
+#[test]
+fn a_near_limit_share_outside_zero_to_one_is_refused() {
+    for share in [0.0, -0.5, 1.5, f64::NAN] {
+        let err = std::panic::catch_unwind(|| {
+            RateLimitLayer::<_, Body>::new(Quota::per_minute(10), key::Global, MemoryStore::new()).near_limit(share)
+        })
+        .expect_err("refused");
+        let msg = err.downcast_ref::<String>().unwrap();
+        assert!(msg.contains("use a number in (0, 1]"), "{msg}");
+    }
+    let default = tollgate::Decision {
+        allowed: true,
+        limit: 10,
+        remaining: 2,
+        reset_after: Duration::ZERO,
+        refill_after: Duration::ZERO,
+        retry_after: None,
+        delay: Duration::ZERO,
+    };
+    assert!(default.is_near_limit(0.8) && !default.is_near_limit(0.9));
+    assert!(!tollgate::Decision { allowed: false, ..default }.is_near_limit(0.8), "a rejection is not near");
+}
