@@ -63,20 +63,15 @@ async fn ten_requests<St: Store>(store: St) -> Vec<StatusCode> {
 #[test]
 fn the_near_limit_metric_counts_admissions_that_leave_the_share_in_use() {
     let server = RedisServer::start();
-    let stores: [(&str, Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<StatusCode>>>>>);
-        2] = [
-        ("memory", Box::new(|| Box::pin(ten_requests(MemoryStore::new())))),
-        (
-            "redis",
-            Box::new(|| {
-                Box::pin(ten_requests(
-                    RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2)),
-                ))
-            }),
-        ),
-    ];
-    for (name, run) in stores {
-        let (statuses, scrape) = with_metrics(run());
+    for name in ["memory", "redis"] {
+        let (statuses, scrape) = with_metrics(async {
+            if name == "memory" {
+                ten_requests(MemoryStore::new()).await
+            } else {
+                let redis = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
+                ten_requests(redis).await
+            }
+        });
         assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 10, "{name}: {statuses:?}");
         // Half or more in use: the 5th to 10th of 10 (6), the 10th of 20 (1); the 11th was
         // rejected and counts in neither.
