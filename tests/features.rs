@@ -104,3 +104,90 @@ fn a_near_limit_share_outside_zero_to_one_is_refused() {
     assert!(default.is_near_limit(0.8) && !default.is_near_limit(0.9));
     assert!(!tollgate::Decision { allowed: false, ..default }.is_near_limit(0.8), "a rejection is not near");
 }
+
+// ---------------------------------------------------------------------------------------
+// Client keys not stored in plain text
+
+const SECRET: &str = "0123456789abcdef-application-secret";
+
+async fn statuses<S>(svc: &S, user: &str, n: usize) -> Vec<StatusCode>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible> + Clone,
+{
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(svc.clone().oneshot(get(user)).await.unwrap().status());
+    }
+    out
+}
+
+fn all_keys(cmd: impl Fn(&[&str]) -> String) -> String {
+    cmd(&["--scan", "--pattern", "*"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hashed_keys_keep_client_keys_out_of_redis() {
+    let server = RedisServer::start();
+    let store = || RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
+    let layer = |store: RedisStore| {
+        RateLimitLayer::<_, Body>::builder(store)
+            .rule("per-key", Quota::per_minute(3), key::header("x-user"))
+            .rule("per-key-daily", Quota::per_day(100), key::header("x-user"))
+            .build()
+            .unwrap()
+    };
+    let api_key = "sk_live_51HxLmn0pQ";
+    let hashed = layer(store().hash_keys(SECRET).unwrap());
+    let svc = hashed.clone().layer(ok());
+    let got = statuses(&svc, api_key, 4).await;
+    assert_eq!(got, [StatusCode::OK, StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    let names = all_keys(|a| server.cmd(a));
+    assert_eq!(names.lines().count(), 2, "one key per rule: {names}");
+    assert!(!names.contains(api_key) && !names.contains("sk_live"), "the key in clear: {names}");
+    assert!(names.lines().all(|n| n.starts_with("tollgate:{%K")), "{names}");
+    // Nor in the values.
+    for name in names.lines() {
+        assert!(!server.cmd(&["DUMP", name]).contains("sk_live"), "{name}");
+    }
+    // Admin calls take the clear key.
+    let d = hashed.peek("per-key", api_key).await.unwrap().unwrap();
+    assert!(!d.allowed, "{d:?}");
+    hashed.reset("per-key", api_key).await.unwrap();
+    assert!(hashed.peek("per-key", api_key).await.unwrap().unwrap().allowed);
+    drop((hashed, svc));
+
+    // Another server with the same secret shares the limit; another secret does not.
+    let same = layer(store().hash_keys(SECRET).unwrap()).layer(ok());
+    assert_eq!(statuses(&same, api_key, 4).await.last(), Some(&StatusCode::TOO_MANY_REQUESTS));
+    drop(same);
+    let other = layer(store().hash_keys("another secret, 16+ bytes").unwrap()).layer(ok());
+    assert!(statuses(&other, api_key, 3).await.iter().all(|s| *s == StatusCode::OK));
+    // A secret too short is refused, saying why.
+    let err = store().hash_keys("short").unwrap_err().to_string();
+    assert!(err.contains("16 or more"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hashed_keys_keep_one_clients_rules_in_one_cluster_slot() {
+    let cluster = support::redis::RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls())
+        .unwrap()
+        .response_timeout(Duration::from_secs(2))
+        .hash_keys(SECRET)
+        .unwrap();
+    store.ping().await.unwrap();
+    let layer = RateLimitLayer::<_, Body>::builder(store)
+        .rule("per-minute", Quota::per_minute(2), key::header("x-user"))
+        .rule("per-day", Quota::per_day(100), key::header("x-user"))
+        .build()
+        .unwrap();
+    let svc = layer.clone().layer(ok());
+    for user in ["ada", "grace", "sk_live_x"] {
+        // Both rules in one script call (one slot): two admitted, the third refused.
+        let got = statuses(&svc, user, 3).await;
+        assert_eq!(got, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS], "{user}");
+        assert_eq!(layer.peek("per-day", user).await.unwrap().unwrap().remaining, 97, "{user}");
+    }
+    let names: String = cluster.cmd_all(&["KEYS", "*"]).concat();
+    assert!(!names.contains("ada") && !names.contains("sk_live"), "{names}");
+}

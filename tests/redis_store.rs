@@ -276,8 +276,8 @@ async fn keys_with_any_bytes_are_independent() {
     }
     let names = server.cmd(&["--no-raw", "KEYS", "*"]);
     assert_eq!(names.lines().count(), keys.len(), "{names}");
-    assert!(names.contains("tollgate:{a%7Bb%7Dc}:rule%3A%7Bx%7D:swl:v2"), "{names}");
-    assert!(names.contains("tollgate:{a%257Bb%257Dc}:rule%3A%7Bx%7D:swl:v2"), "{names}");
+    assert!(names.contains("tollgate:{a%7Bb%7Dc}:rule%3A%7Bx%7D:swl:v3"), "{names}");
+    assert!(names.contains("tollgate:{a%257Bb%257Dc}:rule%3A%7Bx%7D:swl:v3"), "{names}");
     assert!(names.contains("tollgate:{%E}:"), "{names}");
     assert!(names.contains("tollgate:{%H"), "{names}");
     // Long keys are stored as a digest: names stay short.
@@ -327,7 +327,7 @@ async fn an_application_pool_is_used_without_per_request_checkouts() {
     let stats = commandstats(&server);
     assert_eq!(stats.get("evalsha"), Some(&200), "{stats:?}");
     assert!(!stats.contains_key("ping") && !stats.contains_key("unwatch"), "{stats:?}");
-    assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v2"));
+    assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v3"));
     // The password appears nowhere in the store's Debug.
     let shown = format!("{store:?}");
     assert!(!shown.contains("s3cret"), "{shown}");
@@ -493,7 +493,7 @@ async fn a_sliding_log_request_of_any_cost_is_one_member() {
     let mut c = check("big", "k", Algorithm::SlidingWindowLog, Quota::per_hour(2_000_000));
     c.params = c.params.cost(1_000_000);
     assert!(store.check_one(&c).await.unwrap().decision.allowed);
-    let name = "tollgate:{k}:big:swl:v2";
+    let name = "tollgate:{k}:big:swl:v3";
     assert_eq!(server.cmd(&["ZCARD", name]), "2", "one member for the units and one for the total");
     let bytes: u64 = server.cmd(&["MEMORY", "USAGE", name]).parse().unwrap();
     assert!(bytes < 1024, "{bytes} bytes for one request");

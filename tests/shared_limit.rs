@@ -20,7 +20,10 @@ async fn serve(store: RedisStore, algorithm: Algorithm) -> SocketAddr {
     let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" })).layer(
         RateLimitLayer::<_, Body>::new(Quota::per_hour(100), key::header("x-api-key"), store)
             .algorithm(algorithm)
-            .fail_mode(tollgate::FailMode::Closed),
+            .fail_mode(tollgate::FailMode::Closed)
+            // Counting is what is tested here: a busy CI machine must not turn a slow
+            // answer into a 503 (the default 50 ms deadline is tested in faults.rs).
+            .timeout(std::time::Duration::from_secs(2)),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -88,7 +91,8 @@ async fn three_servers_share_one_limit_through_redis() {
     for algorithm in EXACT {
         let mut servers = Vec::new();
         for _ in 0..3 {
-            servers.push(serve(RedisStore::from_url(&redis.url()).unwrap(), algorithm).await);
+            let store = RedisStore::from_url(&redis.url()).unwrap().response_timeout(std::time::Duration::from_secs(2));
+            servers.push(serve(store, algorithm).await);
         }
         let (ok, limited) = hammer(&servers, &format!("key-{algorithm}")).await;
         assert_eq!((ok, limited), (100, 900), "{algorithm}");
@@ -102,7 +106,9 @@ async fn three_servers_share_one_limit_through_a_cluster() {
     for algorithm in EXACT {
         let mut servers = Vec::new();
         for _ in 0..3 {
-            servers.push(serve(RedisStore::cluster(cluster.urls()).unwrap(), algorithm).await);
+            let store =
+                RedisStore::cluster(cluster.urls()).unwrap().response_timeout(std::time::Duration::from_secs(2));
+            servers.push(serve(store, algorithm).await);
         }
         let (ok, limited) = hammer(&servers, &format!("key-{algorithm}")).await;
         assert_eq!((ok, limited), (100, 900), "{algorithm}");

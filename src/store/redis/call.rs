@@ -20,7 +20,8 @@ pub(super) struct Config {
     pub(super) origin: Origin,
     /// Where the store connects to, for messages: `host:port`, never a password.
     pub(super) addr: String,
-    pub(super) prefix: Arc<str>,
+    /// The prefix, and how client keys appear in names.
+    pub(super) names: keys::Names,
     pub(super) timeouts: Timeouts,
     pub(super) clock: Option<SharedClock>,
     /// Made with the store, kept by every store built from it (`response_timeout`, …):
@@ -71,7 +72,7 @@ impl Inner {
         now: Option<u64>,
     ) -> redis::Cmd {
         let now = now.or_else(|| self.config.clock.as_ref().map(SharedClock::now));
-        script_cmd(verb, script, &self.config.prefix, checks, ats, mode, now)
+        script_cmd(verb, script, &self.config.names, checks, ats, mode, now)
     }
 
     /// The connection to use: at once when there is one (every request but the first); the
@@ -200,7 +201,7 @@ impl Inner {
     pub(super) async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
         let (conn, generation) = self.connection().await?;
         let mut cmd = redis::cmd("DEL");
-        cmd.arg(keys::name(&self.config.prefix, rule, key, algorithm));
+        cmd.arg(self.config.names.name(rule, key, algorithm));
         self.query(conn, generation, &cmd, None).await.map(drop)
     }
 }

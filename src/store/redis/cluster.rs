@@ -24,7 +24,6 @@ use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::call::Inner;
-use super::keys;
 use super::script::{Reply, MODE_CHECK};
 use crate::key::Key;
 use crate::store::{Check, Outcome, Refund};
@@ -44,7 +43,7 @@ impl Inner {
         }
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, key) in keys.enumerate() {
-            let slot = keys::key_slot(key);
+            let slot = self.config.names.slot(key);
             match groups.iter_mut().find(|(s, _)| *s == slot) {
                 Some((_, g)) => g.push(i),
                 None => groups.push((slot, vec![i])),

@@ -1,18 +1,25 @@
-//! Redis key names: `<prefix>:{<key>}:<rule>:<algorithm tag>:v2`.
+//! Redis key names: `<prefix>:{<key>}:<rule>:<algorithm tag>:v3`.
 //!
 //! The hash tag is the escaped client key alone, so every rule of one key lives in one
 //! cluster slot. Key and rule are escaped (`%` → `%25`, `{` → `%7B`, `}` → `%7D`,
 //! `:` → `%3A`), which makes the name injective in (rule, key) and keeps user bytes from
 //! moving the hash tag. A hashed [`Key`] is written as `%H` and the lowercase hex of its
-//! digest, the empty key as `%E`; neither can come out of escaping.
+//! digest, the empty key as `%E`; neither can come out of escaping. With
+//! `RedisStore::hash_keys`, the tag is `%K` and a keyed hash of the key instead.
+
+use std::fmt;
+use std::sync::Arc;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 
 use crate::key::Key;
 use crate::Algorithm;
 
 /// The schema version at the end of every name: a new state layout gets a new name, never
-/// a `WRONGTYPE`. One bump per release, shared by every change of that release: `v2`
-/// holds the sliding log's run-length encoded members and running total.
-const VERSION: &[u8] = b"v2";
+/// a `WRONGTYPE`. `v2`: the sliding log's run-length encoded members and running total;
+/// `v3`: GCRA's latest commit, blocks (`Rule::block_for`), hashed names.
+const VERSION: &[u8] = b"v3";
 
 /// Number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
@@ -47,27 +54,77 @@ pub(crate) fn tag_into(out: &mut Vec<u8>, key: &Key) {
     }
 }
 
-/// The Redis key holding the state of (`rule`, `key`) under `algorithm`.
-pub(crate) fn name(prefix: &str, rule: &str, key: &Key, algorithm: Algorithm) -> Vec<u8> {
-    let tag = algorithm.tag().as_bytes();
-    let mut out = Vec::with_capacity(prefix.len() + key.as_bytes().len() * 2 + rule.len() + tag.len() + 12);
-    out.extend_from_slice(prefix.as_bytes());
-    out.extend_from_slice(b":{");
-    tag_into(&mut out, key);
-    out.extend_from_slice(b"}:");
-    escape_into(&mut out, rule.as_bytes());
-    out.push(b':');
-    out.extend_from_slice(tag);
-    out.push(b':');
-    out.extend_from_slice(VERSION);
-    out
+/// How a store names its keys: the prefix, and whether client keys appear escaped or as a
+/// keyed hash (`RedisStore::hash_keys`).
+#[derive(Clone)]
+pub(crate) struct Names {
+    pub(crate) prefix: Arc<str>,
+    secret: Option<Arc<Hmac<Sha256>>>,
 }
 
-/// The cluster slot of `key`'s names (the slot of its hash tag).
-pub(crate) fn key_slot(key: &Key) -> u16 {
-    let mut tag = Vec::with_capacity(key.as_bytes().len() + 8);
-    tag_into(&mut tag, key);
-    crc16(&tag) % SLOTS
+impl fmt::Debug for Names {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the secret.
+        f.debug_struct("Names").field("prefix", &self.prefix).field("hashed_keys", &self.secret.is_some()).finish()
+    }
+}
+
+/// How many bytes of the HMAC a hashed tag keeps: 128 bits, 32 hex digits.
+const HASHED: usize = 16;
+
+impl Names {
+    pub(crate) fn new(prefix: Arc<str>) -> Self {
+        Self { prefix, secret: None }
+    }
+
+    /// Client keys as HMAC-SHA-256 under `secret`.
+    pub(crate) fn hashed(self, secret: &[u8]) -> Self {
+        let mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+        Self { secret: Some(Arc::new(mac)), ..self }
+    }
+
+    pub(crate) fn hashes_keys(&self) -> bool {
+        self.secret.is_some()
+    }
+
+    /// The hash tag of `key`: escaped, or `%K` and the keyed hash's first 16 bytes in hex
+    /// (`%` cannot come out of escaping, so the two never meet).
+    fn tag_into(&self, out: &mut Vec<u8>, key: &Key) {
+        let Some(mac) = &self.secret else { return tag_into(out, key) };
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        // A domain byte: a digest (a long key, hashed) never hashes like a clear key with
+        // the same bytes.
+        let digest = (**mac).clone().chain_update([u8::from(key.is_hashed())]).chain_update(key.as_bytes()).finalize();
+        out.extend_from_slice(b"%K");
+        for &b in &digest.into_bytes()[..HASHED] {
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 15)]);
+        }
+    }
+
+    /// The Redis key holding the state of (`rule`, `key`) under `algorithm`.
+    pub(crate) fn name(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Vec<u8> {
+        let tag = algorithm.tag().as_bytes();
+        let prefix = self.prefix.as_bytes();
+        let mut out = Vec::with_capacity(prefix.len() + key.as_bytes().len() * 2 + rule.len() + tag.len() + 40);
+        out.extend_from_slice(prefix);
+        out.extend_from_slice(b":{");
+        self.tag_into(&mut out, key);
+        out.extend_from_slice(b"}:");
+        escape_into(&mut out, rule.as_bytes());
+        out.push(b':');
+        out.extend_from_slice(tag);
+        out.push(b':');
+        out.extend_from_slice(VERSION);
+        out
+    }
+
+    /// The cluster slot of `key`'s names (the slot of its hash tag).
+    pub(crate) fn slot(&self, key: &Key) -> u16 {
+        let mut tag = Vec::with_capacity(key.as_bytes().len() + 8);
+        self.tag_into(&mut tag, key);
+        crc16(&tag) % SLOTS
+    }
 }
 
 /// The cluster slot of any key name, by Redis's rule: the CRC16 of the hash tag (the
@@ -105,6 +162,10 @@ mod tests {
 
     use super::*;
 
+    fn name(prefix: &str, rule: &str, key: &Key, algorithm: Algorithm) -> Vec<u8> {
+        Names::new(prefix.into()).name(rule, key, algorithm)
+    }
+
     fn n(rule: &str, key: &Key) -> Vec<u8> {
         name("tollgate", rule, key, Algorithm::Gcra)
     }
@@ -123,14 +184,14 @@ mod tests {
     #[test]
     fn layout() {
         let got = name("tollgate", "per-minute", &Key::from("1.2.3.4"), Algorithm::SlidingWindowCounter);
-        assert_eq!(got, b"tollgate:{1.2.3.4}:per-minute:swc:v2");
+        assert_eq!(got, b"tollgate:{1.2.3.4}:per-minute:swc:v3");
         let got = name("p", "a:b", &Key::from("x{y}:%"), Algorithm::FixedWindow);
-        assert_eq!(got, b"p:{x%7By%7D%3A%25}:a%3Ab:fw:v2");
-        assert_eq!(name("p", "r", &Key::from(""), Algorithm::Gcra), b"p:{%E}:r:gcra:v2");
+        assert_eq!(got, b"p:{x%7By%7D%3A%25}:a%3Ab:fw:v3");
+        assert_eq!(name("p", "r", &Key::from(""), Algorithm::Gcra), b"p:{%E}:r:gcra:v3");
         let long = Key::new(&[b'z'; 200]);
         let got = n("r", &long);
         assert!(got.starts_with(b"tollgate:{%H"), "{}", String::from_utf8_lossy(&got));
-        assert_eq!(got.len(), "tollgate:{%H".len() + 64 + "}:r:gcra:v2".len());
+        assert_eq!(got.len(), "tollgate:{%H".len() + 64 + "}:r:gcra:v3".len());
     }
 
     #[test]
@@ -179,11 +240,38 @@ mod tests {
                 tag_into(&mut tag, key);
                 assert!(!tag.is_empty() && !tag.contains(&b'{') && !tag.contains(&b'}'));
                 assert_eq!(slot(&name), crc16(&tag) % SLOTS, "{rule:?}/{key:?}");
-                assert_eq!(slot(&name), key_slot(key));
+                assert_eq!(slot(&name), Names::new("tollgate".into()).slot(key));
                 // And the same for every rule of this key.
                 assert_eq!(slot(&name), slot(&n("other", key)));
             }
         }
         assert_eq!(seen.len(), rules.len() * keys.len());
+    }
+
+    #[test]
+    fn hashed_keys_hide_the_key_keep_the_slot_rule_and_stay_injective() {
+        let names = Names::new("tollgate".into()).hashed(b"a secret of the application");
+        let key = Key::from("sk_live_4f8a");
+        let got = names.name("api", &key, Algorithm::Gcra);
+        let shown = String::from_utf8(got.clone()).unwrap();
+        assert!(!shown.contains("sk_live"), "{shown}");
+        assert!(shown.starts_with("tollgate:{%K") && shown.ends_with("}:api:gcra:v3"), "{shown}");
+        assert_eq!(shown.len(), "tollgate:{%K".len() + 32 + "}:api:gcra:v3".len());
+        // One key's rules share a slot, which is that of its hashed tag.
+        assert_eq!(slot(&got), slot(&names.name("per-day", &key, Algorithm::FixedWindow)));
+        assert_eq!(slot(&got), names.slot(&key));
+        // Deterministic for one secret; another secret, other names; never the clear name.
+        assert_eq!(
+            got,
+            Names::new("tollgate".into()).hashed(b"a secret of the application").name("api", &key, Algorithm::Gcra)
+        );
+        assert_ne!(got, Names::new("tollgate".into()).hashed(b"another secret").name("api", &key, Algorithm::Gcra));
+        assert_ne!(got, name("tollgate", "api", &key, Algorithm::Gcra));
+        // A long key (stored as its digest) and a short key with the digest's bytes differ.
+        let long = Key::new(&[b'z'; 200]);
+        let imitation = Key::new(long.as_bytes());
+        assert_ne!(names.name("r", &long, Algorithm::Gcra), names.name("r", &imitation, Algorithm::Gcra));
+        // The secret never shows.
+        assert!(!format!("{names:?}").contains("secret"), "{names:?}");
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! # Keys
 //!
-//! `<prefix>:{<key>}:<rule>:<algorithm>:v2`, one Redis key per (rule, key): a packed
+//! `<prefix>:{<key>}:<rule>:<algorithm>:v3`, one Redis key per (rule, key): a packed
 //! string (`GET`/`SET … PX`, at most three commands a decision with `TIME`) for every
 //! algorithm but the sliding window log, which keeps a sorted set of one member per
 //! timestamp holding accepted units (`<ts>:<units>`, so a request of any cost is one
@@ -125,7 +125,8 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("mode", &if c.origin.is_cluster() { "cluster" } else { "standalone" })
             .field("addr", &c.addr)
-            .field("prefix", &c.prefix)
+            .field("prefix", &c.names.prefix)
+            .field("hashed_keys", &c.names.hashes_keys())
             .field("response_timeout", &c.timeouts.response)
             .field("connect_timeout", &c.timeouts.connect)
             .field("clock", &if c.clock.is_some() { "manual" } else { "redis TIME" })
@@ -157,7 +158,7 @@ impl RedisStore {
         Config {
             origin,
             addr,
-            prefix: DEFAULT_PREFIX.into(),
+            names: keys::Names::new(DEFAULT_PREFIX.into()),
             timeouts: Timeouts { response: RESPONSE_TIMEOUT, connect: CONNECT_TIMEOUT },
             clock: None,
             token: Arc::new(()),
@@ -264,6 +265,37 @@ impl RedisStore {
         Ok(self.rebuild(|c| c.origin = origin))
     }
 
+    /// Names client keys in Redis by a keyed hash instead of the key itself: HMAC-SHA-256
+    /// under `secret` (its first 128 bits, in hex). API keys, account ids and addresses
+    /// then appear nowhere in Redis — not in `SCAN`, `MONITOR`, the slow log or a backup —
+    /// and cannot be recovered from a dump without the secret. Everything else is as
+    /// before: one key's rules share a cluster slot, and `peek`/`reset` take the clear key.
+    ///
+    /// Every server sharing the limits needs the same secret. Turning this on, or changing
+    /// the secret, changes every name: limits start afresh (the old keys expire on their
+    /// own). Call before the store is used.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), tollgate::BuildError> {
+    /// let secret = std::env::var("LIMITER_KEY_SECRET").expect("a secret of 16 bytes or more");
+    /// let store = tollgate::RedisStore::from_url("redis://127.0.0.1:6379")?.hash_keys(secret)?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidStore`] when the secret is shorter than 16 bytes.
+    pub fn hash_keys(self, secret: impl AsRef<[u8]>) -> Result<Self, BuildError> {
+        let secret = secret.as_ref();
+        if secret.len() < 16 {
+            return Err(BuildError::InvalidStore(format!(
+                "the secret for hashed key names is {} bytes long: use 16 or more (32 random bytes are a good choice)",
+                secret.len()
+            )));
+        }
+        Ok(self.rebuild(|c| c.names = c.names.clone().hashed(secret)))
+    }
+
     /// Puts every key under `prefix` instead of `"tollgate"` (for several applications
     /// or environments sharing one Redis). Call before the store is used.
     ///
@@ -281,7 +313,7 @@ impl RedisStore {
                  slot of every key"
             )));
         }
-        Ok(self.rebuild(|c| c.prefix = prefix.into()))
+        Ok(self.rebuild(|c| c.names.prefix = prefix.into()))
     }
 
     /// How long one request to Redis may take before it fails with
@@ -397,7 +429,8 @@ impl Store for RedisStore {
         // Fixed keys: the same inputs give the same identity in the whole process.
         let mut h = std::hash::DefaultHasher::new();
         (Arc::as_ptr(&config.token) as usize).hash(&mut h);
-        config.prefix.hash(&mut h);
+        config.names.prefix.hash(&mut h);
+        config.names.hashes_keys().hash(&mut h);
         #[allow(clippy::cast_possible_truncation, reason = "an identity, not a number")]
         Some(h.finish() as usize)
     }
@@ -423,6 +456,6 @@ mod tests {
         assert!(store.clone().prefix("a{b").is_err());
         assert!(store.clone().prefix("a}b").is_err());
         assert!(store.clone().prefix("").is_err());
-        assert_eq!(&*store.prefix("app:prod").unwrap().inner.config.prefix, "app:prod");
+        assert_eq!(&*store.prefix("app:prod").unwrap().inner.config.names.prefix, "app:prod");
     }
 }

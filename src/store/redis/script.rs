@@ -146,7 +146,7 @@ pub(crate) fn validate(check: &Check) -> Result<(), StoreError> {
 pub(crate) fn script_cmd(
     verb: &str,
     script: &str,
-    prefix: &str,
+    names: &keys::Names,
     checks: &[&Check],
     ats: &[u64],
     mode: &str,
@@ -155,7 +155,7 @@ pub(crate) fn script_cmd(
     let mut cmd = redis::Cmd::with_capacity(5 + 8 * checks.len(), script.len() + 16 + 96 * checks.len());
     cmd.arg(verb).arg(script).arg(checks.len());
     for c in checks {
-        cmd.arg(keys::name(prefix, &c.rule, &c.key, c.algorithm));
+        cmd.arg(names.name(&c.rule, &c.key, c.algorithm));
     }
     match now {
         Some(now) => cmd.arg(now),
