@@ -165,11 +165,14 @@ async fn cluster_rules_within_and_across_slots() {
     store.refund(&refunds).await.unwrap();
     // The token bucket gives back c·T less the time from the commit to the latest one (the
     // rejected checks since, a second or two): most of a token, not all of it.
+    // (Compared as levels: whole tokens plus the part of the next one already refilled, so
+    // the few seconds of refill a busy machine adds can't flip the whole count.)
     let bucket_after = store.peek(&across[0]).await.unwrap();
-    assert_eq!(bucket_after.remaining, 36, "{bucket_after:?}");
+    let level = |d: &tollgate::Decision| d.remaining as f64 + 1.0 - d.refill_after.as_secs_f64() / 90.0;
+    let given = level(&bucket_after) - level(&bucket_before);
     assert!(
-        bucket_after.refill_after + Duration::from_secs(60) < bucket_before.refill_after,
-        "the refund reached the bucket: {bucket_before:?} -> {bucket_after:?}"
+        given > 0.9 && given <= 1.0 + 0.05,
+        "the refund gave back {given} tokens: {bucket_before:?} -> {bucket_after:?}"
     );
     assert!(store.peek(&across[1]).await.unwrap().allowed);
     assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 37);
