@@ -96,6 +96,20 @@ impl Decision {
         }
     }
 
+    /// Refused by a block that ends in `left_us` (see [`crate::algorithm::blocking`]).
+    pub(crate) fn blocked(limit: u64, left_us: u64, reset_after: Duration) -> Self {
+        let left = Duration::from_micros(left_us.max(1));
+        Self {
+            allowed: false,
+            limit,
+            remaining: 0,
+            reset_after: reset_after.max(left),
+            refill_after: left,
+            retry_after: Some(left),
+            delay: Duration::ZERO,
+        }
+    }
+
     pub(crate) fn reject(limit: u64, remaining: u64, reset_after_us: u64, retry_after_us: Option<u64>) -> Self {
         let retry_after = retry_after_us.map(|us| Duration::from_micros(us.max(1)));
         let reset_after = Duration::from_micros(reset_after_us);

@@ -79,6 +79,7 @@ pub struct Rule<I: ?Sized> {
     pub(crate) cost: Option<Shared<I, u64>>,
     pub(crate) fail_mode: Option<FailMode>,
     pub(crate) max_delay: Duration,
+    pub(crate) block: Duration,
     pub(crate) shadow: bool,
     pub(crate) bypass: Option<Shared<I, bool>>,
     pub(crate) count_if: Option<Arc<dyn Fn(StatusCode) -> bool + Send + Sync>>,
@@ -96,6 +97,7 @@ impl<I: ?Sized> Clone for Rule<I> {
             cost: self.cost.clone(),
             fail_mode: self.fail_mode,
             max_delay: self.max_delay,
+            block: self.block,
             shadow: self.shadow,
             bypass: self.bypass.clone(),
             count_if: self.count_if.clone(),
@@ -114,6 +116,7 @@ impl<I: ?Sized> fmt::Debug for Rule<I> {
             .field("cost", &self.cost.as_ref().map(|_| "fn"))
             .field("fail_mode", &self.fail_mode)
             .field("max_delay", &self.max_delay)
+            .field("block", &self.block)
             .field("shadow", &self.shadow)
             .field("bypass", &self.bypass.as_ref().map(|_| "fn"))
             .field("count_if", &self.count_if.as_ref().map(|_| "fn"))
@@ -134,6 +137,7 @@ impl<I: ?Sized> Rule<I> {
             cost: None,
             fail_mode: None,
             max_delay: Duration::from_secs(10),
+            block: Duration::ZERO,
             shadow: false,
             bypass: None,
             count_if: None,
@@ -218,6 +222,31 @@ impl<I: ?Sized> Rule<I> {
         self
     }
 
+    /// Penalty: a key this rule rejects is then refused outright for `block` (the block
+    /// lives in the store, so every server enforces it). Blocked requests consume nothing
+    /// and are told to retry when the block ends; a rejection during the block does not
+    /// extend it. With [`count_if`](Rule::count_if), the classic: five failed logins in
+    /// fifteen minutes, and the sixth attempt blocks the key for an hour.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key, Quota, Rule};
+    ///
+    /// let logins: Rule<tollgate::http::Request<()>> = Rule::new("logins", Quota::new(5, Duration::from_secs(15 * 60)), key::PeerIp)
+    ///     .count_if(|status| status == 401)
+    ///     .block_for(Duration::from_secs(3600));
+    /// # let _ = logins;
+    /// ```
+    ///
+    /// The blocked-key cache answers a blocked key in-process until the block ends, even
+    /// for a `count_if` rule (a block is final: no refund lifts it); `reset` lifts it.
+    /// `Duration::ZERO` (the default): no block.
+    #[must_use]
+    pub fn block_for(mut self, block: Duration) -> Self {
+        self.block = block;
+        self
+    }
+
     /// Inputs for which `f` returns true bypass this rule (health checks, partners).
     #[must_use]
     pub fn bypass_if(mut self, f: impl Fn(&I) -> bool + Send + Sync + 'static) -> Self {
@@ -243,5 +272,15 @@ impl<I: ?Sized> Rule<I> {
     /// The leaky bucket's max delay in µs.
     pub(crate) fn max_delay_us(&self) -> u64 {
         u64::try_from(self.max_delay.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// The block a rejection starts, in µs (0: none).
+    pub(crate) fn block_us(&self) -> u64 {
+        u64::try_from(self.block.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// The parameters of a check of this rule.
+    pub(crate) fn params(&self, quota: Quota, cost: u64) -> crate::algorithm::Params {
+        crate::algorithm::Params { quota, cost, max_delay_us: self.max_delay_us(), block_us: self.block_us() }
     }
 }

@@ -43,6 +43,7 @@ name = "trial"
 key = "global"
 quota = "1/min"
 shadow = true
+block_for = "1h"
 
 [[rule]]
 name = "shaped"
@@ -95,6 +96,8 @@ fn every_field_is_read() {
     assert!(matches!(rules[1].key, KeySpec::PeerIp { ipv6_prefix: 48 }));
     assert!(rules[2].shadow && !rules[0].shadow);
     assert!(matches!(rules[2].key, KeySpec::Global));
+    assert_eq!(rules[2].block_for, Some(Duration::from_secs(3600)));
+    assert_eq!(rules[0].block_for, None);
     assert_eq!(rules[3].max_delay, Some(Duration::from_secs(2)));
     assert_eq!(rules[3].algorithm, Some(Algorithm::LeakyBucket));
     assert_eq!(rules[1].fail_mode, None, "unset: the layer's");
@@ -252,6 +255,7 @@ fn mistakes_name_the_rule_and_the_field() {
     refused(&one(&format!("{key}{quota}burst = \"5\"")), "r", "burst", "expected a whole number, found string");
     refused(&one(&format!("{key}{quota}fail_mode = \"ajar\"")), "r", "fail_mode", "use open or closed");
     refused(&one(&format!("{key}{quota}max_delay = \"2 fortnights\"")), "r", "max_delay", "unknown unit");
+    refused(&one(&format!("{key}{quota}block_for = 3600")), "r", "block_for", "a duration like \"1h\"");
     refused(&one(&format!("{key}{quota}shadow = \"yes\"")), "r", "shadow", "expected true or false, found string");
     refused(&one(&format!("{key}quota = 100")), "r", "quota", "as a string, found integer");
     // Missing and unknown fields: a typo must not silently mean "default".

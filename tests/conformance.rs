@@ -33,10 +33,12 @@ struct Rule {
     algorithm: Algorithm,
     quota: Quota,
     max_delay_us: Option<u64>,
+    /// `Rule::block_for`, in µs.
+    block_us: u64,
 }
 
 fn rule(name: &'static str, key: &'static str, algorithm: Algorithm, quota: Quota) -> Rule {
-    Rule { name, key, algorithm, quota, max_delay_us: None }
+    Rule { name, key, algorithm, quota, max_delay_us: None, block_us: 0 }
 }
 
 #[derive(Debug, Clone)]
@@ -293,6 +295,27 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(61 * SEC), one(0, 5)],
             ],
         ));
+        // Penalties: a rejection blocks the key; blocked requests take nothing (from any
+        // rule); a rejection during the block does not extend it; peek never starts one;
+        // reset lifts it.
+        let blocking = |name, key, q, block_us| Rule { block_us, ..rule(name, key, a, q) };
+        out.push(scenario(
+            format!("{a}: a rejection blocks the key"),
+            T0,
+            vec![
+                blocking("login", "k", Quota::per_minute(3), 2 * MIN),
+                rule("wide", "k", partner(a), Quota::per_minute(100)),
+                blocking("other", "j", Quota::per_minute(1), 30 * SEC),
+            ],
+            vec![
+                times(3, all(2)),
+                vec![Peek(0, 1), Peek(0, 1), all(2), Peek(0, 1), Peek(1, 1), one(1, 1)],
+                vec![Advance(61 * SEC), all(2), Advance(40 * SEC), all(2), Peek(0, 1), Advance(20 * SEC)],
+                vec![all(2), all(2), Peek(1, 1), one(0, 5), Peek(0, 1)],
+                vec![one(2, 1), one(2, 1), one(2, 1), Advance(10 * SEC), one(2, 1), Reset(2), one(2, 1), Peek(2, 1)],
+                vec![Advance(3 * MIN), one(0, 1), Step::Check(vec![(0, 1), (2, 1)]), Peek(2, 1)],
+            ],
+        ));
         let b = partner(a);
         out.push(scenario(
             format!("{a}: two rules on one key, a rejected rule consumes nothing from the other"),
@@ -335,6 +358,7 @@ fn scenarios() -> Vec<Scenario> {
                 algorithm: Algorithm::LeakyBucket,
                 quota: Quota::new(5, Duration::from_secs(10)).burst(10),
                 max_delay_us: Some(5 * SEC),
+                block_us: 0,
             },
         ],
         vec![
@@ -387,6 +411,7 @@ fn check_of(ns: &str, r: &Rule, cost: u64) -> Check {
     if let Some(d) = r.max_delay_us {
         params.max_delay_us = d;
     }
+    params.block_us = r.block_us;
     Check { rule: format!("{ns}/{}", r.name).into(), key: Key::from(r.key), algorithm: r.algorithm, params }
 }
 

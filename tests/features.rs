@@ -191,3 +191,135 @@ async fn hashed_keys_keep_one_clients_rules_in_one_cluster_slot() {
     let names: String = cluster.cmd_all(&["KEYS", "*"]).concat();
     assert!(!names.contains("ada") && !names.contains("sk_live"), "{names}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Penalties: block_for
+
+use tollgate::{ManualClock, Rule};
+
+const T0: u64 = 1_700_000_000_000_000;
+
+fn login(path: &str, user: &str) -> Request<Body> {
+    Request::post(path).header("x-user", user).body(Body::empty()).unwrap()
+}
+
+/// 401 for `/login/wrong`, 200 otherwise.
+fn auth(
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible, Future: Send> + Clone {
+    tower::service_fn(|req: Request<Body>| async move {
+        let mut res = Response::new(Body::empty());
+        if req.uri().path() == "/login/wrong" {
+            *res.status_mut() = StatusCode::UNAUTHORIZED;
+        }
+        Ok(res)
+    })
+}
+
+async fn send<S>(svc: &S, path: &str) -> Result<Response<Body>, std::convert::Infallible>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible> + Clone,
+{
+    svc.clone().oneshot(login(path, "mallory")).await
+}
+
+/// Lets the detached count-by-outcome task give its units back (a store call: real time).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+fn retry_after(res: &Response<Body>) -> Option<u64> {
+    res.headers().get("retry-after").map(|v| v.to_str().unwrap().parse().unwrap())
+}
+
+/// Five failed logins in fifteen minutes, and the sixth attempt blocks the key for an
+/// hour, on every server; a right password does not help meanwhile; the hour ends it.
+async fn failed_logins_block_for_an_hour<St: Store + Clone>(store: St, clock: &ManualClock, name: &str) {
+    let layer = |store: St| {
+        RateLimitLayer::<_, Body>::builder(store)
+            .add_rule(
+                Rule::new("logins", Quota::new(5, Duration::from_secs(15 * 60)), key::header("x-user"))
+                    .algorithm(Algorithm::SlidingWindowLog)
+                    .count_if(|s| s == StatusCode::UNAUTHORIZED)
+                    .block_for(Duration::from_secs(3600)),
+            )
+            .build()
+            .unwrap()
+            // The store's block is tested here, on the test's clock (the blocked-key cache
+            // keeps real time: see the next test).
+            .local_cache(false)
+    };
+    let server_a = layer(store.clone()).layer(auth());
+    for i in 0..5 {
+        let res = send(&server_a, "/login/wrong").await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{name}: attempt {i}");
+        settle().await;
+        clock.advance(Duration::from_secs(60));
+        if i == 2 {
+            // Successes do not count: a right password goes through, and takes nothing.
+            assert_eq!(send(&server_a, "/login/right").await.unwrap().status(), StatusCode::OK, "{name}");
+            settle().await;
+        }
+    }
+    // Five failures counted: the next attempt is over the limit, refused, and the key
+    // blocked for an hour.
+    let res = send(&server_a, "/login/wrong").await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{name}");
+    assert_eq!(retry_after(&res), Some(3600), "{name}");
+    // Twenty minutes on, the window has room again, but the block holds — here, and on
+    // another server (its own layer and store).
+    clock.advance(Duration::from_secs(20 * 60));
+    let res = send(&server_a, "/login/right").await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{name}: the block held");
+    assert_eq!(retry_after(&res), Some(40 * 60), "{name}");
+    // (One process: the first layer goes before the second may hold its rule name.)
+    drop(server_a);
+    let server_b = layer(store.clone()).layer(auth());
+    let res = send(&server_b, "/login/right").await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{name}: the block is in the store");
+    // Another user is not blocked.
+    let other = server_b.clone().oneshot(login("/login/right", "alice")).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK, "{name}");
+    // The hour ends the block.
+    clock.advance(Duration::from_secs(40 * 60));
+    let res = send(&server_b, "/login/right").await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "{name}: the block ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_penalty_blocks_the_key_on_every_server() {
+    let clock = ManualClock::new(T0);
+    failed_logins_block_for_an_hour(MemoryStore::with_clock(clock.clone()), &clock, "memory").await;
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let redis =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2)).with_clock(clock.clone());
+    failed_logins_block_for_an_hour(redis, &clock, "redis").await;
+}
+
+/// A block is final: the blocked-key cache answers a blocked key without the store, even
+/// for a count-by-outcome rule (whose ordinary rejections it never caches).
+#[tokio::test]
+async fn the_blocked_key_cache_answers_a_blocked_key() {
+    let store = support::fake::Remote::new(MemoryStore::new());
+    let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+        .add_rule(
+            Rule::new("logins", Quota::per_minute(2), key::header("x-user"))
+                .count_if(|s| s == StatusCode::UNAUTHORIZED)
+                .block_for(Duration::from_secs(3600)),
+        )
+        .build()
+        .unwrap()
+        .layer(auth());
+    for _ in 0..2 {
+        assert_eq!(send(&svc, "/login/wrong").await.unwrap().status(), StatusCode::UNAUTHORIZED);
+        settle().await;
+    }
+    let res = send(&svc, "/login/wrong").await.unwrap();
+    assert_eq!((res.status(), retry_after(&res)), (StatusCode::TOO_MANY_REQUESTS, Some(3600)));
+    let asked = store.checks();
+    for path in ["/login/wrong", "/login/right", "/login/right"] {
+        let res = send(&svc, path).await.unwrap();
+        assert_eq!((res.status(), retry_after(&res)), (StatusCode::TOO_MANY_REQUESTS, Some(3600)));
+    }
+    assert_eq!(store.checks(), asked, "the cache answered the blocked key");
+}

@@ -463,6 +463,7 @@ return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
                     .arg(t)
                     .arg(cost)
                     .arg(md)
+                    .arg(0) // no block: the single-rule scripts know none
                     .invoke_async(&mut con)
                     .await
                     .unwrap();

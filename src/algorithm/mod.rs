@@ -93,8 +93,8 @@ impl FromStr for Algorithm {
     }
 }
 
-/// The parameters of one check: the quota, the cost and, for the leaky bucket, the
-/// longest a request may be delayed.
+/// The parameters of one check: the quota, the cost, for the leaky bucket the longest a
+/// request may be delayed, and the block a rejection starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Params {
     /// The quota.
@@ -103,13 +103,16 @@ pub struct Params {
     pub cost: u64,
     /// Leaky bucket: the longest delay, in µs.
     pub max_delay_us: u64,
+    /// How long a rejection blocks the key, in µs (0: no block; `Rule::block_for`). See
+    /// [`blocking`].
+    pub block_us: u64,
 }
 
 impl Params {
-    /// Parameters with cost 1 and the default 10 s max delay.
+    /// Parameters with cost 1, the default 10 s max delay and no block.
     #[must_use]
     pub const fn new(quota: Quota) -> Self {
-        Self { quota, cost: 1, max_delay_us: 10_000_000 }
+        Self { quota, cost: 1, max_delay_us: 10_000_000, block_us: 0 }
     }
 
     /// With this cost (0 is taken as 1).
@@ -118,6 +121,27 @@ impl Params {
         self.cost = if cost == 0 { 1 } else { cost };
         self
     }
+}
+
+/// The decision of a rule that may block (`Params::block_us`), from the algorithm's own
+/// decision `d` and the block stored for the key (`blocked_until`, µs since the epoch, 0
+/// for none); and the block to store, if this decision starts one.
+///
+/// While blocked, the key is refused outright: nothing is decided, nothing taken, and the
+/// retry is the rest of the block. Otherwise a rejection by the rule's algorithm starts a
+/// block of `block_us` from `now` (a rejection during a block does not extend it). Every
+/// store applies this one function, so they block alike.
+#[must_use]
+pub fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decision, Option<u64>) {
+    let limit = p.quota.limit();
+    if blocked_until > now {
+        return (Decision::blocked(limit, blocked_until - now, d.reset_after), None);
+    }
+    if !d.allowed && p.block_us > 0 {
+        let until = now.saturating_add(p.block_us);
+        return (Decision::blocked(limit, p.block_us, d.reset_after), Some(until));
+    }
+    (d, None)
 }
 
 /// Time until `free` µs of capacity, growing by one a µs, hold one more unit of `t` µs

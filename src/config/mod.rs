@@ -23,6 +23,7 @@
 //! fail_mode = "closed"                   # default: the layer's
 //! shadow = false                         # decide and record, never reject
 //! max_delay = "2s"                       # leaky bucket: longest wait for a slot
+//! block_for = "1h"                       # a rejection blocks the key this long
 //! ```
 //!
 //! Key specs ([`KeySpec`]): `peer_ip` (IPv6 grouped by /64), `peer_ip/48` (another IPv6
@@ -118,6 +119,8 @@ pub struct RuleConfig {
     pub shadow: bool,
     /// `max_delay` (leaky bucket): `None` keeps the default (10 s).
     pub max_delay: Option<Duration>,
+    /// `block_for`: how long a rejection blocks the key (`None`: no block).
+    pub block_for: Option<Duration>,
 }
 
 impl RuleConfig {
@@ -133,6 +136,9 @@ impl RuleConfig {
         }
         if let Some(d) = self.max_delay {
             rule = rule.max_delay(d);
+        }
+        if let Some(b) = self.block_for {
+            rule = rule.block_for(b);
         }
         rule
     }
@@ -277,17 +283,19 @@ impl RuleConfig {
         let algorithm = f.optional("algorithm", "an algorithm name", parse_algorithm)?;
         let fail_mode = f.optional("fail_mode", "open or closed", |s| s.parse().map_err(why))?;
         let max_delay = f.optional("max_delay", "a duration like \"2s\"", parse_duration)?;
+        let block_for = f.optional("block_for", "a duration like \"1h\"", parse_duration)?;
         let shadow = match table.get("shadow") {
             None => false,
             Some(Value::Boolean(b)) => *b,
             Some(other) => return Err(f.err("shadow", format!("expected true or false, found {}", other.type_str()))),
         };
-        Ok(RuleConfig { name, key, quota, algorithm, fail_mode, shadow, max_delay })
+        Ok(RuleConfig { name, key, quota, algorithm, fail_mode, shadow, max_delay, block_for })
     }
 }
 
 const LAYER_FIELDS: [&str; 5] = ["rule", "algorithm", "headers", "fail_mode", "timeout"];
-const RULE_FIELDS: [&str; 8] = ["name", "key", "quota", "algorithm", "burst", "fail_mode", "shadow", "max_delay"];
+const RULE_FIELDS: [&str; 9] =
+    ["name", "key", "quota", "algorithm", "burst", "fail_mode", "shadow", "max_delay", "block_for"];
 
 /// The fields of one table, with errors that name the rule.
 struct Fields<'a> {

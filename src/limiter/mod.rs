@@ -18,7 +18,6 @@ pub(crate) use self::builder::Config;
 pub use self::builder::LimiterBuilder;
 pub(crate) use self::giveback::{GiveBack, GiveBackOnDrop};
 pub(crate) use self::plan::{Checks, Plan};
-use crate::algorithm::Params;
 use crate::key::Key;
 use crate::runtime::Runtime;
 use crate::store::{Check, Outcome, Outcomes, Store};
@@ -351,8 +350,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn blocked(&self, enforced: &Checks<2>) -> Option<Verdict> {
         let now = self.runtime.mono_us();
         for (check, &rule) in enforced.checks.iter().zip(&enforced.rules) {
-            if self.rules[rule].count_if.is_some() {
-                continue; // units may be given back: a rejection is not final
+            let r = &self.rules[rule];
+            if r.count_if.is_some() && r.block.is_zero() {
+                continue; // units may be given back: a rejection is not final (a block is)
             }
             let quota = check.params.quota;
             if let Some(decision) = self.runtime.cache.blocked(rule, &check.key, check.params.cost, quota, now) {
@@ -368,9 +368,14 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn remember_rejections(&self, verdict: &Verdict) {
         let now = self.runtime.mono_us();
         for ((check, &rule), d) in verdict.checks.iter().zip(&verdict.rules).zip(&verdict.decisions) {
-            if let (false, Some(_), None) = (d.allowed, d.retry_after, &self.rules[rule].count_if) {
-                self.runtime.cache.insert(rule, &check.key, check.params.cost, check.params.quota, now, d);
+            let r = &self.rules[rule];
+            // A count-by-outcome rule's rejection may end with a refund; a block is final.
+            if d.allowed || d.retry_after.is_none() || (r.count_if.is_some() && r.block.is_zero()) {
+                continue;
             }
+            // A block refuses every cost: cached as cost 0, which every request reaches.
+            let cost = if r.block.is_zero() { check.params.cost } else { 0 };
+            self.runtime.cache.insert(rule, &check.key, cost, check.params.quota, now, d);
         }
     }
 
@@ -410,7 +415,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             rule: r.name.clone(),
             key: key.into(),
             algorithm: r.algorithm_or(self.algorithm),
-            params: Params { quota, cost: 1, max_delay_us: r.max_delay_us() },
+            params: r.params(quota, 1),
         };
         self.store.peek(&check).await.map(Some)
     }

@@ -3,7 +3,6 @@
 use smallvec::SmallVec;
 
 use super::Limiter;
-use crate::algorithm::Params;
 use crate::store::Check;
 
 /// The checks of one input for one kind of rule (enforced or shadow), with each one's rule
@@ -56,7 +55,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
                 rule: rule.name.clone(),
                 key,
                 algorithm: rule.algorithm_or(self.algorithm),
-                params: Params { quota, cost, max_delay_us: rule.max_delay_us() },
+                params: rule.params(quota, cost),
             };
             if rule.shadow {
                 plan.shadow.checks.push(check);

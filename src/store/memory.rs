@@ -67,6 +67,8 @@ struct Entry {
     key: Key,
     state: State,
     expires_at: u64,
+    /// The end of the key's block (`Rule::block_for`), µs since the epoch; 0: none.
+    blocked_until: u64,
 }
 
 struct Shard {
@@ -206,7 +208,7 @@ impl MemoryStore {
         let hash = self.hash(&check.rule, check.algorithm, &check.key);
         let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
         let entry = shard.entry(hash, check, now, &self.inner)?;
-        let decision = entry.state.decide(&check.params, now);
+        let decision = entry.decide(check, now, true);
         let taken = decision.allowed.then(|| entry.commit(check, now));
         Ok(Outcome { decision, taken })
     }
@@ -235,7 +237,7 @@ impl MemoryStore {
             .zip(&hashes)
             .map(|(c, &h)| {
                 let shard = guard_for(&mut guards, self.shard_of(h));
-                Ok(shard.entry(h, c, now, &self.inner)?.state.decide(&c.params, now))
+                Ok(shard.entry(h, c, now, &self.inner)?.decide(c, now, true))
             })
             .collect::<Result<Vec<Decision>, StoreError>>()?;
         let all = decisions.iter().all(|d| d.allowed);
@@ -296,6 +298,22 @@ fn matches(e: &Entry, rule: &str, algorithm: Algorithm, key: &Key) -> bool {
 }
 
 impl Entry {
+    /// Decides `check` at `now`, with the key's block (see [`crate::algorithm::blocking`]);
+    /// a rejection that starts a block stores it (the one change a rejection makes).
+    fn decide(&mut self, check: &Check, now: u64, write: bool) -> Decision {
+        let d = self.state.decide(&check.params, now);
+        let (d, block) = crate::algorithm::blocking(d, self.blocked_until, &check.params, now);
+        if let (Some(until), true) = (block, write) {
+            self.blocked_until = until;
+            self.expires_at = self.expires_at.max(until);
+        }
+        d
+    }
+
+    fn peek(&self, check: &Check, now: u64) -> Decision {
+        crate::algorithm::blocking(self.state.decide(&check.params, now), self.blocked_until, &check.params, now).0
+    }
+
     /// Commits an allowed check. The state is kept until the latest expiry any of its
     /// commits asked for: a key whose quota changes between requests (tiers) never loses
     /// a longer period's state to a shorter one's.
@@ -341,12 +359,14 @@ impl Shard {
                     key: check.key.clone(),
                     state: State::new(check.algorithm),
                     expires_at: 0,
+                    blocked_until: 0,
                 })
                 .into_mut(),
         };
         if e.expires_at <= now && e.expires_at != 0 {
             e.state = State::new(check.algorithm);
             e.expires_at = 0;
+            e.blocked_until = 0;
         }
         Ok(e)
     }
@@ -370,7 +390,7 @@ impl Store for MemoryStore {
         let now = self.inner.clock.now();
         let d = self.with_existing(&check.rule, check.algorithm, &check.key, |t, h| {
             match t.find(h, |e| matches(e, &check.rule, check.algorithm, &check.key)) {
-                Some(e) if e.expires_at > now => e.state.decide(&check.params, now),
+                Some(e) if e.expires_at > now => e.peek(check, now),
                 _ => State::new(check.algorithm).decide(&check.params, now),
             }
         });

@@ -201,7 +201,8 @@ impl Inner {
     pub(super) async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
         let (conn, generation) = self.connection().await?;
         let mut cmd = redis::cmd("DEL");
-        cmd.arg(self.config.names.name(rule, key, algorithm));
+        // The state and the block (`Rule::block_for`), in one slot.
+        cmd.arg(self.config.names.name(rule, key, algorithm)).arg(self.config.names.block_name(rule, key));
         self.query(conn, generation, &cmd, None).await.map(drop)
     }
 }

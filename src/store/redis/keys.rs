@@ -119,6 +119,21 @@ impl Names {
         out
     }
 
+    /// The Redis key holding the block of (`rule`, `key`) (`Rule::block_for`): beside
+    /// the rule's state, in the same slot, under the tag `block` (no algorithm's tag).
+    pub(crate) fn block_name(&self, rule: &str, key: &Key) -> Vec<u8> {
+        let prefix = self.prefix.as_bytes();
+        let mut out = Vec::with_capacity(prefix.len() + key.as_bytes().len() * 2 + rule.len() + 48);
+        out.extend_from_slice(prefix);
+        out.extend_from_slice(b":{");
+        self.tag_into(&mut out, key);
+        out.extend_from_slice(b"}:");
+        escape_into(&mut out, rule.as_bytes());
+        out.extend_from_slice(b":block:");
+        out.extend_from_slice(VERSION);
+        out
+    }
+
     /// The cluster slot of `key`'s names (the slot of its hash tag).
     pub(crate) fn slot(&self, key: &Key) -> u16 {
         let mut tag = Vec::with_capacity(key.as_bytes().len() + 8);

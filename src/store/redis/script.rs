@@ -92,7 +92,8 @@ impl Scripts {
     /// The check script for these rules: the algorithm's own for one rule, else `multi`.
     pub(crate) fn check_for(&self, checks: &[&Check]) -> &Script {
         match checks {
-            [one] => &self.single[index(one.algorithm)],
+            // The straight-line scripts know nothing of blocks.
+            [one] if one.params.block_us == 0 => &self.single[index(one.algorithm)],
             _ => &self.multi,
         }
     }
@@ -152,10 +153,16 @@ pub(crate) fn script_cmd(
     mode: &str,
     now: Option<u64>,
 ) -> redis::Cmd {
-    let mut cmd = redis::Cmd::with_capacity(5 + 8 * checks.len(), script.len() + 16 + 96 * checks.len());
-    cmd.arg(verb).arg(script).arg(checks.len());
+    let mut cmd = redis::Cmd::with_capacity(5 + 10 * checks.len(), script.len() + 16 + 112 * checks.len());
+    // A check of a rule that blocks (`Rule::block_for`) also declares its block's key,
+    // after every state key, in the order of the checks; refunds never touch blocks.
+    let blocking = |c: &&&Check| ats.is_empty() && c.params.block_us > 0;
+    cmd.arg(verb).arg(script).arg(checks.len() + checks.iter().filter(blocking).count());
     for c in checks {
         cmd.arg(names.name(&c.rule, &c.key, c.algorithm));
+    }
+    for c in checks.iter().filter(blocking) {
+        cmd.arg(names.block_name(&c.rule, &c.key));
     }
     match now {
         Some(now) => cmd.arg(now),
@@ -171,7 +178,7 @@ pub(crate) fn script_cmd(
     cmd
 }
 
-/// Writes the 7 script arguments of one rule (see `scripts/lib.lua`) into `cmd`: numbers
+/// Writes the 8 script arguments of one rule (see `scripts/lib.lua`) into `cmd`: numbers
 /// are formatted straight into the command's buffer, with no string per argument.
 /// Call [`validate`] first.
 fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
@@ -182,7 +189,8 @@ fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
         .arg(q.burst_size())
         .arg(q.emission_interval_micros())
         .arg(check.params.cost.min(MAX_COST))
-        .arg(check.params.max_delay_us.min(1 << 53));
+        .arg(check.params.max_delay_us.min(1 << 53))
+        .arg(check.params.block_us.min(1 << 52));
 }
 
 /// What a check script answered.
@@ -224,16 +232,17 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Resul
     let Value::Array(items) = reply else {
         return Err(bad_reply("not an array", reply));
     };
-    if items.len() != 2 + 4 * checks.len() {
+    if items.len() != 2 + 5 * checks.len() {
         return Err(bad_reply("wrong length", reply));
     }
     let now = int(&items[0])?;
     let all = int(&items[1])? == 1;
     let committed = all && mode == MODE_CHECK;
     let mut outcomes = Outcomes::with_capacity(checks.len());
-    for (check, fields) in checks.iter().zip(items[2..].chunks_exact(4)) {
+    for (check, fields) in checks.iter().zip(items[2..].chunks_exact(5)) {
         let script_allowed = int(&fields[0])? == 1;
         let (f1, f2, f3) = (int(&fields[1])?, int(&fields[2])?, int(&fields[3])?);
+        let blocked_until = int(&fields[4])?;
         let p = &check.params;
         let d = match check.algorithm {
             Algorithm::FixedWindow => FixedWindow { window: f1, count: f2 }.decide(p, now),
@@ -243,6 +252,7 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Resul
             Algorithm::LeakyBucket => LeakyBucket { next: f1 }.decide(p, now),
             Algorithm::Gcra => Gcra { tat: f1, last: f2 }.decide(p, now),
         };
+        let (d, _) = crate::algorithm::blocking(d, blocked_until, p, now);
         if d.allowed != script_allowed {
             return Err(StoreError::Backend(format!(
                 "redis script and algorithm disagree on rule {:?} ({}): the script {} at {now} µs \

@@ -1,30 +1,53 @@
--- Main of the check scripts: decides every key, commits only if every key accepts (and
+-- Main of the check scripts: decides every rule, commits only if every rule accepts (and
 -- the mode is 'c'), and returns what it read so that Rust decides with the same pure
--- functions: { now, all accepted (1/0), then per key: accepted (1/0), f1, f2, f3 }.
+-- functions: { now, all accepted (1/0), then per rule: accepted (1/0), f1, f2, f3, the end
+-- of its block (0: none) }.
+--
+-- Blocks (Rule::block_for, src/algorithm/mod.rs `blocking`): a rule whose block has not
+-- ended refuses without deciding; a rejection by the rule's algorithm starts a block, the
+-- one write a rejection makes (a rejection during a block does not extend it).
 local now = read_now(ARGV[1])
 local commit = ARGV[2] == 'c'
+local n = (#ARGV - 2) / 8
 local out = { now, 1 }
-local states, ps = {}, {}
+local states, ps, oks = {}, {}, {}
 local all = true
-for i = 1, #KEYS do
-  local p = params(i, 7)
+local blocks = 0
+for i = 1, n do
+  local p = params(i, 8)
   local a = ALG[p.alg]
   if not a then
     return redis.error_reply('tollgate: this script does not handle algorithm ' .. tostring(p.alg))
   end
   local s = a.read(KEYS[i], p, now) or a.default()
-  local ok = a.decide(s, p, now)
+  p.blocked = 0
+  if p.blk > 0 then
+    blocks = blocks + 1
+    p.bkey = KEYS[n + blocks]
+    p.blocked = tonumber(redis.call('GET', p.bkey)) or 0
+  end
+  local ok = p.blocked <= now and a.decide(s, p, now)
   if not ok then all = false end
   local f1, f2, f3 = a.fields(s)
   out[#out + 1] = ok and 1 or 0
   out[#out + 1] = f1
   out[#out + 1] = f2
   out[#out + 1] = f3
-  states[i], ps[i] = s, p
+  out[#out + 1] = p.blocked
+  states[i], ps[i], oks[i] = s, p, ok
+end
+if commit then
+  for i = 1, n do
+    local p = ps[i]
+    if p.blk > 0 and not oks[i] and p.blocked <= now then
+      local ends = now + p.blk
+      redis.call('SET', p.bkey, fmt(ends), 'PX', fmt(ttl_ms(ends, now)))
+    end
+  end
 end
 if all and commit then
   local written = {}
-  for i = 1, #KEYS do
+  for i = 1, n do
     local a, s = ALG[ps[i].alg], states[i]
     -- Rust refuses a check list naming one state twice (store::distinct); should a key
     -- come twice anyway, commit on top of the first commit rather than over it.

@@ -40,4 +40,4 @@ if ok and ARGV[2] == 'c' then
   redis.call('SET', KEYS[1], string.format('%d:%d', w, count + c), 'PX', string.format('%d', q + 1))
 end
 local r = ok and 1 or 0
-return { now, r, r, sw, sn, 0 }
+return { now, r, r, sw, sn, 0, 0 }

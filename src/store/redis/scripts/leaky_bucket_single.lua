@@ -31,4 +31,4 @@ if ok and ARGV[2] == 'c' then
   end
 end
 local r = ok and 1 or 0
-return { now, r, r, nxt, 0, 0 }
+return { now, r, r, nxt, 0, 0, 0 }

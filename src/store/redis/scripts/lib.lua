@@ -3,11 +3,13 @@
 --
 -- ARGV[1]  now in µs since the epoch, or '' to read the server's TIME
 -- ARGV[2]  mode: 'c' check (commit when every rule accepts), 'p' peek (never writes)
--- then 7 values per key, in KEYS order:
+-- then 8 values per rule, in KEYS order:
 --          algorithm tag, limit L, period W (µs), burst B, emission interval T (µs),
---          cost c, leaky bucket max delay (µs)
--- (the refund script takes an 8th: `at`, where the commit recorded its units; see
+--          cost c, leaky bucket max delay (µs), block (µs, 0: none; Rule::block_for)
+-- (the refund script takes a 9th: `at`, where the commit recorded its units; see
 -- `Taken` in src/store/mod.rs)
+-- KEYS: the rules' state keys, then (check script only) the block key of each rule whose
+-- block is not 0, in the same order.
 --
 -- All values are integers below 2^53 held in Lua doubles, so every operation below is
 -- exact (the sliding window counter's estimate is the one stated double computation).
@@ -97,7 +99,7 @@ local function read_now(arg)
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- The parameters of the i-th key, when each key has `stride` values (7, or 8 with `at`).
+-- The parameters of the i-th rule, when each rule has `stride` values (8, or 9 with `at`).
 local function params(i, stride)
   local b = 2 + (i - 1) * stride
   return {
@@ -108,6 +110,7 @@ local function params(i, stride)
     T = tonumber(ARGV[b + 5]),
     c = tonumber(ARGV[b + 6]),
     md = tonumber(ARGV[b + 7]),
-    at = tonumber(ARGV[b + 8]),
+    blk = tonumber(ARGV[b + 8]),
+    at = tonumber(ARGV[b + 9]),
   }
 end

@@ -4,7 +4,7 @@
 -- not created. Returns now.
 local now = read_now(ARGV[1])
 for i = 1, #KEYS do
-  local p = params(i, 8)
+  local p = params(i, 9)
   local a = ALG[p.alg]
   if not a then
     return redis.error_reply('tollgate: unknown algorithm ' .. tostring(p.alg))

@@ -47,4 +47,4 @@ if ok and ARGV[2] == 'c' then
   redis.call('SET', KEYS[1], string.format('%d:%d:%d', w, prev, curr + c), 'PX', string.format('%d', q + 1))
 end
 local r = ok and 1 or 0
-return { now, r, r, sw, sp, sc }
+return { now, r, r, sw, sp, sc, 0 }

@@ -49,4 +49,4 @@ if ok and ARGV[2] == 'c' then
   end
 end
 local r = ok and 1 or 0
-return { now, r, r, sl, st, 0 }
+return { now, r, r, sl, st, 0, 0 }
