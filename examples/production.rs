@@ -6,6 +6,11 @@
 //! LIMITS_FILE=limits.toml INTERNAL_TOKEN=s3cret cargo run -p tollgate-examples --features production --example production
 //! ```
 //!
+//! With `LIMITS_FILE`, edit the file and send `SIGHUP` (`kill -HUP <pid>`) to apply it
+//! without a restart: the configured rules are swapped atomically, each key keeps what it
+//! used, and a file with a mistake is refused with the reason while the limits in force
+//! stay.
+//!
 //! Public listener (`PORT`, default 3000):
 //!
 //! | route | limits |
@@ -147,18 +152,38 @@ impl Accounts {
 }
 
 /// The limiters of the app. Clones share their state.
-#[derive(Debug)]
 pub struct Limits<St> {
     /// Everything under `/api`: IP, API key, account per minute and per day, and the
     /// shadow rule — decided in one store call per request.
     pub api: RateLimitLayer<St, Body>,
     /// `/auth/*`: failed attempts per client address and route.
     pub auth: RateLimitLayer<St, Body>,
+    /// What code adds to each configured rule (the internal callers' pass), for reloads.
+    allow_internal: Arc<dyn Fn(Rule<Request>) -> Rule<Request> + Send + Sync>,
 }
 
 impl<St> Clone for Limits<St> {
     fn clone(&self) -> Self {
-        Self { api: self.api.clone(), auth: self.auth.clone() }
+        Self { api: self.api.clone(), auth: self.auth.clone(), allow_internal: self.allow_internal.clone() }
+    }
+}
+
+impl<St: std::fmt::Debug> std::fmt::Debug for Limits<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limits").field("api", &self.api).field("auth", &self.auth).finish_non_exhaustive()
+    }
+}
+
+impl<St> Limits<St> {
+    /// Applies a new limits file to the running API layer: its rules replace the
+    /// configured ones (with the internal callers' pass, as at start-up); the account
+    /// rules, defined in code, stay.
+    ///
+    /// # Errors
+    ///
+    /// A rule name the code rules use; the limits in force stay.
+    pub fn reload(&self, config: &LayerConfig) -> Result<(), BuildError> {
+        self.api.handle().reload_with(config, |rule| (self.allow_internal)(rule))
     }
 }
 
@@ -187,7 +212,7 @@ pub fn limits<St: Store + Clone>(
         matches!((&internal_token, sent), (Some(token), Some(sent)) if token.as_bytes() == sent)
     };
     let internal = Arc::new(internal);
-    let bypass = |rule: Rule<Request>| {
+    let bypass = move |rule: Rule<Request>| {
         let internal = internal.clone();
         rule.bypass_if(move |req: &Request| internal(req))
     };
@@ -229,7 +254,7 @@ pub fn limits<St: Store + Clone>(
         )
         .build()?
         .headers(HeaderStyle::Both);
-    Ok(Limits { api, auth })
+    Ok(Limits { api, auth, allow_internal: Arc::new(bypass) })
 }
 
 /// Finds the account of the request's API key and puts it into the extensions. It runs
@@ -374,6 +399,34 @@ pub fn install_metrics() -> PrometheusHandle {
         .clone()
 }
 
+/// Re-reads the limits file on every `SIGHUP` and swaps its rules in; a file that does not
+/// read or build leaves the limits in force, and says why.
+#[cfg(unix)]
+fn reload_on_sighup<St: Send + Sync + 'static>(limits: Limits<St>, path: String) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let read = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+            let config = read.and_then(|text| LayerConfig::from_toml(&text).map_err(|e| e.to_string()));
+            match config.and_then(|c| limits.reload(&c).map_err(|e| e.to_string())) {
+                Ok(()) => {
+                    let rules = limits.api.rules();
+                    let list: Vec<String> = rules.iter().map(|r| format!("{} {}", r.name(), r.quota())).collect();
+                    println!("limits reloaded from {path}: {}", list.join(", "));
+                }
+                Err(e) => println!("limits file {path} not applied, the limits in force stay: {e}"),
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn reload_on_sighup<St>(_: Limits<St>, _: String) -> std::io::Result<()> {
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() {
     if let Err(e) = run().await {
@@ -406,6 +459,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     });
 
     let limits = limits(tollgate::MemoryStore::new(), &config, internal_token)?;
+    if let Ok(path) = std::env::var("LIMITS_FILE") {
+        reload_on_sighup(limits.clone(), path)?;
+    }
     let public = public_router(&limits, Accounts::demo());
     let internal = internal_router(limits, metrics);
 

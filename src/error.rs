@@ -20,6 +20,9 @@ pub enum BuildError {
          their counts: give each its own rule name, e.g. RateLimitLayer::builder(store).rule(\"search\", quota, key)"
     )]
     RuleInUse(String),
+    /// A runtime change names a rule the limiter does not have.
+    #[error("no rule named {0:?}")]
+    UnknownRule(String),
     /// A rule name is empty, too long, or otherwise unusable.
     #[error("invalid rule name {name:?}: {why}")]
     InvalidRuleName {

@@ -148,12 +148,7 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// The cost of a request for every rule that has none of its own (default 1).
     #[must_use]
     pub fn cost(self, f: impl Fn(&Request<B>) -> u64 + Send + Sync + 'static) -> Self {
-        let f: crate::rule::Shared<Request<B>, u64> = Arc::new(f);
-        self.configure(|c| {
-            for r in c.rules.iter_mut() {
-                r.cost.get_or_insert_with(|| f.clone());
-            }
-        })
+        self.configure(|c| *c.cost = Some(Arc::new(f)))
     }
 
     /// Builds rejections with `f` (status, body…) from the [`Rejection`]: the rule, its
@@ -217,7 +212,7 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// then is an error, handled by the fail mode.
     #[must_use]
     pub fn timeout(self, deadline: Duration) -> Self {
-        self.configure(|c| c.settings.deadline = deadline)
+        self.configure(|c| *c.deadline = deadline)
     }
 
     /// The most store calls in flight at once (default 1024); beyond it a request is a
@@ -264,9 +259,35 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
         self.configure(|c| c.settings.near_limit = share)
     }
 
+    /// A handle that changes the layer's rules while it serves: a quota with
+    /// [`LimiterHandle::set_quota`], or every rule from a configuration with
+    /// [`LimiterHandle::reload`](crate::LimiterHandle::reload) (feature `config`). Take it
+    /// after the layer's builder methods: one called after this gives the layer rules of
+    /// its own.
+    ///
+    /// ```
+    /// use tollgate::{key, MemoryStore, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::<_, axum::body::Body>::builder(MemoryStore::new())
+    ///     .rule("api", Quota::per_minute(100), key::PeerIp)
+    ///     .build()
+    ///     .unwrap();
+    /// let handle = layer.handle();
+    /// let app: axum::Router = axum::Router::new().layer(layer);
+    /// // Later, from an admin endpoint or a config watcher:
+    /// handle.set_quota("api", Quota::per_minute(50)).unwrap();
+    /// # let _ = app;
+    /// ```
+    ///
+    /// [`LimiterHandle::set_quota`]: crate::LimiterHandle::set_quota
+    #[must_use]
+    pub fn handle(&self) -> crate::LimiterHandle<Request<B>> {
+        self.limiter.handle()
+    }
+
     /// The layer's rules.
     #[must_use]
-    pub fn rules(&self) -> &[Rule<Request<B>>] {
+    pub fn rules(&self) -> Arc<[Rule<Request<B>>]> {
         self.limiter.rules()
     }
 
@@ -324,13 +345,10 @@ impl<S, St, B: 'static, R, U> Layer<S> for RateLimitLayer<St, B, R, U> {
     type Service = RateLimit<S, St, B, R, U>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let rules = self.limiter.rules();
         let responder = Responder {
             style: self.style,
             on_rejected: self.on_rejected.clone(),
             on_unavailable: self.on_unavailable.clone(),
-            names: rules.iter().map(Rule::public_name_or_name).collect(),
-            name_rule: rules.len() > 1,
         };
         RateLimit::new(inner, self.limiter.clone(), Arc::new(responder))
     }

@@ -117,7 +117,7 @@ pub use headers::HeaderStyle;
 /// `http` itself).
 pub use http;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use limiter::{Limiter, LimiterBuilder};
+pub use limiter::{Limiter, LimiterBuilder, LimiterHandle};
 pub use quota::Quota;
 pub use response::{DefaultRejection, DefaultUnavailable, OnRejected, OnUnavailable, Rejection, Unavailable};
 pub use rule::{FailMode, Rule, MAX_RULE_NAME};

@@ -5,6 +5,7 @@
 //!
 //! [`FailMode::Closed`]: crate::FailMode::Closed
 
+use crate::limiter::RuleSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,16 +193,12 @@ fn json_string(s: &str) -> String {
     out
 }
 
-/// How a layer answers: its header style, its rejection and refusal builders, and the
-/// names its rules are shown under.
+/// How a layer answers: its header style, and its rejection and refusal builders. The
+/// names rules are shown under come with the rule set a request was decided by.
 pub(crate) struct Responder<R, U> {
     pub(crate) style: HeaderStyle,
     pub(crate) on_rejected: Arc<R>,
     pub(crate) on_unavailable: Arc<U>,
-    /// Per rule (by index): the name clients see; empty: hidden.
-    pub(crate) names: Box<[Arc<str>]>,
-    /// The layer has several rules: say which one the legacy headers describe.
-    pub(crate) name_rule: bool,
 }
 
 /// Whether a request is a gRPC call (`content-type: application/grpc*`).
@@ -212,7 +209,12 @@ fn is_grpc<B>(req: &Request<B>) -> bool {
 impl<R, U> Responder<R, U> {
     /// The response to a rejected request: the rejection builder's (or a gRPC status),
     /// with `Retry-After` and the rate-limit headers of the worst rule.
-    pub(crate) fn rejected<ResBody, B>(&self, verdict: &Verdict, req: &Request<B>) -> Response<ResBody>
+    pub(crate) fn rejected<ResBody, B>(
+        &self,
+        verdict: &Verdict,
+        set: &RuleSet<Request<B>>,
+        req: &Request<B>,
+    ) -> Response<ResBody>
     where
         R: OnRejected<ResBody>,
         ResBody: Default,
@@ -224,7 +226,7 @@ impl<R, U> Responder<R, U> {
             grpc_status(8, "rate limit exceeded")
         } else {
             self.on_rejected.response(&Rejection {
-                rule: &self.names[verdict.rules[worst]],
+                rule: &set.names[verdict.rules[worst]],
                 key: &verdict.checks[worst].key,
                 decision: d,
                 decided_by: verdict.source.unwrap_or(DecidedBy::Store),
@@ -241,27 +243,30 @@ impl<R, U> Responder<R, U> {
                 h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
             }
         }
-        self.add_headers(h, verdict, worst);
+        self.add_headers(h, verdict, set, worst);
         res
     }
 
     /// The rate-limit headers of an allowed response, describing the most restrictive rule.
-    pub(crate) fn allowed(&self, headers: &mut HeaderMap, verdict: &Verdict) {
+    pub(crate) fn allowed<I: ?Sized>(&self, headers: &mut HeaderMap, verdict: &Verdict, set: &RuleSet<I>) {
         if let Some(most) = verdict.most() {
-            self.add_headers(headers, verdict, most);
+            self.add_headers(headers, verdict, set, most);
         }
     }
 
-    fn add_headers(&self, h: &mut HeaderMap, verdict: &Verdict, most: usize) {
-        if self.style == HeaderStyle::None {
+    fn add_headers<I: ?Sized>(&self, h: &mut HeaderMap, verdict: &Verdict, set: &RuleSet<I>, most: usize) {
+        // A reloaded configuration may name the style.
+        let style = set.headers.unwrap_or(self.style);
+        if style == HeaderStyle::None {
             return;
         }
         let all: SmallVec<[RuleDecision<'_>; 2]> = verdict
             .decisions()
             .zip(&verdict.rules)
-            .map(|(d, &rule)| RuleDecision { rule: &self.names[rule], ..d })
+            .map(|(d, &rule)| RuleDecision { rule: &set.names[rule], ..d })
             .collect();
-        headers::apply(h, self.style, &all[most], &all, self.name_rule);
+        // Several rules: say which one the legacy headers describe.
+        headers::apply(h, style, &all[most], &all, set.rules.len() > 1);
     }
 
     /// The response when the store cannot decide and the fail mode refuses: the refusal

@@ -81,6 +81,8 @@ pub struct Rule<I: ?Sized> {
     pub(crate) max_delay: Duration,
     pub(crate) block: Duration,
     pub(crate) shadow: bool,
+    /// Made from a configuration: a reload replaces it.
+    pub(crate) from_config: bool,
     pub(crate) bypass: Option<Shared<I, bool>>,
     pub(crate) count_if: Option<Arc<dyn Fn(StatusCode) -> bool + Send + Sync>>,
 }
@@ -99,6 +101,7 @@ impl<I: ?Sized> Clone for Rule<I> {
             max_delay: self.max_delay,
             block: self.block,
             shadow: self.shadow,
+            from_config: self.from_config,
             bypass: self.bypass.clone(),
             count_if: self.count_if.clone(),
         }
@@ -139,6 +142,7 @@ impl<I: ?Sized> Rule<I> {
             max_delay: Duration::from_secs(10),
             block: Duration::ZERO,
             shadow: false,
+            from_config: false,
             bypass: None,
             count_if: None,
         }

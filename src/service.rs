@@ -112,9 +112,11 @@ where
     if plan.is_empty() {
         return inner.call(req).await;
     }
+    // The request is answered under the rules it was decided by, whatever a swap does.
+    let set = plan.set.clone();
     let verdict = limiter.decide(plan).await;
     match &verdict.state {
-        State::Rejected => return Ok(responder.rejected(&verdict, &req)),
+        State::Rejected => return Ok(responder.rejected(&verdict, &set, &req)),
         State::Failed { error, closed: true } => return Ok(responder.unavailable(error, &req)),
         // Fail open: the request passes, with no rate-limit headers (nothing is known);
         // its shadow rules count by outcome as for any forwarded request.
@@ -136,16 +138,15 @@ where
         req.extensions_mut().insert(most.decision.clone());
     }
     let count_if = GiveBackOnDrop::new(
-        limiter.give_back(&verdict, |rule| rule.count_if.is_some()),
+        limiter.give_back(&verdict, |rule| set.rules[rule].count_if.is_some()),
         "a count-by-outcome rule whose handler did not answer",
     );
     let mut res = inner.call(req).await?;
-    responder.allowed(res.headers_mut(), &verdict);
+    responder.allowed(res.headers_mut(), &verdict, &set);
     // Count by outcome: give back the units of rules that do not count this status.
     if let Some(mut give_back) = count_if.disarm() {
         let status = res.status();
-        let rules = limiter.rules();
-        give_back.retain(|r| rules[r].count_if.as_ref().is_some_and(|f| !f(status)));
+        give_back.retain(|r| set.rules[r].count_if.as_ref().is_some_and(|f| !f(status)));
         give_back.spawn("a count-by-outcome rule");
     }
     Ok(res)

@@ -34,6 +34,8 @@ pub struct Verdict {
     pub(crate) source: Option<DecidedBy>,
     /// What shadow rules took: they are given back like the others.
     pub(crate) shadow: Vec<Commit>,
+    /// The generation of the rule set it was decided under (rule indexes are into it).
+    pub(crate) generation: u64,
 }
 
 /// Units one commit took, for a refund: the check, its rule, and who holds the units.
@@ -89,8 +91,9 @@ impl Verdict {
         rules: SmallVec<[usize; 2]>,
         outcomes: Outcomes,
         by: DecidedBy,
+        generation: u64,
     ) -> Self {
-        let mut v = Self::empty(State::Allowed);
+        let mut v = Self::empty(State::Allowed, generation);
         v.source = Some(by);
         for ((check, rule), outcome) in checks.into_iter().zip(rules).zip(outcomes) {
             let Some(o) = outcome else { continue };
@@ -106,8 +109,9 @@ impl Verdict {
     }
 
     /// A verdict with no decisions: allowed (no rule applied) or failed.
-    pub(crate) fn empty(state: State) -> Self {
+    pub(crate) fn empty(state: State, generation: u64) -> Self {
         Self {
+            generation,
             state,
             checks: SmallVec::new(),
             rules: SmallVec::new(),

@@ -12,6 +12,7 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use support::fake::{settle, sliding_log_refund_example, Mode, Remote, TokioClock, T0};
+use support::sf_params;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tollgate::key::{self, Key};
@@ -309,22 +310,6 @@ async fn count_if_applies_to_shadow_rules_too() {
 }
 
 // 13 and 15. Header values, read back with a structured-field parser.
-
-fn sf_params(value: &http::HeaderValue) -> Vec<(String, Vec<(String, i64)>)> {
-    let list: sfv::List = sfv::Parser::new(value.as_bytes()).parse().expect("a structured-field list");
-    list.into_iter()
-        .map(|entry| match entry {
-            sfv::ListEntry::Item(item) => (
-                item.bare_item.as_string().expect("a string").as_str().to_owned(),
-                item.params
-                    .iter()
-                    .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().expect("an integer"))))
-                    .collect(),
-            ),
-            sfv::ListEntry::InnerList(_) => panic!("an inner list"),
-        })
-        .collect()
-}
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()

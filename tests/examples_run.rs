@@ -251,6 +251,23 @@ fn production_app_reads_limits_file_and_refuses_a_bad_one() {
     assert_eq!(get(public, "/api/me", &[]).status, 401);
     assert_eq!(get(public, "/api/me", &[]).status, 401);
     assert_eq!(get(public, "/api/me", &[]).status, 429, "the file's 2 a minute is enforced");
+
+    // Edited and SIGHUP: swapped in while serving; the two used still count.
+    let hangup = |ex: &Example| {
+        let pid = ex.child.id().to_string();
+        assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    };
+    std::fs::write(&good, "[[rule]]\nname = \"ip\"\nkey = \"peer_ip\"\nquota = \"4/min\"\n").unwrap();
+    hangup(&ex);
+    assert!(ex.line("limits reloaded from ").contains("ip 4/min"), "{:#?}", ex.seen);
+    let statuses: Vec<u16> = (0..3).map(|_| get(public, "/api/me", &[]).status).collect();
+    assert_eq!(statuses, [401, 401, 429], "4 a minute, 2 of them used before the reload");
+    // A mistake in the edited file: refused with the reason, and the 4 a minute stays.
+    std::fs::write(&good, "[[rule]]\nname = \"ip\"\nkey = \"peer_ip\"\nquota = \"9/fortnight\"\n").unwrap();
+    hangup(&ex);
+    let refused = ex.line("limits file ");
+    assert!(refused.contains("not applied") && refused.contains("field `quota`"), "{refused}");
+    assert_eq!(get(public, "/api/me", &[]).status, 429);
     drop(ex);
 
     let bad = dir.join("bad.toml");

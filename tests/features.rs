@@ -323,3 +323,214 @@ async fn the_blocked_key_cache_answers_a_blocked_key() {
     }
     assert_eq!(store.checks(), asked, "the cache answered the blocked key");
 }
+
+// ---------------------------------------------------------------------------------------
+// Limits changed at runtime
+
+use tollgate::{BuildError, HeaderStyle, LimiterHandle};
+
+const OK: StatusCode = StatusCode::OK;
+const NO: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+
+/// A quota changed on a serving layer keeps what each key used.
+async fn a_new_quota_keeps_what_was_used<St: Store>(store: St, name: &str) {
+    let layer = RateLimitLayer::<_, Body>::builder(store)
+        .rule("api", Quota::per_minute(3), key::header("x-user"))
+        .build()
+        .unwrap()
+        .algorithm(Algorithm::SlidingWindowLog);
+    let handle = layer.handle();
+    let svc = layer.layer(ok());
+    assert_eq!(statuses(&svc, "ada", 4).await, [OK, OK, OK, NO], "{name}");
+    // Raised: ada's three still count, so two more, not five. (On Redis her rejection sits
+    // in the blocked-key cache under the old rules: it must not answer for the new ones.)
+    handle.set_quota("api", Quota::per_minute(5)).unwrap();
+    assert_eq!(statuses(&svc, "ada", 3).await, [OK, OK, NO], "{name}");
+    let res = svc.clone().oneshot(get("bob")).await.unwrap();
+    assert_eq!(res.headers()["x-ratelimit-limit"], "5", "{name}");
+    // Lowered: bob used one of two.
+    handle.set_quota("api", Quota::per_minute(2)).unwrap();
+    assert_eq!(statuses(&svc, "bob", 2).await, [OK, NO], "{name}");
+    assert_eq!(handle.rules()[0].quota(), Quota::per_minute(2));
+    // A rule that isn't there changes nothing.
+    assert_eq!(handle.set_quota("nope", Quota::per_minute(9)), Err(BuildError::UnknownRule("nope".into())));
+    assert_eq!(statuses(&svc, "cy", 3).await, [OK, OK, NO], "{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_set_at_runtime_keeps_what_each_key_used() {
+    a_new_quota_keeps_what_was_used(MemoryStore::new(), "memory").await;
+    let server = RedisServer::start();
+    let redis = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
+    a_new_quota_keeps_what_was_used(redis, "redis").await;
+}
+
+/// The blocked-key cache names rules by their rule set: after a swap, the rule at a
+/// cached rejection's index is another rule, and must be asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swapped_rule_set_is_not_answered_by_the_old_sets_cache() {
+    let server = RedisServer::start();
+    let redis = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
+    let rule = |name: &str| Rule::new(name, Quota::per_minute(1), key::header("x-user"));
+    let layer = RateLimitLayer::<_, Body>::builder(redis).add_rule(rule("a")).build().unwrap();
+    let (handle, svc) = (layer.handle(), layer.layer(ok()));
+    assert_eq!(statuses(&svc, "ada", 2).await, [OK, NO]);
+    handle.set_rules(vec![rule("b")]).unwrap();
+    assert_eq!(statuses(&svc, "ada", 2).await, [OK, NO], "rule b is new: one unit");
+    // Back to a: its state outlived the swaps in Redis.
+    handle.set_rules(vec![rule("a")]).unwrap();
+    assert_eq!(statuses(&svc, "ada", 1).await, [NO]);
+    assert_eq!(layer.peek("a", "ada").await.unwrap().map(|d| d.remaining), Some(0));
+}
+
+/// Each request is decided and answered under one rule set, while another task swaps
+/// the rules as fast as it can: every response's IETF policy (read with a real
+/// structured-field parser) is one set's, never a mix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_is_atomic_for_requests_in_flight() {
+    let x = || Rule::new("x", Quota::per_minute(10_000), key::header("x-user"));
+    let y = || Rule::new("y", Quota::per_minute(20_000), key::header("x-user"));
+    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
+        .add_rule(x())
+        .build()
+        .unwrap()
+        .headers(HeaderStyle::Ietf);
+    let handle: LimiterHandle<Request<Body>> = layer.handle();
+    let svc = layer.layer(ok());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut swaps = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let rules = if swaps.is_multiple_of(2) { vec![y(), x()] } else { vec![x()] };
+                handle.set_rules(rules).unwrap();
+                swaps += 1;
+                tokio::task::yield_now().await;
+            }
+            swaps
+        })
+    };
+    let mut seen = std::collections::BTreeMap::new();
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let mut policies = Vec::new();
+                for i in 0..500 {
+                    let res = svc.clone().oneshot(get(&format!("u{c}-{}", i % 50))).await.unwrap();
+                    assert_eq!(res.status(), OK);
+                    let policy = support::sf_params(&res.headers()["ratelimit-policy"]);
+                    policies.push(policy.iter().map(|(n, p)| format!("{n}:{}", p[0].1)).collect::<Vec<_>>().join(","));
+                }
+                policies
+            })
+        })
+        .collect();
+    for c in clients {
+        for p in c.await.unwrap() {
+            *seen.entry(p).or_insert(0) += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.await.unwrap();
+    assert!(swaps > 10, "{swaps} swaps");
+    let sets: Vec<&str> = seen.keys().map(String::as_str).collect();
+    assert!(sets.iter().all(|s| ["x:10000", "y:20000,x:10000"].contains(s)), "{seen:?}");
+    assert_eq!(sets.len(), 2, "both sets answered requests: {seen:?}");
+}
+
+/// A swap that can't be built changes nothing and says why; a name another layer over
+/// the same store uses is refused, and a name a swap dropped is free again.
+#[tokio::test]
+async fn a_swap_that_fails_leaves_the_rules_in_force() {
+    let store = MemoryStore::new();
+    let rule = |name: &str, n| Rule::new(name, Quota::per_minute(n), key::header("x-user"));
+    let layer = RateLimitLayer::<_, Body>::builder(store.clone()).add_rule(rule("a", 2)).build().unwrap();
+    let other = RateLimitLayer::<_, Body>::builder(store.clone()).add_rule(rule("taken", 1)).build().unwrap();
+    let (handle, svc) = (layer.handle(), layer.layer(ok()));
+    for (rules, err) in [
+        (vec![rule("b", 5), rule("b", 5)], BuildError::DuplicateRule("b".into())),
+        (vec![rule("b", 5), rule("taken", 5)], BuildError::RuleInUse("taken".into())),
+        (
+            vec![],
+            BuildError::InvalidConfig {
+                rule: String::new(),
+                field: "rule".into(),
+                why: "a limiter needs at least one rule".into(),
+            },
+        ),
+    ] {
+        assert_eq!(handle.set_rules(rules), Err(err));
+        assert_eq!(handle.rules().iter().map(|r| r.name().to_owned()).collect::<Vec<_>>(), ["a"]);
+    }
+    assert_eq!(statuses(&svc, "ada", 3).await, [OK, OK, NO], "still a at 2/min");
+    // Dropped by a swap, "a" can be used by another layer once no request holds the old set.
+    handle.set_rules(vec![rule("b", 5)]).unwrap();
+    let again = RateLimitLayer::<_, Body>::builder(store).add_rule(rule("a", 1)).build();
+    assert!(again.is_ok(), "{again:?}");
+    drop(other);
+}
+
+const LIMITS_V1: &str = r#"
+headers = "ietf"
+
+[[rule]]
+name = "per-user"
+key = "header:x-user"
+quota = "3/min"
+"#;
+
+const LIMITS_V2: &str = r#"
+[[rule]]
+name = "per-user"
+key = "header:x-user"
+quota = "5/min"
+
+[[rule]]
+name = "daily"
+key = "header:x-user"
+quota = "4/day"
+"#;
+
+/// `reload` swaps the configured rules and keeps the rules added in code; a file that
+/// fails to build leaves everything as it was.
+async fn reloaded_limits<St: Store>(store: St, name: &str) {
+    let v1 = tollgate::LayerConfig::from_toml(LIMITS_V1).unwrap();
+    let layer = v1.apply(
+        v1.builder::<_, Body>(store)
+            .add_rule(Rule::new("global", Quota::per_minute(100), key::Global).public_name(""))
+            .build()
+            .unwrap(),
+    );
+    let handle = layer.handle();
+    let svc = layer.layer(ok());
+    assert_eq!(statuses(&svc, "ada", 4).await, [OK, OK, OK, NO], "{name}");
+
+    handle.reload(&tollgate::LayerConfig::from_toml(LIMITS_V2).unwrap()).unwrap();
+    let names: Vec<String> = handle.rules().iter().map(|r| r.name().to_owned()).collect();
+    assert_eq!(names, ["per-user", "daily", "global"], "{name}: configured rules first, code rules kept");
+    // per-user kept ada's 3 of now 5; daily is new: 4. The code rule still counts.
+    let res = svc.clone().oneshot(get("ada")).await.unwrap();
+    assert_eq!(res.status(), OK, "{name}");
+    let policy = support::sf_params(&res.headers()["ratelimit-policy"]);
+    let quotas: Vec<(String, i64)> = policy.iter().map(|(n, p)| (n.clone(), p[0].1)).collect();
+    assert_eq!(quotas, [("per-user".into(), 5), ("daily".into(), 4), (String::new(), 100)], "{name}: still IETF");
+    assert_eq!(statuses(&svc, "ada", 2).await, [OK, NO], "{name}");
+    assert_eq!(statuses(&svc, "bob", 5).await, [OK, OK, OK, OK, NO], "{name}: the daily rule");
+
+    // A name clash with the code rule: refused, v2 stays.
+    let clash = LIMITS_V2.replace("\"daily\"", "\"global\"");
+    let err = handle.reload(&tollgate::LayerConfig::from_toml(&clash).unwrap()).unwrap_err();
+    assert_eq!(err, BuildError::DuplicateRule("global".into()), "{name}");
+    assert_eq!(statuses(&svc, "cy", 5).await, [OK, OK, OK, OK, NO], "{name}: v2 in force");
+}
+
+#[cfg(feature = "config")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloading_a_configuration_swaps_its_rules_and_keeps_the_codes() {
+    reloaded_limits(MemoryStore::new(), "memory").await;
+    let server = RedisServer::start();
+    let redis = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
+    reloaded_limits(redis, "redis").await;
+}

@@ -468,3 +468,26 @@ async fn admin_routes_peek_and_reset_a_key() {
     assert_eq!(admin(&a, "DELETE", key).await.0, StatusCode::NO_CONTENT);
     assert_eq!(send(&a.public, login("guess", "14.2.2.2")).await.status(), StatusCode::UNAUTHORIZED);
 }
+
+/// A reloaded limits file keeps the internal callers' pass on its rules, and the account
+/// rules (defined in code) stay.
+#[tokio::test]
+async fn a_reloaded_limits_file_keeps_the_internal_pass_and_the_code_rules() {
+    let a = app();
+    let config = LayerConfig::from_toml("[[rule]]\nname = \"ip\"\nkey = \"peer_ip\"\nquota = \"3/min\"\n").unwrap();
+    a.limits.reload(&config).unwrap();
+    let names: Vec<String> = a.limits.api.rules().iter().map(|r| r.name().to_owned()).collect();
+    assert_eq!(names, ["ip", "account-minute", "account-day"]);
+    let internal = |token: &str| {
+        let mut req = api("/api/me", Some("free-1"), "14.1.1.1");
+        req.headers_mut().insert(example::INTERNAL_HEADER, token.parse().unwrap());
+        req
+    };
+    for i in 0..10 {
+        assert_eq!(send(&a.public, internal(TOKEN)).await.status(), StatusCode::OK, "request {i}");
+    }
+    for _ in 0..3 {
+        assert_eq!(send(&a.public, internal("wrong")).await.status(), StatusCode::OK);
+    }
+    assert_rejected_by(&send(&a.public, internal("wrong")).await, "ip");
+}

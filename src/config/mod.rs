@@ -128,6 +128,7 @@ impl RuleConfig {
     #[must_use]
     pub fn to_rule<B>(&self) -> Rule<Request<B>> {
         let mut rule = Rule::new(self.name.clone(), self.quota, self.key.clone()).shadow(self.shadow);
+        rule.from_config = true;
         if let Some(a) = self.algorithm {
             rule = rule.algorithm(a);
         }
@@ -209,6 +210,22 @@ impl LayerConfig {
             layer = layer.timeout(t);
         }
         layer
+    }
+
+    /// The layer-wide settings this configuration names, onto a reloaded rule set.
+    pub(crate) fn apply_to<I: ?Sized>(&self, draft: &mut crate::limiter::Draft<I>) {
+        if let Some(a) = self.algorithm {
+            draft.algorithm = a;
+        }
+        if let Some(h) = self.headers {
+            draft.headers = Some(h);
+        }
+        if let Some(m) = self.fail_mode {
+            draft.fail_mode = m;
+        }
+        if let Some(t) = self.timeout {
+            draft.deadline = t;
+        }
     }
 
     fn from_table(table: &Table) -> Result<Self, BuildError> {

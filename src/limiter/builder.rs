@@ -4,9 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{registry, Limiter};
+use super::{Draft, Limiter, Rules};
 use crate::key::KeyExtractor;
-use crate::rule::{check_rule_name, Shared};
+use crate::rule::Shared;
 use crate::runtime::{Runtime, Settings};
 use crate::store::Store;
 use crate::{Algorithm, BuildError, FailMode, Quota, Rule};
@@ -15,8 +15,10 @@ use crate::{Algorithm, BuildError, FailMode, Quota, Rule};
 pub(crate) struct Config<'a, I: ?Sized> {
     pub(crate) algorithm: &'a mut Algorithm,
     pub(crate) fail_mode: &'a mut FailMode,
+    pub(crate) deadline: &'a mut Duration,
     pub(crate) settings: &'a mut Settings,
-    pub(crate) rules: &'a mut Vec<Rule<I>>,
+    /// The cost of rules with none of their own (those added later too).
+    pub(crate) cost: &'a mut Option<Shared<I, u64>>,
 }
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
@@ -25,6 +27,7 @@ pub struct LimiterBuilder<St, I: ?Sized> {
     rules: Vec<Rule<I>>,
     algorithm: Algorithm,
     fail_mode: FailMode,
+    deadline: Duration,
     cost: Option<Shared<I, u64>>,
     settings: Settings,
 }
@@ -36,6 +39,7 @@ impl<St: fmt::Debug, I: ?Sized> fmt::Debug for LimiterBuilder<St, I> {
             .field("rules", &self.rules)
             .field("algorithm", &self.algorithm)
             .field("fail_mode", &self.fail_mode)
+            .field("deadline", &self.deadline)
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
@@ -48,6 +52,7 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
             rules: Vec::new(),
             algorithm: Algorithm::default(),
             fail_mode: FailMode::default(),
+            deadline: Duration::from_millis(50),
             cost: None,
             settings: Settings::default(),
         }
@@ -93,7 +98,7 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
     /// then is an error, handled by the fail mode.
     #[must_use]
     pub fn timeout(mut self, deadline: Duration) -> Self {
-        self.settings.deadline = deadline;
+        self.deadline = deadline;
         self
     }
 
@@ -161,39 +166,20 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
     where
         St: Store,
     {
-        if self.rules.is_empty() {
-            return Err(BuildError::InvalidConfig {
-                rule: String::new(),
-                field: "rule".into(),
-                why: "a limiter needs at least one rule".into(),
-            });
-        }
-        for (i, r) in self.rules.iter().enumerate() {
-            check_rule_name(&r.name)?;
-            if self.rules[..i].iter().any(|o| o.name == r.name) {
-                return Err(BuildError::DuplicateRule(r.name.to_string()));
-            }
-        }
-        let claim = match self.store.identity() {
-            Some(id) => Some(
-                registry::claim(id, self.rules.iter().map(|r| &r.name))
-                    .map_err(|n| BuildError::RuleInUse(n.to_string()))?,
-            ),
-            None => None,
-        };
-        let mut rules = self.rules;
-        if let Some(cost) = &self.cost {
-            for r in &mut rules {
-                r.cost.get_or_insert_with(|| cost.clone());
-            }
-        }
-        Ok(Limiter {
-            store: Arc::new(self.store),
-            rules: rules.into(),
+        let identity = self.store.identity();
+        let draft = Draft {
+            rules: self.rules,
             algorithm: self.algorithm,
             fail_mode: self.fail_mode,
+            deadline: self.deadline,
+            headers: None,
+        };
+        let owner = super::registry::new_owner();
+        let set = draft.check(identity, owner, self.cost.as_ref())?;
+        Ok(Limiter {
+            store: Arc::new(self.store),
+            rules: Arc::new(Rules::new(set, identity, owner, self.cost)),
             runtime: Runtime::new(self.settings),
-            claim,
         })
     }
 }

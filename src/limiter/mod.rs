@@ -5,6 +5,7 @@ mod builder;
 mod giveback;
 mod plan;
 mod registry;
+mod rules;
 
 use std::fmt;
 use std::future::Future;
@@ -18,11 +19,13 @@ pub(crate) use self::builder::Config;
 pub use self::builder::LimiterBuilder;
 pub(crate) use self::giveback::{GiveBack, GiveBackOnDrop};
 pub(crate) use self::plan::{Checks, Plan};
+pub use self::rules::LimiterHandle;
+pub(crate) use self::rules::{Draft, RuleSet, Rules};
 use crate::key::Key;
 use crate::runtime::Runtime;
 use crate::store::{Check, Outcome, Outcomes, Store};
 use crate::verdict::{Commit, DecidedBy, State};
-use crate::{Algorithm, Decision, FailMode, Quota, Rule, StoreError, Verdict};
+use crate::{Decision, FailMode, Quota, Rule, StoreError, Verdict};
 
 /// Decides whether inputs of type `I` are within their limits: the rules, the store, and
 /// the protections that keep a failing store from failing the caller (a deadline and an
@@ -59,21 +62,20 @@ use crate::{Algorithm, Decision, FailMode, Quota, Rule, StoreError, Verdict};
 /// ```
 pub struct Limiter<St, I: ?Sized> {
     store: Arc<St>,
-    rules: Arc<[Rule<I>]>,
-    algorithm: Algorithm,
-    fail_mode: FailMode,
+    /// The rules, with the algorithm, fail mode and deadline: swappable at run time.
+    rules: Arc<Rules<I>>,
     pub(crate) runtime: Runtime,
-    /// The rule names this limiter holds on its store (see `registry`).
-    claim: Option<Arc<registry::Claim>>,
 }
 
 impl<St: fmt::Debug, I: ?Sized> fmt::Debug for Limiter<St, I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let set = self.rules.load();
         f.debug_struct("Limiter")
             .field("store", &self.store)
-            .field("rules", &self.rules)
-            .field("algorithm", &self.algorithm)
-            .field("fail_mode", &self.fail_mode)
+            .field("rules", &set.rules)
+            .field("algorithm", &set.algorithm)
+            .field("fail_mode", &set.fail_mode)
+            .field("deadline", &set.deadline)
             .field("runtime", &self.runtime)
             .finish_non_exhaustive()
     }
@@ -85,10 +87,19 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
         LimiterBuilder::new(store)
     }
 
-    /// The rules.
+    /// The rules in force (a [`LimiterHandle`] may swap them).
     #[must_use]
-    pub fn rules(&self) -> &[Rule<I>] {
-        &self.rules
+    pub fn rules(&self) -> Arc<[Rule<I>]> {
+        self.rules.load().rules.clone()
+    }
+
+    /// A handle that changes this limiter's rules while it runs: quotas, or the whole rule
+    /// set (from a configuration, with feature `config`). Take it once the limiter (or
+    /// layer) is fully configured: a layer's builder methods called after this give it
+    /// rules of its own.
+    #[must_use]
+    pub fn handle(&self) -> LimiterHandle<I> {
+        LimiterHandle::new(self.rules.clone())
     }
 
     /// The store.
@@ -102,25 +113,27 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
     pub(crate) fn fresh_copy(&self) -> Self {
         Self {
             store: self.store.clone(),
-            rules: self.rules.clone(),
-            algorithm: self.algorithm,
-            fail_mode: self.fail_mode,
+            rules: Arc::new(self.rules.copy()),
             runtime: Runtime::new(self.runtime.settings.clone()),
-            claim: self.claim.clone(),
         }
     }
 
     /// Changes the settings before first use (the layer's builder methods).
     pub(crate) fn configure(&mut self, f: impl FnOnce(&mut Config<'_, I>)) {
         let mut settings = self.runtime.settings.clone();
-        let mut rules: Vec<Rule<I>> = self.rules.to_vec();
-        f(&mut Config {
-            algorithm: &mut self.algorithm,
-            fail_mode: &mut self.fail_mode,
-            settings: &mut settings,
-            rules: &mut rules,
+        if Arc::get_mut(&mut self.rules).is_none() {
+            self.rules = Arc::new(self.rules.copy()); // a handle was taken: it keeps the old
+        }
+        let rules = Arc::get_mut(&mut self.rules).expect("just made unique");
+        rules.edit(|draft, cost| {
+            f(&mut Config {
+                algorithm: &mut draft.algorithm,
+                fail_mode: &mut draft.fail_mode,
+                deadline: &mut draft.deadline,
+                settings: &mut settings,
+                cost,
+            });
         });
-        self.rules = rules.into();
         self.runtime = Runtime::new(settings);
     }
 }
@@ -228,15 +241,15 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         // Units come back: a rejection this process remembers for these keys may no
         // longer hold.
         for (check, &rule) in verdict.checks.iter().zip(&verdict.rules) {
-            self.runtime.cache.forget(rule, &check.key);
+            self.runtime.cache.forget((verdict.generation, rule), &check.key);
         }
         self.give_back(verdict, |_| true).run().await
     }
 
-    /// What giving back the commits of `verdict`'s rules that `select` picks takes:
-    /// run it, spawn it, or arm it for a drop.
-    pub(crate) fn give_back(&self, verdict: &Verdict, select: impl Fn(&Rule<I>) -> bool) -> GiveBack<St> {
-        GiveBack::new(self.store.clone(), &self.runtime.settings, verdict.commits(|r| select(&self.rules[r])))
+    /// What giving back the commits of `verdict`'s rules (by index in the rule set it was
+    /// decided under) that `select` picks takes: run it, spawn it, or arm it for a drop.
+    pub(crate) fn give_back(&self, verdict: &Verdict, select: impl Fn(usize) -> bool) -> GiveBack<St> {
+        GiveBack::new(self.store.clone(), &self.runtime.settings, verdict.commits(select))
     }
 
     /// A refused input did not happen: what its shadow rules took goes back, as an
@@ -250,22 +263,22 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Decides a plan: the blocked-key cache, then one guarded store call (shadow rules
     /// beside it), the fail mode when the store cannot decide. A refused input keeps
     /// nothing its shadow rules took.
-    pub(crate) async fn decide(&self, plan: Plan) -> Verdict {
-        let Plan { enforced, shadow } = plan;
+    pub(crate) async fn decide(&self, plan: Plan<I>) -> Verdict {
+        let Plan { enforced, shadow, set } = plan;
         let remote = !self.store.is_local();
         if remote && self.runtime.settings.cache_enabled {
-            if let Some(verdict) = self.blocked(&enforced) {
+            if let Some(verdict) = self.blocked(&set, &enforced) {
                 return verdict;
             }
         }
         let started = Instant::now();
         let (result, shadow_result) = if shadow.is_empty() {
-            (self.ask(&enforced.checks).await, Ok((Outcomes::new(), DecidedBy::Store)))
+            (self.ask(&enforced.checks, set.deadline).await, Ok((Outcomes::new(), DecidedBy::Store)))
         } else if enforced.is_empty() {
-            (Ok((Outcomes::new(), DecidedBy::Store)), self.ask(&shadow.checks).await)
+            (Ok((Outcomes::new(), DecidedBy::Store)), self.ask(&shadow.checks, set.deadline).await)
         } else {
             // The shadow call boxed: both calls inline would double the request's future.
-            tokio::join!(self.ask(&enforced.checks), Box::pin(self.ask(&shadow.checks)))
+            tokio::join!(self.ask(&enforced.checks, set.deadline), Box::pin(self.ask(&shadow.checks, set.deadline)))
         };
         let store_latency = started.elapsed();
         let shadow_commits = match &shadow_result {
@@ -276,14 +289,14 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             Ok(answer) => answer,
             Err(error) => {
                 crate::metrics::store_error(&error);
-                let closed = enforced.rules.iter().any(|&r| self.fail_mode_of(r) == FailMode::Closed);
+                let closed = enforced.rules.iter().any(|&r| set.fail_mode_of(r) == FailMode::Closed);
                 self.runtime.warn_store_failure(&error, !closed);
                 if closed {
                     crate::metrics::fail_closed();
                 } else {
                     crate::metrics::fail_open();
                 }
-                let mut verdict = Verdict::empty(State::Failed { error, closed });
+                let mut verdict = Verdict::empty(State::Failed { error, closed }, set.generation());
                 verdict.shadow = shadow_commits;
                 if closed {
                     self.give_back_shadow(&mut verdict);
@@ -303,7 +316,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             crate::metrics::decision(&c.rule, if d.allowed { "allowed" } else { "rejected" });
         }
         let Checks { checks, rules } = enforced;
-        let mut verdict = Verdict::decided(checks, rules, outcomes, by);
+        let mut verdict = Verdict::decided(checks, rules, outcomes, by, set.generation());
         if verdict.is_allowed() {
             // Near the limit: what this input leaves in use (a rejected one takes nothing).
             for (c, d) in verdict.checks.iter().zip(&verdict.decisions) {
@@ -316,7 +329,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         // Only the store's own rejections are final: the fallback's limits are its own
         // (a share for one server) and end with the outage.
         if verdict.is_rejected() && remote && by == DecidedBy::Store && self.runtime.settings.cache_enabled {
-            self.remember_rejections(&verdict);
+            self.remember_rejections(&set, &verdict);
         }
         if verdict.is_rejected() {
             self.give_back_shadow(&mut verdict);
@@ -326,14 +339,14 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     /// One store call: direct for an in-process store; else guarded, with the fallback
     /// limiter when the store fails.
-    async fn ask(&self, checks: &[Check]) -> Result<(Outcomes, DecidedBy), StoreError> {
+    async fn ask(&self, checks: &[Check], deadline: Duration) -> Result<(Outcomes, DecidedBy), StoreError> {
         if checks.is_empty() {
             return Ok((Outcomes::new(), DecidedBy::Store));
         }
         if self.store.is_local() {
             return crate::runtime::ask(&*self.store, checks).await.map(|o| (o, DecidedBy::Store));
         }
-        match self.runtime.call(&*self.store, checks).await {
+        match self.runtime.call(&*self.store, checks, deadline).await {
             Ok(outcomes) => Ok((outcomes, DecidedBy::Store)),
             Err(err) => match self.runtime.fallback(&err, checks) {
                 Some(outcomes) => Ok((outcomes, DecidedBy::Fallback)),
@@ -342,45 +355,45 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
     }
 
-    fn fail_mode_of(&self, rule: usize) -> FailMode {
-        self.rules[rule].fail_mode.unwrap_or(self.fail_mode)
-    }
-
     /// A rejection from the blocked-key cache, when one of the enforced keys is blocked.
-    fn blocked(&self, enforced: &Checks<2>) -> Option<Verdict> {
+    fn blocked(&self, set: &RuleSet<I>, enforced: &Checks<2>) -> Option<Verdict> {
         let now = self.runtime.mono_us();
         for (check, &rule) in enforced.checks.iter().zip(&enforced.rules) {
-            let r = &self.rules[rule];
+            let r = &set.rules[rule];
             if r.count_if.is_some() && r.block.is_zero() {
                 continue; // units may be given back: a rejection is not final (a block is)
             }
             let quota = check.params.quota;
-            if let Some(decision) = self.runtime.cache.blocked(rule, &check.key, check.params.cost, quota, now) {
+            if let Some(decision) = self.runtime.cache.blocked(set.id(rule), &check.key, check.params.cost, quota, now)
+            {
                 crate::metrics::decision(&check.rule, "local_rejected");
                 let outcome = Outcome { decision, taken: None };
                 let (checks, rules) = (smallvec![check.clone()], smallvec![rule]);
-                return Some(Verdict::decided(checks, rules, smallvec![Some(outcome)], DecidedBy::LocalCache));
+                let generation = set.generation();
+                return Some(Verdict::decided(
+                    checks,
+                    rules,
+                    smallvec![Some(outcome)],
+                    DecidedBy::LocalCache,
+                    generation,
+                ));
             }
         }
         None
     }
 
-    fn remember_rejections(&self, verdict: &Verdict) {
+    fn remember_rejections(&self, set: &RuleSet<I>, verdict: &Verdict) {
         let now = self.runtime.mono_us();
         for ((check, &rule), d) in verdict.checks.iter().zip(&verdict.rules).zip(&verdict.decisions) {
-            let r = &self.rules[rule];
+            let r = &set.rules[rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.
             if d.allowed || d.retry_after.is_none() || (r.count_if.is_some() && r.block.is_zero()) {
                 continue;
             }
             // A block refuses every cost: cached as cost 0, which every request reaches.
             let cost = if r.block.is_zero() { check.params.cost } else { 0 };
-            self.runtime.cache.insert(rule, &check.key, cost, check.params.quota, now, d);
+            self.runtime.cache.insert(set.id(rule), &check.key, cost, check.params.quota, now, d);
         }
-    }
-
-    fn rule(&self, name: &str) -> Option<(usize, &Rule<I>)> {
-        self.rules.iter().enumerate().find(|(_, r)| &*r.name == name)
     }
 
     /// What rule `rule` would decide now for one unit of `key`, without consuming
@@ -393,8 +406,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     ///
     /// The store's error (no deadline or circuit breaker applies here).
     pub async fn peek(&self, rule: &str, key: impl Into<Key>) -> Result<Option<Decision>, StoreError> {
-        match self.rule(rule) {
-            Some((_, r)) => self.peek_with(rule, key, r.quota).await,
+        let quota = self.rules.load().find(rule).map(|(_, r)| r.quota);
+        match quota {
+            Some(quota) => self.peek_with(rule, key, quota).await,
             None => Ok(None),
         }
     }
@@ -410,13 +424,15 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         key: impl Into<Key>,
         quota: Quota,
     ) -> Result<Option<Decision>, StoreError> {
-        let Some((_, r)) = self.rule(rule) else { return Ok(None) };
+        let set = self.rules.load();
+        let Some((_, r)) = set.find(rule) else { return Ok(None) };
         let check = Check {
             rule: r.name.clone(),
             key: key.into(),
-            algorithm: r.algorithm_or(self.algorithm),
+            algorithm: r.algorithm_or(set.algorithm),
             params: r.params(quota, 1),
         };
+        drop(set);
         self.store.peek(&check).await.map(Some)
     }
 
@@ -429,10 +445,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     ///
     /// The store's error.
     pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<bool, StoreError> {
-        let Some((i, r)) = self.rule(rule) else { return Ok(false) };
+        let set = self.rules.load();
+        let Some((i, r)) = set.find(rule) else { return Ok(false) };
         let key = key.into();
-        self.store.reset(rule, &key, r.algorithm_or(self.algorithm)).await?;
-        self.runtime.cache.forget(i, &key);
+        self.store.reset(rule, &key, r.algorithm_or(set.algorithm)).await?;
+        self.runtime.cache.forget(set.id(i), &key);
         Ok(true)
     }
 }

@@ -1,8 +1,10 @@
 //! What one input asks of the store: the [`Plan`] of its checks.
 
+use std::sync::Arc;
+
 use smallvec::SmallVec;
 
-use super::Limiter;
+use super::{Limiter, RuleSet};
 use crate::store::Check;
 
 /// The checks of one input for one kind of rule (enforced or shadow), with each one's rule
@@ -20,14 +22,21 @@ impl<const N: usize> Checks<N> {
 }
 
 /// What one input asks of the store: two enforced rules (say per IP and per key) and one
-/// shadow rule fit inline.
-#[derive(Clone, Default)]
-pub(crate) struct Plan {
+/// shadow rule fit inline. Rule indexes are into `set`, the rules it was planned under:
+/// the input is decided and answered under them, whatever a swap does meanwhile.
+pub(crate) struct Plan<I: ?Sized> {
     pub(crate) enforced: Checks<2>,
     pub(crate) shadow: Checks<1>,
+    pub(crate) set: Arc<RuleSet<I>>,
 }
 
-impl Plan {
+impl<I: ?Sized> Clone for Plan<I> {
+    fn clone(&self) -> Self {
+        Self { enforced: self.enforced.clone(), shadow: self.shadow.clone(), set: self.set.clone() }
+    }
+}
+
+impl<I: ?Sized> Plan<I> {
     /// No rule applies.
     pub(crate) fn is_empty(&self) -> bool {
         self.enforced.is_empty() && self.shadow.is_empty()
@@ -36,9 +45,10 @@ impl Plan {
 
 impl<St, I: ?Sized + 'static> Limiter<St, I> {
     /// The checks `input` asks for: each rule that applies, with its key, quota and cost.
-    pub(crate) fn plan(&self, input: &I) -> Plan {
-        let mut plan = Plan::default();
-        for (i, rule) in self.rules.iter().enumerate() {
+    pub(crate) fn plan(&self, input: &I) -> Plan<I> {
+        let set = self.rules.load();
+        let mut plan = Plan { enforced: Checks::default(), shadow: Checks::default(), set: set.clone() };
+        for (i, rule) in set.rules.iter().enumerate() {
             if rule.bypass.as_ref().is_some_and(|f| f(input)) {
                 continue;
             }
@@ -54,7 +64,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
             let check = Check {
                 rule: rule.name.clone(),
                 key,
-                algorithm: rule.algorithm_or(self.algorithm),
+                algorithm: rule.algorithm_or(set.algorithm),
                 params: rule.params(quota, cost),
             };
             if rule.shadow {

@@ -28,7 +28,7 @@ struct Blocked {
 }
 
 struct BlockedEntry {
-    rule: usize,
+    rule: RuleId,
     key: Key,
     /// The smallest cost known rejected, and the quota it was rejected under.
     cost: u64,
@@ -42,6 +42,10 @@ struct BlockedEntry {
 
 const SHARDS: usize = 16;
 
+/// A rule of one rule set: the set's generation and the rule's index in it. A rule set
+/// swapped at run time has a new generation, so an index never names another set's rule.
+pub(crate) type RuleId = (u64, usize);
+
 impl BlockedCache {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
@@ -52,7 +56,7 @@ impl BlockedCache {
         }
     }
 
-    fn shard(&self, rule: usize, key: &Key) -> (u64, std::sync::MutexGuard<'_, Blocked>) {
+    fn shard(&self, rule: RuleId, key: &Key) -> (u64, std::sync::MutexGuard<'_, Blocked>) {
         let h = self.hasher.hash_one((rule, key));
         // The upper half: the table inside the shard picks buckets by the low bits.
         #[allow(clippy::cast_possible_truncation)]
@@ -62,7 +66,7 @@ impl BlockedCache {
 
     /// If (rule, key) is blocked at `now` for `cost` under `quota`: the store's rejection
     /// as it stands now (its durations less the time since).
-    pub(crate) fn blocked(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64) -> Option<Decision> {
+    pub(crate) fn blocked(&self, rule: RuleId, key: &Key, cost: u64, quota: Quota, now: u64) -> Option<Decision> {
         if now >= self.last_until.load(Ordering::Relaxed) {
             return None;
         }
@@ -84,7 +88,7 @@ impl BlockedCache {
     }
 
     /// Records that (rule, key) rejects `cost`, as `decision` says (until its retry).
-    pub(crate) fn insert(&self, rule: usize, key: &Key, cost: u64, quota: Quota, now: u64, decision: &Decision) {
+    pub(crate) fn insert(&self, rule: RuleId, key: &Key, cost: u64, quota: Quota, now: u64, decision: &Decision) {
         let Some(retry) = decision.retry_after else { return };
         let until = now.saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX));
         let (h, mut shard) = self.shard(rule, key);
@@ -107,7 +111,7 @@ impl BlockedCache {
     }
 
     /// Forgets (rule, key): after an admin reset, the key must reach the store again.
-    pub(crate) fn forget(&self, rule: usize, key: &Key) {
+    pub(crate) fn forget(&self, rule: RuleId, key: &Key) {
         let (h, mut shard) = self.shard(rule, key);
         if let Ok(e) = shard.table.find_entry(h, |e| e.rule == rule && e.key == *key) {
             e.remove();
@@ -142,23 +146,23 @@ mod tests {
         let cache = BlockedCache::new(SHARDS * 100);
         let k = Key::from("k");
         let q = Quota::per_minute(10);
-        cache.insert(0, &k, 2, q, 1_000, &rejected(500));
-        let d = cache.blocked(0, &k, 2, q, 1_499).unwrap();
+        cache.insert((7, 0), &k, 2, q, 1_000, &rejected(500));
+        let d = cache.blocked((7, 0), &k, 2, q, 1_499).unwrap();
         // The store's answer, 499 µs on.
         assert_eq!((d.allowed, d.limit, d.remaining), (false, 10, 3));
         assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
         assert_eq!(d.refill_after, Duration::from_micros(1));
         assert_eq!(d.reset_after, Duration::from_micros(40_000_000 - 499));
-        assert!(cache.blocked(0, &k, 3, q, 1_200).is_some(), "a larger cost is rejected too");
-        assert!(cache.blocked(0, &k, 1, q, 1_200).is_none(), "a smaller cost may fit");
-        assert!(cache.blocked(0, &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
-        assert!(cache.blocked(0, &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
-        assert!(cache.blocked(0, &k, 2, q, 1_500).is_none());
-        cache.insert(1, &k, 1, q, 1_000, &rejected(100));
-        assert!(cache.blocked(1, &k, 1, q, 1_050).is_some(), "an earlier end recorded later");
-        assert!(cache.blocked(1, &k, 2, q, 1_200).is_none());
+        assert!(cache.blocked((7, 0), &k, 3, q, 1_200).is_some(), "a larger cost is rejected too");
+        assert!(cache.blocked((7, 0), &k, 1, q, 1_200).is_none(), "a smaller cost may fit");
+        assert!(cache.blocked((7, 0), &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
+        assert!(cache.blocked((7, 0), &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
+        assert!(cache.blocked((7, 0), &k, 2, q, 1_500).is_none());
+        cache.insert((7, 1), &k, 1, q, 1_000, &rejected(100));
+        assert!(cache.blocked((7, 1), &k, 1, q, 1_050).is_some(), "an earlier end recorded later");
+        assert!(cache.blocked((7, 1), &k, 2, q, 1_200).is_none());
         for i in 0..10_000 {
-            cache.insert(0, &Key::from(format!("k{i}")), 1, q, 2_000, &rejected(1_000_000));
+            cache.insert((7, 0), &Key::from(format!("k{i}")), 1, q, 2_000, &rejected(1_000_000));
         }
         assert!(cache.len() <= SHARDS * 100 + SHARDS);
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub(crate) use self::blocked::BlockedCache;
+pub(crate) use self::blocked::{BlockedCache, RuleId};
 use self::breaker::Breaker;
 use crate::store::{Check, Outcomes, Store};
 use crate::StoreError;
@@ -20,7 +20,6 @@ use crate::StoreError;
 /// The knobs of the runtime protections; a [`Runtime`] is made from them.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    pub(crate) deadline: Duration,
     pub(crate) max_in_flight: usize,
     /// Consecutive failures that open the circuit, and how long it stays open.
     pub(crate) breaker: (u32, Duration),
@@ -35,7 +34,6 @@ pub(crate) struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            deadline: Duration::from_millis(50),
             max_in_flight: 1024,
             breaker: (5, Duration::from_secs(1)),
             #[cfg(feature = "memory")]
@@ -97,16 +95,21 @@ impl Runtime {
     /// too many calls are in flight, and bounded by the deadline. Dropping the future at
     /// any point leaves nothing behind: the in-flight count and the breaker's probe are
     /// handed back by guards.
-    pub(crate) async fn call<St: Store>(&self, store: &St, checks: &[Check]) -> Result<Outcomes, StoreError> {
+    pub(crate) async fn call<St: Store>(
+        &self,
+        store: &St,
+        checks: &[Check],
+        deadline: Duration,
+    ) -> Result<Outcomes, StoreError> {
         let s = &self.settings;
         let permit = self.breaker.admit(self.mono_us()).map_err(StoreError::CircuitOpen)?;
         let Some(_in_flight) = InFlight::enter(&self.in_flight, s.max_in_flight) else {
             return Err(StoreError::Overloaded(s.max_in_flight));
         };
         let started = Instant::now();
-        let r = match tokio::time::timeout(s.deadline, ask(store, checks)).await {
+        let r = match tokio::time::timeout(deadline, ask(store, checks)).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(s.deadline)),
+            Err(_) => Err(StoreError::Timeout(deadline)),
         };
         crate::metrics::store_latency(started.elapsed());
         match &r {
@@ -210,9 +213,15 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         // The cap is full when the probe comes: it is refused, and must be handed back.
         let full = InFlight::enter(&rt.in_flight, 1).unwrap();
-        assert!(matches!(rt.call(&store, std::slice::from_ref(&check)).await, Err(StoreError::Overloaded(1))));
+        assert!(matches!(
+            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50)).await,
+            Err(StoreError::Overloaded(1))
+        ));
         drop(full);
-        assert!(rt.call(&store, std::slice::from_ref(&check)).await.is_ok(), "the circuit stayed open");
+        assert!(
+            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50)).await.is_ok(),
+            "the circuit stayed open"
+        );
         assert_eq!(rt.in_flight.load(Ordering::Relaxed), 0);
     }
 

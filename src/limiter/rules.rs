@@ -1,0 +1,327 @@
+//! The rules a [`Limiter`](super::Limiter) decides by, swappable at run time: each input
+//! is planned, decided and answered under one [`RuleSet`] snapshot, and a
+//! [`LimiterHandle`] replaces the snapshot atomically (a quota, or the whole set from a
+//! configuration). Store state is named by rule, key and algorithm, so it outlives a
+//! swap wherever it still applies: a rule that keeps its name and algorithm keeps its
+//! counts under its new quota.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use super::registry::{self, Claim, Owner};
+use crate::headers::HeaderStyle;
+use crate::rule::{check_rule_name, Shared};
+use crate::runtime::RuleId;
+use crate::{Algorithm, BuildError, FailMode, Quota, Rule};
+
+/// One generation of a limiter's rules and the settings that go with them.
+pub(crate) struct RuleSet<I: ?Sized> {
+    pub(crate) rules: Arc<[Rule<I>]>,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) fail_mode: FailMode,
+    /// The deadline of every store call.
+    pub(crate) deadline: Duration,
+    /// The header style a reloaded configuration names (`None`: the layer's own).
+    pub(crate) headers: Option<HeaderStyle>,
+    /// Per rule: the name clients see (empty: hidden).
+    pub(crate) names: Box<[Arc<str>]>,
+    generation: u64,
+    /// The rule names this set holds on its store (see `registry`).
+    claim: Option<Arc<Claim>>,
+}
+
+/// Every rule set of the process gets its own generation.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+impl<I: ?Sized> RuleSet<I> {
+    /// The blocked-key cache's name for rule `index` of this set.
+    pub(crate) fn id(&self, index: usize) -> RuleId {
+        (self.generation, index)
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub(crate) fn fail_mode_of(&self, rule: usize) -> FailMode {
+        self.rules[rule].fail_mode.unwrap_or(self.fail_mode)
+    }
+
+    pub(crate) fn find(&self, name: &str) -> Option<(usize, &Rule<I>)> {
+        self.rules.iter().enumerate().find(|(_, r)| &*r.name == name)
+    }
+}
+
+/// What a set is made of, before it is checked.
+pub(crate) struct Draft<I: ?Sized> {
+    pub(crate) rules: Vec<Rule<I>>,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) fail_mode: FailMode,
+    pub(crate) deadline: Duration,
+    pub(crate) headers: Option<HeaderStyle>,
+}
+
+impl<I: ?Sized> Draft<I> {
+    fn of(set: &RuleSet<I>) -> Self {
+        Self {
+            rules: set.rules.to_vec(),
+            algorithm: set.algorithm,
+            fail_mode: set.fail_mode,
+            deadline: set.deadline,
+            headers: set.headers,
+        }
+    }
+
+    /// Checks the rules (at least one, valid unique names) and claims their names for
+    /// `owner` on the store `store` (see `Store::identity`).
+    pub(crate) fn check(
+        self,
+        store: Option<usize>,
+        owner: Owner,
+        cost: Option<&Shared<I, u64>>,
+    ) -> Result<RuleSet<I>, BuildError> {
+        if self.rules.is_empty() {
+            return Err(BuildError::InvalidConfig {
+                rule: String::new(),
+                field: "rule".into(),
+                why: "a limiter needs at least one rule".into(),
+            });
+        }
+        for (i, r) in self.rules.iter().enumerate() {
+            check_rule_name(&r.name)?;
+            if self.rules[..i].iter().any(|o| o.name == r.name) {
+                return Err(BuildError::DuplicateRule(r.name.to_string()));
+            }
+        }
+        let claim = match store {
+            Some(id) => Some(
+                registry::claim(id, owner, self.rules.iter().map(|r| &r.name))
+                    .map_err(|n| BuildError::RuleInUse(n.to_string()))?,
+            ),
+            None => None,
+        };
+        let mut rules = self.rules;
+        if let Some(cost) = cost {
+            for r in &mut rules {
+                r.cost.get_or_insert_with(|| cost.clone());
+            }
+        }
+        Ok(RuleSet {
+            names: rules.iter().map(Rule::public_name_or_name).collect(),
+            rules: rules.into(),
+            algorithm: self.algorithm,
+            fail_mode: self.fail_mode,
+            deadline: self.deadline,
+            headers: self.headers,
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            claim,
+        })
+    }
+}
+
+/// A limiter's current rule set, and what a swap needs.
+pub(crate) struct Rules<I: ?Sized> {
+    current: ArcSwap<RuleSet<I>>,
+    /// One swap at a time: each builds on the set the last one left.
+    swap: Mutex<()>,
+    /// The store's identity and this limiter's, for the rule-name registry.
+    store: Option<usize>,
+    owner: Owner,
+    /// The cost of rules that have none of their own, for rules added by a swap.
+    cost: Option<Shared<I, u64>>,
+}
+
+impl<I: ?Sized> Rules<I> {
+    pub(crate) fn new(set: RuleSet<I>, store: Option<usize>, owner: Owner, cost: Option<Shared<I, u64>>) -> Self {
+        Self { current: ArcSwap::from_pointee(set), swap: Mutex::new(()), store, owner, cost }
+    }
+
+    /// The current set: an input is decided under one snapshot from plan to answer.
+    pub(crate) fn load(&self) -> Arc<RuleSet<I>> {
+        self.current.load_full()
+    }
+
+    /// The same rules and names, for a limiter of its own (a layer reconfigured after it
+    /// was cloned).
+    pub(crate) fn copy(&self) -> Self {
+        let set = self.load();
+        let copy = RuleSet {
+            rules: set.rules.clone(),
+            names: set.names.clone(),
+            claim: set.claim.clone(),
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            ..*set
+        };
+        Self::new(copy, self.store, self.owner, self.cost.clone())
+    }
+
+    /// Changes the settings before first use (the layer's builder methods). The names
+    /// stay claimed as they were; only swaps change them.
+    pub(crate) fn edit(&mut self, f: impl FnOnce(&mut Draft<I>, &mut Option<Shared<I, u64>>)) {
+        let set = self.load();
+        let mut draft = Draft::of(&set);
+        f(&mut draft, &mut self.cost);
+        let names = draft.rules.iter().map(Rule::public_name_or_name).collect();
+        let mut rules = draft.rules;
+        if let Some(cost) = &self.cost {
+            for r in &mut rules {
+                r.cost.get_or_insert_with(|| cost.clone());
+            }
+        }
+        self.current.store(Arc::new(RuleSet {
+            rules: rules.into(),
+            names,
+            algorithm: draft.algorithm,
+            fail_mode: draft.fail_mode,
+            deadline: draft.deadline,
+            headers: draft.headers,
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            claim: set.claim.clone(),
+        }));
+    }
+
+    /// Replaces the set with what `f` makes of the current one; on an error the current
+    /// set stays in force.
+    fn swap(&self, f: impl FnOnce(&mut Draft<I>) -> Result<(), BuildError>) -> Result<(), BuildError> {
+        let _one_at_a_time = self.swap.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let set = self.load();
+        let mut draft = Draft::of(&set);
+        f(&mut draft)?;
+        let next = draft.check(self.store, self.owner, self.cost.as_ref())?;
+        self.current.store(Arc::new(next));
+        tracing::info!(rules = ?self.load().rules.iter().map(|r| (r.name(), r.quota())).collect::<Vec<_>>(), "tollgate: rules swapped");
+        Ok(())
+    }
+}
+
+/// Changes a running [`Limiter`](crate::Limiter)'s (or
+/// [`RateLimitLayer`](crate::RateLimitLayer)'s) rules without a restart: from
+/// [`Limiter::handle`](crate::Limiter::handle) or
+/// [`RateLimitLayer::handle`](crate::RateLimitLayer::handle). Clones change the same
+/// limiter.
+///
+/// A swap is atomic: each input is decided entirely under the rules before it or
+/// entirely under the rules after it. State in the store is named by rule, key and
+/// algorithm, so a rule that keeps its name and algorithm keeps its counts under a new
+/// quota (a key that used 80 of 100 has 20 left, or 120 after a raise to 200); a rule
+/// whose algorithm changes starts afresh, as a new rule does. A change that cannot be
+/// built changes nothing and says why.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::BuildError> {
+/// use tollgate::{Limiter, MemoryStore, Quota};
+///
+/// let limiter = Limiter::builder(MemoryStore::new())
+///     .rule("jobs", Quota::per_minute(1), |user: &str| Some(user.to_owned()))
+///     .build()?;
+/// let handle = limiter.handle();
+/// assert!(limiter.check("ada").await.is_allowed());
+/// assert!(limiter.check("ada").await.is_rejected());
+///
+/// handle.set_quota("jobs", Quota::per_minute(2))?; // the unit taken still counts
+/// assert!(limiter.check("ada").await.is_allowed());
+/// assert!(limiter.check("ada").await.is_rejected());
+/// assert!(handle.set_quota("no-such-rule", Quota::per_minute(2)).is_err());
+/// # Ok(()) }
+/// ```
+pub struct LimiterHandle<I: ?Sized> {
+    rules: Arc<Rules<I>>,
+}
+
+impl<I: ?Sized> Clone for LimiterHandle<I> {
+    fn clone(&self) -> Self {
+        Self { rules: self.rules.clone() }
+    }
+}
+
+impl<I: ?Sized> fmt::Debug for LimiterHandle<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterHandle").field("rules", &self.rules.load().rules).finish()
+    }
+}
+
+impl<I: ?Sized> LimiterHandle<I> {
+    pub(crate) fn new(rules: Arc<Rules<I>>) -> Self {
+        Self { rules }
+    }
+
+    /// The rules in force.
+    #[must_use]
+    pub fn rules(&self) -> Arc<[Rule<I>]> {
+        self.rules.load().rules.clone()
+    }
+
+    /// Sets the quota of rule `rule` (for a rule with [`Rule::quota_fn`], the quota used
+    /// when the function gives the same as before, and by `peek`).
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::UnknownRule`] when there is no rule of that name.
+    pub fn set_quota(&self, rule: &str, quota: Quota) -> Result<(), BuildError> {
+        self.rules.swap(|draft| {
+            let r = draft.rules.iter_mut().find(|r| &*r.name == rule);
+            r.map(|r| r.quota = quota).ok_or_else(|| BuildError::UnknownRule(rule.to_owned()))
+        })
+    }
+
+    /// Replaces every rule. Rules keep their state by name and algorithm, as above.
+    ///
+    /// # Errors
+    ///
+    /// As [`LimiterBuilder::build`](crate::LimiterBuilder::build): no rule, a duplicate
+    /// or invalid name, or a name another live limiter over the same store uses.
+    pub fn set_rules(&self, rules: Vec<Rule<I>>) -> Result<(), BuildError> {
+        self.rules.swap(|draft| {
+            draft.rules = rules;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(feature = "config")]
+impl<B> LimiterHandle<http::Request<B>> {
+    /// Swaps in the rules and settings of `config`: the rules that came from a
+    /// configuration (by [`LayerConfig::build`](crate::LayerConfig::build),
+    /// [`LayerConfig::builder`](crate::LayerConfig::builder),
+    /// [`LayerConfig::to_rules`](crate::LayerConfig::to_rules)) are replaced by
+    /// `config`'s, in its order, and the rules added in code stay, after them. The
+    /// layer-wide settings `config` names (`algorithm`, `fail_mode`, `timeout`,
+    /// `headers`) take effect; those it does not name stay as they are.
+    ///
+    /// A rule from a configuration is replaced as the configuration now says: what code
+    /// added to it (a `bypass_if`, a `count_if`) is not carried over — use
+    /// [`LimiterHandle::reload_with`] to add it again.
+    ///
+    /// # Errors
+    ///
+    /// As [`LimiterHandle::set_rules`]; the rules in force stay.
+    pub fn reload(&self, config: &crate::LayerConfig) -> Result<(), BuildError> {
+        self.reload_with(config, |rule| rule)
+    }
+
+    /// [`LimiterHandle::reload`], passing each of `config`'s rules through `adjust` first:
+    /// what code adds to configured rules (an allow-list's `bypass_if`) stays with them.
+    ///
+    /// # Errors
+    ///
+    /// As [`LimiterHandle::set_rules`]; the rules in force stay.
+    pub fn reload_with(
+        &self,
+        config: &crate::LayerConfig,
+        adjust: impl Fn(Rule<http::Request<B>>) -> Rule<http::Request<B>>,
+    ) -> Result<(), BuildError> {
+        self.rules.swap(|draft| {
+            let from_code = draft.rules.drain(..).filter(|r| !r.from_config);
+            let adjusted = config.to_rules::<B>().into_iter().map(|r| Rule { from_config: true, ..adjust(r) });
+            let mut rules: Vec<_> = adjusted.collect();
+            rules.extend(from_code);
+            draft.rules = rules;
+            config.apply_to(draft);
+            Ok(())
+        })
+    }
+}
