@@ -83,6 +83,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
+mod charge;
 mod clock;
 #[cfg(feature = "config")]
 pub mod config;
@@ -103,6 +104,7 @@ pub mod store;
 mod verdict;
 
 pub use algorithm::Algorithm;
+pub use charge::Charge;
 #[cfg(any(test, feature = "test-util"))]
 pub use clock::ManualClock;
 pub use clock::{Clock, SystemClock};

@@ -11,6 +11,7 @@
 //! | `tollgate_fallback_decisions_total` | counter | `outcome` |
 //! | `tollgate_circuit_open` | gauge | — (1 while the breaker is open) |
 //! | `tollgate_peer_unknown_total` | counter | — (IP extractors that found no connection info) |
+//! | `tollgate_charge_failures_total` | counter | `rule` (charges reported after a response that the store did not take) |
 
 #![allow(unused_variables)]
 
@@ -68,6 +69,11 @@ pub(crate) fn fallback(outcome: &'static str) {
 pub(crate) fn circuit_open(open: bool) {
     #[cfg(feature = "metrics")]
     metrics::gauge!("tollgate_circuit_open").set(if open { 1.0 } else { 0.0 });
+}
+
+pub(crate) fn charge_failed(rule: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_charge_failures_total", "rule" => rule.to_owned()).increment(1);
 }
 
 pub(crate) fn peer_unknown() {

@@ -83,6 +83,8 @@ pub struct Rule<I: ?Sized> {
     pub(crate) shadow: bool,
     /// Made from a configuration: a reload replaces it.
     pub(crate) from_config: bool,
+    /// Takes what responses report (`Charge`), after them.
+    pub(crate) charged: bool,
     pub(crate) bypass: Option<Shared<I, bool>>,
     pub(crate) count_if: Option<Arc<dyn Fn(StatusCode) -> bool + Send + Sync>>,
 }
@@ -102,6 +104,7 @@ impl<I: ?Sized> Clone for Rule<I> {
             block: self.block,
             shadow: self.shadow,
             from_config: self.from_config,
+            charged: self.charged,
             bypass: self.bypass.clone(),
             count_if: self.count_if.clone(),
         }
@@ -121,6 +124,7 @@ impl<I: ?Sized> fmt::Debug for Rule<I> {
             .field("max_delay", &self.max_delay)
             .field("block", &self.block)
             .field("shadow", &self.shadow)
+            .field("charged", &self.charged)
             .field("bypass", &self.bypass.as_ref().map(|_| "fn"))
             .field("count_if", &self.count_if.as_ref().map(|_| "fn"))
             .finish_non_exhaustive()
@@ -143,6 +147,7 @@ impl<I: ?Sized> Rule<I> {
             block: Duration::ZERO,
             shadow: false,
             from_config: false,
+            charged: false,
             bypass: None,
             count_if: None,
         }
@@ -223,6 +228,21 @@ impl<I: ?Sized> Rule<I> {
     #[must_use]
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;
+        self
+    }
+
+    /// Counts what the work used, reported after it ([`Charge`](crate::Charge) in the
+    /// response's extensions, or [`Limiter::charge`](crate::Limiter::charge)): LLM tokens,
+    /// bytes, rows. The rule takes nothing when a request arrives — it admits the request
+    /// while the key is within its quota — and takes the reported units after the
+    /// response; a key may so go into debt, and is then refused until the debt is paid.
+    /// What debt means per algorithm: the windows count past the limit (the fixed window
+    /// until it ends, the sliding ones until the units leave the window); the token
+    /// bucket, leaky bucket and GCRA push their time forward. A [`Rule::cost`] does not
+    /// apply to a charged rule.
+    #[must_use]
+    pub fn charged(mut self) -> Self {
+        self.charged = true;
         self
     }
 

@@ -13,7 +13,7 @@ use crate::limiter::GiveBackOnDrop;
 use crate::response::{DefaultUnavailable, OnRejected, OnUnavailable, Responder};
 use crate::store::Store;
 use crate::verdict::State;
-use crate::Limiter;
+use crate::{Charge, Limiter};
 
 /// The service built by [`RateLimitLayer`](crate::RateLimitLayer). Clones share one
 /// [`Limiter`].
@@ -143,6 +143,12 @@ where
     );
     let mut res = inner.call(req).await?;
     responder.allowed(res.headers_mut(), &verdict, &set);
+    // Units the handler reports it used: taken after the response, detached.
+    if let Some(&Charge(units)) = res.extensions().get::<Charge>() {
+        if let Some(charging) = limiter.charging(&verdict, units) {
+            charging.spawn();
+        }
+    }
     // Count by outcome: give back the units of rules that do not count this status.
     if let Some(mut give_back) = count_if.disarm() {
         let status = res.status();

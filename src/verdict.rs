@@ -36,6 +36,9 @@ pub struct Verdict {
     pub(crate) shadow: Vec<Commit>,
     /// The generation of the rule set it was decided under (rule indexes are into it).
     pub(crate) generation: u64,
+    /// The probes of its charged rules (enforced and shadow, cost 0): what a charge
+    /// after the work takes from.
+    pub(crate) charged: SmallVec<[Check; 1]>,
 }
 
 /// Units one commit took, for a refund: the check, its rule, and who holds the units.
@@ -112,6 +115,7 @@ impl Verdict {
     pub(crate) fn empty(state: State, generation: u64) -> Self {
         Self {
             generation,
+            charged: SmallVec::new(),
             state,
             checks: SmallVec::new(),
             rules: SmallVec::new(),

@@ -53,9 +53,12 @@ enum Step {
     Advance(u64),
     /// The clock steps back (NTP, a Redis failover to a server whose clock is behind).
     Back(u64),
+    /// A charge reported after the work (`Store::charge`): (rule index, units), taken
+    /// whatever the rule decides.
+    Charge(usize, u64),
 }
 
-use Step::{Advance, Back, Peek, Reset, Undo};
+use Step::{Advance, Back, Charge, Peek, Reset, Undo};
 
 /// One request on every rule, cost 1.
 fn all(rules: usize) -> Step {
@@ -316,6 +319,26 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(3 * MIN), one(0, 1), Step::Check(vec![(0, 1), (2, 1)]), Peek(2, 1)],
             ],
         ));
+        // Charges (Rule::charged): a probe (cost 0) takes nothing and admits while the key
+        // is within its quota; a charge takes its units whatever the decision, into debt;
+        // a key in debt is refused (the probe too) until the debt is paid. A probe beside
+        // an ordinary rule: all or nothing, as ever.
+        out.push(scenario(
+            format!("{a}: charges after the work, into debt"),
+            T0 + 7 * SEC,
+            vec![
+                rule("tokens", "k", a, Quota::per_minute(10)),
+                rule("requests", "k", partner(a), Quota::per_minute(100)),
+            ],
+            vec![
+                vec![one(0, 0), Peek(0, 1), Charge(0, 4), Peek(0, 1), one(0, 0), Charge(0, 6), Peek(0, 0)],
+                vec![Step::Check(vec![(0, 0), (1, 1)]), Peek(1, 1), Charge(0, 7), Peek(0, 0), Peek(0, 1)],
+                vec![Step::Check(vec![(0, 0), (1, 1)]), Peek(1, 1), Advance(20 * SEC), one(0, 0), Peek(0, 0)],
+                vec![Advance(25 * SEC), one(0, 0), Peek(0, 1), Charge(0, 40), Peek(0, 0), Advance(61 * SEC)],
+                vec![Peek(0, 0), one(0, 0), Advance(2 * MIN), one(0, 0), Peek(0, 1), one(0, 1), Charge(1, 3)],
+                vec![Peek(1, 1), Charge(0, 0), Peek(0, 1)],
+            ],
+        ));
         let b = partner(a);
         out.push(scenario(
             format!("{a}: two rules on one key, a rejected rule consumes nothing from the other"),
@@ -407,7 +430,8 @@ enum Outcome {
 }
 
 fn check_of(ns: &str, r: &Rule, cost: u64) -> Check {
-    let mut params = Params::new(r.quota).cost(cost);
+    let mut params = Params::new(r.quota);
+    params.cost = cost; // 0: a probe
     if let Some(d) = r.max_delay_us {
         params.max_delay_us = d;
     }
@@ -462,6 +486,10 @@ async fn run<S: Store>(store: &S, clock: &ManualClock, sc: &Scenario, ns: &str) 
             }
             Step::Back(us) => {
                 clock.set(clock.now_micros() - us);
+                Outcome::Done
+            }
+            Step::Charge(r, units) => {
+                store.charge(&[check_of(ns, &rules[*r], *units)]).await.unwrap_or_else(|e| fail(e));
                 Outcome::Done
             }
         };

@@ -534,3 +534,119 @@ async fn reloading_a_configuration_swaps_its_rules_and_keeps_the_codes() {
     let redis = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
     reloaded_limits(redis, "redis").await;
 }
+
+// ---------------------------------------------------------------------------------------
+// Cost known only after the response: Charge
+
+use tollgate::Charge;
+
+/// Reports the `x-tokens` it "used" as a `Charge` (none without the header).
+fn llm(
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible, Future: Send> + Clone {
+    tower::service_fn(|req: Request<Body>| async move {
+        let mut res = Response::new(Body::empty());
+        if let Some(n) = req.headers().get("x-tokens").and_then(|v| v.to_str().ok()?.parse().ok()) {
+            res.extensions_mut().insert(Charge(n));
+        }
+        Ok(res)
+    })
+}
+
+fn prompt(user: &str, org: &str, tokens: Option<u64>) -> Request<Body> {
+    let mut b = Request::post("/v1/complete").header("x-user", user).header("x-org", org);
+    if let Some(n) = tokens {
+        b = b.header("x-tokens", n.to_string());
+    }
+    b.body(Body::empty()).unwrap()
+}
+
+/// Tokens per user and per org (two keys: two cluster slots), counted after each
+/// response; requests per user counted as they arrive. Fixed windows on a manual clock:
+/// exact counts.
+async fn tokens_are_charged_after_the_response<St: Store + Clone>(store: St, clock: &ManualClock, name: &str) {
+    let layer = RateLimitLayer::<_, Body>::builder(store)
+        .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-user")).charged())
+        .add_rule(Rule::new("org-tokens", Quota::per_minute(1_000), key::header("x-org")).charged())
+        .rule("requests", Quota::per_minute(50), key::header("x-user"))
+        .build()
+        .unwrap()
+        .algorithm(Algorithm::FixedWindow)
+        .local_cache(false);
+    let svc = layer.clone().layer(llm());
+    let send = |req| svc.clone().oneshot(req);
+    let remaining = |rule: &'static str, key: &'static str| {
+        let layer = layer.clone();
+        async move { layer.peek(rule, key).await.unwrap().unwrap().remaining }
+    };
+    // Admitted while within the quota: nothing taken from a charged rule on arrival.
+    assert_eq!(send(prompt("ada", "acme", Some(60))).await.unwrap().status(), OK, "{name}");
+    settle().await;
+    assert_eq!(remaining("tokens", "ada").await, 39, "{name}: 60 charged (peek counts one more)");
+    assert_eq!(remaining("org-tokens", "acme").await, 939, "{name}: the other slot too");
+    assert_eq!(remaining("requests", "ada").await, 48, "{name}: one request");
+    // 40 left: admitted, and charged 50 into debt.
+    assert_eq!(send(prompt("ada", "acme", Some(50))).await.unwrap().status(), OK, "{name}");
+    settle().await;
+    let res = send(prompt("ada", "acme", Some(1))).await.unwrap();
+    assert_eq!(res.status(), NO, "{name}: 110 of 100");
+    assert_eq!(retry_after(&res), Some(40), "{name}: the window's end (T0 is 20 s into its minute)");
+    assert_eq!(remaining("requests", "ada").await, 47, "{name}: the refused request took nothing");
+    // No report, or Charge(0): nothing taken.
+    assert_eq!(send(prompt("bob", "acme", None)).await.unwrap().status(), OK, "{name}");
+    assert_eq!(send(prompt("bob", "acme", Some(0))).await.unwrap().status(), OK, "{name}");
+    settle().await;
+    assert_eq!(remaining("tokens", "bob").await, 99, "{name}");
+    assert_eq!(remaining("org-tokens", "acme").await, 889, "{name}");
+    // The debt ends with the window.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(send(prompt("ada", "acme", Some(5))).await.unwrap().status(), OK, "{name}");
+    settle().await;
+    assert_eq!(remaining("tokens", "ada").await, 94, "{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charges_after_the_response_put_a_key_in_debt() {
+    let clock = ManualClock::new(T0);
+    tokens_are_charged_after_the_response(MemoryStore::with_clock(clock.clone()), &clock, "memory").await;
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let redis =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2)).with_clock(clock.clone());
+    tokens_are_charged_after_the_response(redis, &clock, "redis").await;
+    let cluster = support::redis::RedisCluster::start(3);
+    let clock = ManualClock::new(T0);
+    let store =
+        RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_secs(2)).with_clock(clock.clone());
+    store.ping().await.unwrap();
+    tokens_are_charged_after_the_response(store, &clock, "cluster").await;
+}
+
+/// A charge the store does not take is logged and counted; the response was sent anyway.
+#[test]
+fn a_failed_charge_is_counted() {
+    let ((), scrape) = with_metrics(async {
+        let store = support::fake::Remote::new(MemoryStore::new());
+        let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+            .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-user")).charged())
+            .build()
+            .unwrap()
+            .layer(llm());
+        // Admitted by the store; the store fails before the charge.
+        let res = svc.clone().oneshot(prompt("ada", "acme", Some(30))).await.unwrap();
+        assert_eq!(res.status(), OK);
+        settle().await;
+        store.set(support::fake::Mode::Failing);
+        let res = svc.clone().oneshot(prompt("ada", "acme", Some(30))).await.unwrap();
+        assert_eq!(res.status(), OK, "fail open");
+        settle().await;
+        store.set(support::fake::Mode::Up);
+        let check = tollgate::Check {
+            rule: "tokens".into(),
+            key: "ada".into(),
+            algorithm: Algorithm::default(),
+            params: tollgate::algorithm::Params::new(Quota::per_minute(100)),
+        };
+        assert_eq!(store.inner.peek(&check).await.unwrap().remaining, 69, "the first charge was taken");
+    });
+    assert_eq!(counter(&scrape, "tollgate_charge_failures_total", &["rule=\"tokens\""]), 1.0, "{scrape}");
+}

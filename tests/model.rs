@@ -7,6 +7,11 @@
 //! paused and the store's clock following it. Then, against a small reference built from
 //! that record:
 //!
+//! Half the cases make the per-key rule charged (`Rule::charged`): each response reports
+//! its cost as a `Charge`, taken after it, whatever the rule decides (into debt); its
+//! admissions take nothing. The reference then counts the charges in every sum, and checks
+//! the sums at each admission (a key in debt must have been refused).
+//!
 //! - exactness: the units the *store* admitted, less what the reference says each refund
 //!   gives back, never exceed what the algorithm allows (sliding log: `L` in any window;
 //!   fixed window: `L` per aligned window; GCRA and token bucket: `B` plus the refill of
@@ -58,9 +63,12 @@ enum Mode {
 #[derive(Debug, Clone)]
 enum Event {
     /// A check the store answered at `now`.
-    Check { now: u64, checks: Vec<Check>, outcomes: Vec<Option<Outcome>> },
+    /// `seq`: when the call started, among calls (one connection runs them in that order).
+    Check { now: u64, seq: usize, checks: Vec<Check>, outcomes: Vec<Option<Outcome>> },
     /// A refund the store was asked for at `now`.
     Refund { now: u64, refunds: Vec<Refund> },
+    /// A charge (units reported after a response) the store took at `now`.
+    Charge { now: u64, seq: usize, checks: Vec<Check> },
 }
 
 #[derive(Clone)]
@@ -69,12 +77,20 @@ struct Recorder<S> {
     clock: Arc<dyn Clock>,
     mode: Arc<Mutex<Mode>>,
     attempts: Arc<AtomicUsize>,
+    seq: Arc<AtomicUsize>,
     log: Arc<Mutex<Vec<Event>>>,
 }
 
 impl<S: Store + Clone> Recorder<S> {
     fn new(inner: S, clock: Arc<dyn Clock>) -> Self {
-        Self { inner, clock, mode: Arc::new(Mutex::new(Mode::Up)), attempts: Arc::default(), log: Arc::default() }
+        Self {
+            inner,
+            clock,
+            mode: Arc::new(Mutex::new(Mode::Up)),
+            attempts: Arc::default(),
+            seq: Arc::default(),
+            log: Arc::default(),
+        }
     }
 
     fn attempts(&self) -> usize {
@@ -84,7 +100,7 @@ impl<S: Store + Clone> Recorder<S> {
     fn checked(&self, checks: Vec<Check>) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         let mode = *self.mode.lock().unwrap();
-        let (inner, clock, log) = (self.inner.clone(), self.clock.clone(), self.log.clone());
+        let (inner, clock, log, seq) = (self.inner.clone(), self.clock.clone(), self.log.clone(), self.seq.clone());
         async move {
             match mode {
                 Mode::Failing => return Err(StoreError::Unavailable("down".into())),
@@ -92,8 +108,9 @@ impl<S: Store + Clone> Recorder<S> {
                 Mode::Up => {}
             }
             let now = clock.now_micros();
+            let seq = seq.fetch_add(1, Ordering::SeqCst);
             let outcomes = inner.check(&checks).await?;
-            log.lock().unwrap().push(Event::Check { now, checks, outcomes: outcomes.clone() });
+            log.lock().unwrap().push(Event::Check { now, seq, checks, outcomes: outcomes.clone() });
             Ok(outcomes)
         }
     }
@@ -108,6 +125,24 @@ impl<S: Store + Clone> Store for Recorder<S> {
         let now = self.clock.now_micros();
         self.log.lock().unwrap().push(Event::Refund { now, refunds: refunds.to_vec() });
         self.inner.refund(refunds)
+    }
+
+    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let mode = *self.mode.lock().unwrap();
+        let (inner, clock, log, checks) = (self.inner.clone(), self.clock.clone(), self.log.clone(), charges.to_vec());
+        let seq = self.seq.clone();
+        async move {
+            match mode {
+                Mode::Failing => return Err(StoreError::Unavailable("down".into())),
+                Mode::Hanging => std::future::pending::<()>().await,
+                Mode::Up => {}
+            }
+            let now = clock.now_micros();
+            let seq = seq.fetch_add(1, Ordering::SeqCst);
+            inner.charge(&checks).await?;
+            log.lock().unwrap().push(Event::Charge { now, seq, checks });
+            Ok(())
+        }
     }
 
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
@@ -133,6 +168,8 @@ struct Config {
     global: (Algorithm, Quota),
     global_fail_mode: FailMode,
     fallback: bool,
+    /// The per-key rule is charged: it takes what each response reports (its cost).
+    charged: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -165,12 +202,18 @@ fn quota() -> impl Strategy<Value = Quota> {
 }
 
 fn config(leaky: bool) -> impl Strategy<Value = Config> {
-    ((algorithm(leaky), quota()), (algorithm(leaky), quota()), any::<bool>(), any::<bool>()).prop_map(
-        |(per_key, global, closed, fallback)| Config {
-            per_key,
+    ((algorithm(leaky), quota()), (algorithm(leaky), quota()), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+        |(per_key, global, closed, fallback, charged)| Config {
+            // A charge's leaky-bucket slot is not known outside the store: the reference
+            // checks charged rules of the other algorithms.
+            per_key: match per_key {
+                (Algorithm::LeakyBucket, q) if charged => (Algorithm::Gcra, q),
+                other => other,
+            },
             global,
             global_fail_mode: if closed { FailMode::Closed } else { FailMode::Open },
             fallback,
+            charged,
         },
     )
 }
@@ -248,7 +291,14 @@ async fn run_case<S: Store + Clone>(
     let now = store.clock.clone();
     let record = seen.clone();
     let mut layer = RateLimitLayer::<_, Body>::builder(store.clone())
-        .add_rule(Rule::new("k", cfg.per_key.1, key::header("x-key")).algorithm(cfg.per_key.0))
+        .add_rule({
+            let rule = Rule::new("k", cfg.per_key.1, key::header("x-key")).algorithm(cfg.per_key.0);
+            if cfg.charged {
+                rule.charged()
+            } else {
+                rule
+            }
+        })
         .add_rule(
             Rule::new("g", cfg.global.1, key::Global)
                 .algorithm(cfg.global.0)
@@ -279,7 +329,9 @@ async fn run_case<S: Store + Clone>(
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         let status = StatusCode::from_u16(u16::try_from(header(&req, "x-status")).unwrap()).unwrap();
-        Ok::<_, Infallible>(Response::builder().status(status).body(Body::empty()).unwrap())
+        // What the work "used", for a charged rule (no charged rule: ignored).
+        let charge = tollgate::Charge(header(&req, "x-cost"));
+        Ok::<_, Infallible>(Response::builder().status(status).extension(charge).body(Body::empty()).unwrap())
     });
     let svc = layer.layer(inner);
     let mut background = Vec::new();
@@ -343,11 +395,16 @@ impl Clock for TokioClockOr {
 // The reference
 
 /// One commit of one (rule, key): where its units went, how many, and when it was made.
+/// A charge is `forced` (taken whatever the decision: it may exceed the quota); a charged
+/// rule's admission is a commit of cost 0 (a point where the key must have been within
+/// its quota, charges included).
 #[derive(Debug, Clone)]
 struct Commit {
     at: u64,
     cost: u64,
     made: u64,
+    seq: usize,
+    forced: bool,
 }
 
 /// One refund: of the commit at `at` of `cost`, asked at `when`.
@@ -372,14 +429,24 @@ fn split(events: &[Event]) -> Record {
         (HashMap::<Id, Vec<Commit>>::new(), HashMap::<Id, Vec<Undo>>::new(), Vec::new());
     for e in events {
         match e {
-            Event::Check { now, checks, outcomes } => {
+            Event::Check { now, seq, checks, outcomes } => {
                 for (c, o) in checks.iter().zip(outcomes) {
                     let Some(o) = o else { continue };
                     if let Some(t) = o.taken {
-                        commits.entry(id(c)).or_default().push(Commit { at: t.at, cost: c.params.cost, made: *now });
+                        let commit = Commit { at: t.at, cost: c.params.cost, made: *now, seq: *seq, forced: false };
+                        commits.entry(id(c)).or_default().push(commit);
+                    } else if o.decision.allowed && c.params.cost == 0 {
+                        let admitted = Commit { at: *now, cost: 0, made: *now, seq: *seq, forced: false };
+                        commits.entry(id(c)).or_default().push(admitted);
                     } else if !o.decision.allowed {
                         rejections.push((*now, id(c), o.decision.clone()));
                     }
+                }
+            }
+            Event::Charge { now, seq, checks } => {
+                for c in checks {
+                    let charge = Commit { at: *now, cost: c.params.cost, made: *now, seq: *seq, forced: true };
+                    commits.entry(id(c)).or_default().push(charge);
                 }
             }
             Event::Refund { now, refunds } => {
@@ -394,7 +461,7 @@ fn split(events: &[Event]) -> Record {
         }
     }
     // Tasks on other threads may log out of order.
-    commits.values_mut().for_each(|l| l.sort_by_key(|c| c.made));
+    commits.values_mut().for_each(|l| l.sort_by_key(|c| (c.made, c.seq)));
     undos.values_mut().for_each(|l| l.sort_by_key(|u| u.when));
     (commits, undos, rejections)
 }
@@ -412,9 +479,11 @@ fn check_exact(commits: &HashMap<Id, Vec<Commit>>, undos: &HashMap<Id, Vec<Undo>
             Algorithm::SlidingWindowLog => {
                 // At each commit: units logged in (made - W, made], less what refunds made
                 // before it gave back (only while the units were still in the window).
-                for c in list {
+                // (By position in the record, not time: an admission and the charge after
+                // it may share a µs.)
+                for (i, c) in list.iter().enumerate().filter(|(_, c)| !c.forced) {
                     let mut per_at: HashMap<u64, u64> = HashMap::new();
-                    for d in list.iter().filter(|d| d.made <= c.made && d.at + w > c.made) {
+                    for d in list[..=i].iter().filter(|d| d.at + w > c.made) {
                         *per_at.entry(d.at).or_default() += d.cost;
                     }
                     for u in undo.iter().filter(|u| u.when <= c.made && u.at + w > u.when) {
@@ -429,10 +498,9 @@ fn check_exact(commits: &HashMap<Id, Vec<Commit>>, undos: &HashMap<Id, Vec<Undo>
                 }
             }
             Algorithm::FixedWindow => {
-                for c in list {
+                for (i, c) in list.iter().enumerate().filter(|(_, c)| !c.forced) {
                     let window = c.at / w;
-                    let taken: u64 =
-                        list.iter().filter(|d| d.at / w == window && d.made <= c.made).map(|d| d.cost).sum();
+                    let taken: u64 = list[..=i].iter().filter(|d| d.at / w == window).map(|d| d.cost).sum();
                     let given: u64 = undo
                         .iter()
                         .filter(|u| u.at / w == window && u.when <= c.made && u.when / w == window)
@@ -458,11 +526,11 @@ fn check_exact(commits: &HashMap<Id, Vec<Commit>>, undos: &HashMap<Id, Vec<Undo>
                         refunded_at[i] = Some(u.when);
                     }
                 }
-                for c in list {
-                    let standing: Vec<&Commit> = list
+                for (i, c) in list.iter().enumerate().filter(|(_, c)| !c.forced) {
+                    let standing: Vec<&Commit> = list[..=i]
                         .iter()
                         .zip(&refunded_at)
-                        .filter(|(d, r)| d.made <= c.made && r.is_none_or(|when| when > c.made))
+                        .filter(|(_, r)| r.is_none_or(|when| when > c.made))
                         .map(|(d, _)| d)
                         .collect();
                     for first in &standing {

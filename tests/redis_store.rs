@@ -445,9 +445,9 @@ return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
                     8 => w * (1 + below(3)),
                     _ => below(w),
                 };
-                // GCRA's single script writes `SET tat PX 1` where the generic one deletes
-                // for a cost of 0 (the same state either way): costs from 1 for it.
-                let cost = if tag == "gcra" { 1 + below(4) } else { below(5) };
+                // Costs from 1: a cost of 0 is a probe (a charged rule's admission), which
+                // only the generic script handles (it writes nothing; see check_for).
+                let cost = 1 + below(4);
                 let mode = if below(4) == 0 { "p" } else { "c" };
                 let server_time = below(10) == 0;
                 let now_arg = if server_time { String::new() } else { now.to_string() };

@@ -99,7 +99,9 @@ impl FromStr for Algorithm {
 pub struct Params {
     /// The quota.
     pub quota: Quota,
-    /// Units this request consumes (at least 1).
+    /// Units this request consumes. 0 is a probe: decided as whether the key is within
+    /// its quota (not in debt from charges), and takes nothing — a charged rule's check
+    /// when the request arrives (`Rule::charged`).
     pub cost: u64,
     /// Leaky bucket: the longest delay, in µs.
     pub max_delay_us: u64,
@@ -217,6 +219,21 @@ impl State {
             State::TokenBucket(s) => s.commit(p, now),
             State::LeakyBucket(s) => s.commit(p, now),
             State::Gcra(s) => s.commit(p, now),
+        }
+    }
+
+    /// Takes `cost` units whatever the decision (a charge reported after the response,
+    /// `Rule::charged`): the key may go into debt. Windows count past the limit (the
+    /// fixed window until it ends; the sliding ones until the charge leaves the window);
+    /// GCRA and the leaky bucket push their time forward; the token bucket goes below
+    /// empty (see [`token_bucket::TokenBucket::force`]). Later requests are rejected until
+    /// the debt is paid, with a `retry_after` that says when.
+    pub fn force(&mut self, p: &Params, now: u64) {
+        match self {
+            State::TokenBucket(s) => s.force(p, now),
+            other => {
+                other.commit(p, now);
+            }
         }
     }
 

@@ -67,7 +67,8 @@ impl SlidingWindowCounter {
             let left = remaining(est + c as f64);
             // More fits once the weighted estimate has fallen by enough for `left + 1`
             // (at most `l`): the retry of a request of that cost after this one.
-            let more = retry(prev, curr + c, left + 1, l, period, e);
+            // (A probe of a key with nothing in use leaves `l`: the whole limit is the most.)
+            let more = retry(prev, curr + c, (left + 1).min(l), l, period, e);
             // Fully restored when this window's count has left the next window too.
             return Decision::allow(l, left, 2 * period - e, more);
         }

@@ -497,3 +497,69 @@ proptest! {
         }
     }
 }
+
+/// Debt from charges (`State::force`): a key charged past its quota refuses a probe (the
+/// admission of a charged rule) for exactly its `retry_after`, and admits it then; a
+/// probe takes nothing. What the debt lasts, per algorithm, for 15 units on 10 a minute
+/// charged at the start of a window: the fixed window until the window ends (60 s); the
+/// sliding log until the units leave (60 s); token bucket and GCRA until 15 emission
+/// intervals less the burst's 10 have passed (30 s); the leaky bucket likewise (30 s).
+#[test]
+fn a_charge_past_the_quota_is_a_debt_paid_exactly_at_its_retry() {
+    let q = Quota::per_minute(10);
+    let probe = Params { cost: 0, ..unbounded(q) };
+    let charge = Params { cost: 15, ..unbounded(q) };
+    let want = [
+        (Algorithm::FixedWindow, 60 * SEC),
+        (Algorithm::SlidingWindowLog, 60 * SEC),
+        (Algorithm::TokenBucket, 30 * SEC),
+        (Algorithm::LeakyBucket, 30 * SEC),
+        (Algorithm::Gcra, 30 * SEC),
+    ];
+    for a in Algorithm::ALL {
+        let mut s = State::new(a);
+        assert!(s.decide(&probe, T0).allowed, "{a}: a fresh key");
+        s.force(&charge, T0);
+        let d = s.decide(&probe, T0);
+        assert!(!d.allowed, "{a}: in debt");
+        let retry = u64::try_from(d.retry_after.expect("a debt ends").as_micros()).unwrap();
+        if let Some(&(_, expected)) = want.iter().find(|(w, _)| *w == a) {
+            assert_eq!(retry, expected, "{a}");
+        }
+        assert!(!s.decide(&probe, T0 + retry - 1).allowed, "{a}: one µs before the retry");
+        assert!(s.decide(&probe, T0 + retry).allowed, "{a}: paid at the retry");
+        // Charges add up: in debt again from where the first left off.
+        s.force(&charge, T0 + retry);
+        assert!(!s.decide(&probe, T0 + retry).allowed, "{a}");
+    }
+}
+
+proptest! {
+    /// Whatever is charged, whenever: a probe never panics, and a rejected probe's retry
+    /// is when it is admitted (not later, and not a µs earlier).
+    #[test]
+    fn debts_end_at_their_retry(
+        alg in 0usize..6,
+        limit in 1u64..20,
+        events in proptest::collection::vec((0u64..40, 0u64..30 * SEC), 1..12),
+    ) {
+        let a = Algorithm::ALL[alg];
+        let q = Quota::per_minute(limit);
+        let probe = Params { cost: 0, ..unbounded(q) };
+        let mut s = State::new(a);
+        let mut now = T0;
+        for (units, step) in events {
+            now += step;
+            if units > 0 {
+                s.force(&Params { cost: units, ..unbounded(q) }, now);
+            }
+            let d = s.decide(&probe, now);
+            if !d.allowed {
+                let retry = u64::try_from(d.retry_after.expect("a debt ends").as_micros()).unwrap();
+                prop_assert!(retry > 0);
+                prop_assert!(s.decide(&probe, now + retry).allowed, "{a}: not admitted at its retry {retry}");
+                prop_assert!(!s.decide(&probe, now + retry - 1).allowed, "{a}: admitted before its retry {retry}");
+            }
+        }
+    }
+}

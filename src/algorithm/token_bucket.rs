@@ -31,12 +31,39 @@ impl TokenBucket {
         let (l, b, t, c) = (p.quota.limit(), p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
         let capacity = b * t;
         let level = self.level_at(capacity, now);
-        if c <= b && level >= c * t {
+        let debt = self.debt(now);
+        if c <= b && level >= c * t && debt == 0 {
             let left = level - c * t;
             return Decision::allow(l, left / t, capacity - left, next_unit(left, t));
         }
-        let retry = (c <= b).then(|| c * t - level);
-        Decision::reject(l, level / t, capacity - level, retry)
+        let retry = (c <= b).then(|| c * t - level + debt);
+        Decision::reject(l, level / t, capacity - level + debt, retry)
+    }
+
+    /// A bucket in debt (charged past empty, see [`TokenBucket::force`]) is empty with
+    /// its `last` in the future: the debt is the time until then.
+    fn debt(&self, now: u64) -> u64 {
+        if self.level == 0 {
+            self.last.saturating_sub(now)
+        } else {
+            0
+        }
+    }
+
+    /// Takes `c` tokens whatever the level (a charge reported after the response): past
+    /// empty, the bucket goes into debt by moving `last` forward by the missing refill
+    /// time, so that it refills from then on — time pushed forward, as GCRA's TAT is.
+    pub fn force(&mut self, p: &Params, now: u64) {
+        let t = p.quota.emission_interval_micros();
+        let capacity = p.quota.burst_size() * t;
+        let need = p.cost * t;
+        let level = if self.debt(now) > 0 { 0 } else { self.level_at(capacity, now) };
+        let last = self.last.max(now);
+        if level >= need {
+            (self.level, self.last) = (level - need, last);
+        } else {
+            (self.level, self.last) = (0, last + (need - level));
+        }
     }
 
     /// Applies an accepted request; returns `now`, the commit's identity for

@@ -2,6 +2,7 @@
 //! nothing about HTTP. [`RateLimitLayer`](crate::RateLimitLayer) is its HTTP adapter.
 
 mod builder;
+mod charging;
 mod giveback;
 mod plan;
 mod registry;
@@ -17,6 +18,7 @@ use tokio::time::Instant;
 
 pub(crate) use self::builder::Config;
 pub use self::builder::LimiterBuilder;
+pub(crate) use self::charging::Charging;
 pub(crate) use self::giveback::{GiveBack, GiveBackOnDrop};
 pub(crate) use self::plan::{Checks, Plan};
 pub use self::rules::LimiterHandle;
@@ -246,6 +248,44 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         self.give_back(verdict, |_| true).run().await
     }
 
+    /// Takes `units` from the charged rules ([`Rule::charged`]) of an allowed verdict:
+    /// what the work it admitted used, known once the work is done (tokens, bytes, rows).
+    /// The key may go into debt; its later inputs are then rejected until the debt is paid.
+    /// Taken from whoever decided the verdict (the store, or the fallback limiter), within
+    /// the deadline. Nothing happens for a verdict that was not allowed, with no charged
+    /// rule, or for 0 units.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limiter, MemoryStore, Quota, Rule};
+    ///
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .add_rule(Rule::new("tokens", Quota::per_minute(1_000), |user: &str| Some(user.to_owned())).charged())
+    ///     .build()?;
+    /// let verdict = limiter.check("ada").await;
+    /// assert!(verdict.is_allowed());
+    /// let used = 1_500; // known once the job is done
+    /// limiter.charge(&verdict, used).await?;
+    /// assert!(limiter.check("ada").await.is_rejected(), "500 tokens in debt");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The store's error, or [`StoreError::Timeout`] past the deadline.
+    pub async fn charge(&self, verdict: &Verdict, units: u64) -> Result<(), StoreError> {
+        match self.charging(verdict, units) {
+            Some(charging) => charging.run().await,
+            None => Ok(()),
+        }
+    }
+
+    /// What charging `units` to `verdict` takes: run it, or spawn it after a response.
+    pub(crate) fn charging(&self, verdict: &Verdict, units: u64) -> Option<Charging<St>> {
+        let deadline = self.rules.load().deadline;
+        Charging::new(self.store.clone(), &self.runtime.settings, deadline, verdict, units)
+    }
+
     /// What giving back the commits of `verdict`'s rules (by index in the rule set it was
     /// decided under) that `select` picks takes: run it, spawn it, or arm it for a drop.
     pub(crate) fn give_back(&self, verdict: &Verdict, select: impl Fn(usize) -> bool) -> GiveBack<St> {
@@ -265,6 +305,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// nothing its shadow rules took.
     pub(crate) async fn decide(&self, plan: Plan<I>) -> Verdict {
         let Plan { enforced, shadow, set } = plan;
+        // A charged rule's probe (cost 0): what a charge after the work takes from.
+        let charged: smallvec::SmallVec<[Check; 1]> =
+            enforced.checks.iter().chain(&shadow.checks).filter(|c| c.params.cost == 0).cloned().collect();
         let remote = !self.store.is_local();
         if remote && self.runtime.settings.cache_enabled {
             if let Some(verdict) = self.blocked(&set, &enforced) {
@@ -298,6 +341,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 }
                 let mut verdict = Verdict::empty(State::Failed { error, closed }, set.generation());
                 verdict.shadow = shadow_commits;
+                verdict.charged = charged;
                 if closed {
                     self.give_back_shadow(&mut verdict);
                 }
@@ -326,6 +370,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
         }
         verdict.shadow = shadow_commits;
+        verdict.charged = charged;
         // Only the store's own rejections are final: the fallback's limits are its own
         // (a share for one server) and end with the outage.
         if verdict.is_rejected() && remote && by == DecidedBy::Store && self.runtime.settings.cache_enabled {

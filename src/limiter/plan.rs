@@ -60,7 +60,8 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
                 },
                 None => rule.quota,
             };
-            let cost = rule.cost.as_ref().map_or(1, |f| f(input).max(1));
+            // A charged rule's check is a probe: within the quota? It takes nothing.
+            let cost = if rule.charged { 0 } else { rule.cost.as_ref().map_or(1, |f| f(input).max(1)) };
             let check = Check {
                 rule: rule.name.clone(),
                 key,

@@ -209,7 +209,8 @@ impl MemoryStore {
         let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
         let entry = shard.entry(hash, check, now, &self.inner)?;
         let decision = entry.decide(check, now, true);
-        let taken = decision.allowed.then(|| entry.commit(check, now));
+        // A probe (cost 0, a charged rule's admission) takes nothing.
+        let taken = (decision.allowed && check.params.cost > 0).then(|| entry.commit(check, now));
         Ok(Outcome { decision, taken })
     }
 
@@ -243,7 +244,7 @@ impl MemoryStore {
         let all = decisions.iter().all(|d| d.allowed);
         let mut outcomes = Vec::with_capacity(checks.len());
         for ((c, &h), decision) in checks.iter().zip(&hashes).zip(decisions) {
-            let taken = if all {
+            let taken = if all && c.params.cost > 0 {
                 let e = guard_for(&mut guards, self.shard_of(h)).entry(h, c, now, &self.inner)?;
                 Some(e.commit(c, now))
             } else {
@@ -252,6 +253,23 @@ impl MemoryStore {
             outcomes.push(Outcome { decision, taken });
         }
         Ok(outcomes)
+    }
+
+    /// Takes what `charges` say at `now`, whatever the decisions (see [`Store::charge`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryStore::check_one_at`].
+    pub fn charge_at(&self, charges: &[Check], now: u64) -> Result<(), StoreError> {
+        self.sweep_due(now);
+        for c in charges.iter().filter(|c| c.params.cost > 0) {
+            let hash = self.hash(&c.rule, c.algorithm, &c.key);
+            let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+            let e = shard.entry(hash, c, now, &self.inner)?;
+            e.state.force(&c.params, now);
+            e.expires_at = e.expires_at.max(e.state.expires_at(&c.params));
+        }
+        Ok(())
     }
 
     /// Gives back what `refunds` took, at `now` (see [`Store::refund`]).
@@ -386,6 +404,10 @@ impl Store for MemoryStore {
         ready(Ok(()))
     }
 
+    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        ready(self.charge_at(charges, self.inner.clock.now()))
+    }
+
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         let now = self.inner.clock.now();
         let d = self.with_existing(&check.rule, check.algorithm, &check.key, |t, h| {
@@ -498,6 +520,33 @@ mod tests {
         }
         // Every shard swept at least once, and kept the states expired 100 ms ago.
         assert_eq!(store.len(), 40_000);
+    }
+
+    /// A charged rule's probe (cost 0) is decided and takes nothing, alone or beside a
+    /// rule that takes; a charge takes its units whatever the decision.
+    #[test]
+    fn a_probe_takes_nothing_and_a_charge_takes_past_the_limit() {
+        let store = MemoryStore::new();
+        for a in Algorithm::ALL {
+            let mut probe = check("tokens", "k", a, Quota::per_minute(3));
+            probe.params.cost = 0;
+            let other = check("requests", "k", a, Quota::per_minute(3));
+            for _ in 0..5 {
+                assert!(store.check_at(std::slice::from_ref(&probe), T0).unwrap()[0].taken.is_none(), "{a}");
+                let both = store.check_at(&[probe.clone(), other.clone()], T0).unwrap();
+                assert!(both[0].taken.is_none(), "{a}");
+            }
+            let left = |c: &Check| {
+                let mut one = c.clone();
+                one.params.cost = 1;
+                store.check_at(std::slice::from_ref(&one), T0).unwrap()[0].decision.allowed
+            };
+            assert!(left(&probe), "{a}: five probes took nothing");
+            let mut charge = probe.clone();
+            charge.params.cost = 7;
+            store.charge_at(std::slice::from_ref(&charge), T0).unwrap();
+            assert!(!store.check_at(std::slice::from_ref(&probe), T0).unwrap()[0].decision.allowed, "{a}: in debt");
+        }
     }
 
     #[test]

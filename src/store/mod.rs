@@ -102,6 +102,18 @@ pub trait Store: Send + Sync + 'static {
     /// the window (see [`State::refund`](crate::algorithm::State::refund)).
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Takes each check's cost whatever it would decide: units reported after the work
+    /// was done (a response's [`Charge`](crate::Charge), for `Rule::charged` rules). The
+    /// key may go into debt, and is then rejected until the debt is paid (see
+    /// [`State::force`](crate::algorithm::State::force)). Checks of cost 0 take nothing.
+    ///
+    /// The default refuses with [`StoreError::Invalid`]: a store that cannot take charges
+    /// says so, and the failed charge is logged and counted.
+    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let rule = charges.first().map(|c| c.rule.to_string()).unwrap_or_default();
+        std::future::ready(Err(StoreError::Invalid(format!("this store takes no charges (rule {rule:?})"))))
+    }
+
     /// What `check` would decide now, without consuming anything (support tooling).
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
@@ -147,6 +159,9 @@ impl<S: Store> Store for Arc<S> {
     }
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).refund(refunds)
+    }
+    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).charge(charges)
     }
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).peek(check)

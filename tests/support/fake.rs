@@ -89,6 +89,11 @@ impl Store for Remote {
         self.inner.peek(check)
     }
 
+    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let (inner, charges) = (self.inner.clone(), charges.to_vec());
+        self.answer(async move { inner.charge(&charges).await })
+    }
+
     fn reset(
         &self,
         rule: &str,

@@ -8,7 +8,7 @@ use futures_util::future::join_all;
 
 use super::conn::{self, Link, Timeouts};
 use super::origin::Origin;
-use super::script::{parse_check, script_cmd, validate, Reply, Script, MODE_CHECK, MODE_PEEK, SCRIPTS};
+use super::script::{parse_check, script_cmd, validate, Reply, Script, MODE_CHECK, MODE_FORCE, MODE_PEEK, SCRIPTS};
 use super::{keys, security};
 use crate::clock::SharedClock;
 use crate::key::Key;
@@ -190,6 +190,30 @@ impl Inner {
             result?;
         }
         Ok(())
+    }
+
+    /// Charges: one forced call per slot (standalone: one), each slot on its own — a
+    /// charge is no decision, so there is nothing to roll back when another slot fails.
+    pub(super) async fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
+        let charges: Vec<&Check> = charges.iter().filter(|c| c.params.cost > 0).collect();
+        if charges.is_empty() {
+            return Ok(());
+        }
+        let groups = self.groups(charges.iter().map(|c| &c.key));
+        let calls = groups.iter().map(|g| {
+            let group: Vec<&Check> = g.iter().map(|&i| charges[i]).collect();
+            async move {
+                let reply = self.eval(&SCRIPTS.multi, &group, &[], MODE_FORCE, None).await?;
+                parse_check(&reply, &group, MODE_FORCE).map(drop)
+            }
+        });
+        let mut first_error = None;
+        for result in join_all(calls).await {
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     pub(super) async fn peek(&self, check: &Check) -> Result<Decision, StoreError> {

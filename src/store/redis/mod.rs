@@ -401,6 +401,10 @@ impl Store for RedisStore {
         self.inner.refund(refunds)
     }
 
+    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.charge(charges)
+    }
+
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.inner.peek(check)
     }

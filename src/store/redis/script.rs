@@ -93,7 +93,8 @@ impl Scripts {
     pub(crate) fn check_for(&self, checks: &[&Check]) -> &Script {
         match checks {
             // The straight-line scripts know nothing of blocks.
-            [one] if one.params.block_us == 0 => &self.single[index(one.algorithm)],
+            // Nor of probes (cost 0), which are decided and never written.
+            [one] if one.params.block_us == 0 && one.params.cost > 0 => &self.single[index(one.algorithm)],
             _ => &self.multi,
         }
     }
@@ -114,6 +115,8 @@ fn index(algorithm: Algorithm) -> usize {
 pub(crate) const MODE_CHECK: &str = "c";
 /// Script mode: decide only, never write.
 pub(crate) const MODE_PEEK: &str = "p";
+/// Script mode: every rule takes its cost whatever it decides (charges).
+pub(crate) const MODE_FORCE: &str = "f";
 
 /// Every number a script handles must stay exact in a Lua double.
 const EXACT: u128 = 1 << 52;
@@ -263,7 +266,7 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Resul
                 if d.allowed { "accepts" } else { "rejects" },
             )));
         }
-        let taken = committed.then(|| Taken {
+        let taken = (committed && p.cost > 0).then(|| Taken {
             at: match check.algorithm {
                 Algorithm::LeakyBucket => f1.max(now),
                 Algorithm::SlidingWindowLog => f3.max(now),

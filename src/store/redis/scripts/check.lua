@@ -1,13 +1,18 @@
 -- Main of the check scripts: decides every rule, commits only if every rule accepts (and
 -- the mode is 'c'), and returns what it read so that Rust decides with the same pure
 -- functions: { now, all accepted (1/0), then per rule: accepted (1/0), f1, f2, f3, the end
--- of its block (0: none) }.
+-- of its block (0: none) }. A rule of cost 0 is a probe (a charged rule's admission):
+-- decided, never written.
+--
+-- Mode 'f' (charges reported after a response, Rule::charged): every rule takes its cost
+-- whatever it decides (State::force: the key may go into debt); no block is started.
 --
 -- Blocks (Rule::block_for, src/algorithm/mod.rs `blocking`): a rule whose block has not
 -- ended refuses without deciding; a rejection by the rule's algorithm starts a block, the
 -- one write a rejection makes (a rejection during a block does not extend it).
 local now = read_now(ARGV[1])
 local commit = ARGV[2] == 'c'
+local force = ARGV[2] == 'f'
 local n = (#ARGV - 2) / 8
 local out = { now, 1 }
 local states, ps, oks = {}, {}, {}
@@ -45,15 +50,17 @@ if commit then
     end
   end
 end
-if all and commit then
+if (all and commit) or force then
   local written = {}
   for i = 1, n do
     local a, s = ALG[ps[i].alg], states[i]
     -- Rust refuses a check list naming one state twice (store::distinct); should a key
     -- come twice anyway, commit on top of the first commit rather than over it.
     if written[KEYS[i]] then s = a.read(KEYS[i], ps[i], now) or a.default() end
-    a.commit(KEYS[i], s, ps[i], now)
-    written[KEYS[i]] = true
+    if ps[i].c > 0 then
+      if force and a.force then a.force(KEYS[i], s, ps[i], now) else a.commit(KEYS[i], s, ps[i], now) end
+      written[KEYS[i]] = true
+    end
   end
 end
 out[2] = all and 1 or 0

@@ -13,7 +13,7 @@ end
 -- accept iff c <= B + 1, the last unit waits at most B·T, and the delay <= max delay
 function ALG.lb.decide(s, p, now)
   local delay = max(s[1], now) - now
-  return p.c <= p.B + 1 and delay + (p.c - 1) * p.T <= p.B * p.T and delay <= p.md
+  return p.c <= p.B + 1 and delay + max(p.c - 1, 0) * p.T <= p.B * p.T and delay <= p.md
 end
 
 function ALG.lb.fields(s)

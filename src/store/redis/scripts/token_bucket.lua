@@ -14,9 +14,14 @@ function ALG.tb.default()
   return { 0, 0, fresh = true }
 end
 
--- accept iff c <= B and the level holds c·T
+-- In debt (charged past empty, TokenBucket::force): empty, `last` in the future.
+local function tb_in_debt(s, now)
+  return s[1] == 0 and s[2] > now
+end
+
+-- accept iff c <= B, the level holds c·T, and the bucket is not in debt
 function ALG.tb.decide(s, p, now)
-  return p.c <= p.B and tb_level_at(s, p.B * p.T, now) >= p.c * p.T
+  return p.c <= p.B and tb_level_at(s, p.B * p.T, now) >= p.c * p.T and not tb_in_debt(s, now)
 end
 
 function ALG.tb.fields(s)
@@ -33,6 +38,23 @@ function ALG.tb.commit(key, s, p, now)
   local capacity = p.B * p.T
   local level = tb_level_at(s, capacity, now) - p.c * p.T
   tb_put(key, s.fresh, level, max(s[2], now), capacity, now)
+end
+
+-- Takes c tokens whatever the level (a charge): past empty, `last` moves forward by the
+-- missing refill time (TokenBucket::force).
+function ALG.tb.force(key, s, p, now)
+  local capacity = p.B * p.T
+  local need = p.c * p.T
+  local level = 0
+  if not tb_in_debt(s, now) then level = tb_level_at(s, capacity, now) end
+  local last = max(s[2], now)
+  if level >= need then
+    level = level - need
+  else
+    last = last + (need - level)
+    level = 0
+  end
+  tb_put(key, s.fresh, level, last, capacity, now)
 end
 
 -- p.at: when the commit was made (token_bucket.rs): give back what it still holds back,
