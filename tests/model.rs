@@ -97,8 +97,18 @@ impl<S: Store + Clone> Recorder<S> {
         self.attempts.load(Ordering::SeqCst)
     }
 
-    fn checked(&self, checks: Vec<Check>) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
+    /// Calls the inner store as the mode says (failing, hanging, up), and logs `event` of
+    /// what it answered, with the store time and sequence number taken as the call starts
+    /// (one connection runs calls in that order).
+    fn recorded<T, Fut>(
+        &self,
+        call: impl FnOnce(S) -> Fut + Send + 'static,
+        event: impl FnOnce(u64, usize, &T) -> Event + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send
+    where
+        T: Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send,
+    {
         let mode = *self.mode.lock().unwrap();
         let (inner, clock, log, seq) = (self.inner.clone(), self.clock.clone(), self.log.clone(), self.seq.clone());
         async move {
@@ -109,16 +119,26 @@ impl<S: Store + Clone> Recorder<S> {
             }
             let now = clock.now_micros();
             let seq = seq.fetch_add(1, Ordering::SeqCst);
-            let outcomes = inner.check(&checks).await?;
-            log.lock().unwrap().push(Event::Check { now, seq, checks, outcomes: outcomes.clone() });
-            Ok(outcomes)
+            let answer = call(inner).await?;
+            log.lock().unwrap().push(event(now, seq, &answer));
+            Ok(answer)
         }
     }
 }
 
 impl<S: Store + Clone> Store for Recorder<S> {
     fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
-        self.checked(checks.to_vec())
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        let (asked, logged) = (checks.to_vec(), checks.to_vec());
+        self.recorded(
+            move |inner| async move { inner.check(&asked).await },
+            move |now, seq, outcomes: &Vec<Option<Outcome>>| Event::Check {
+                now,
+                seq,
+                checks: logged,
+                outcomes: outcomes.clone(),
+            },
+        )
     }
 
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
@@ -128,21 +148,11 @@ impl<S: Store + Clone> Store for Recorder<S> {
     }
 
     fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let mode = *self.mode.lock().unwrap();
-        let (inner, clock, log, checks) = (self.inner.clone(), self.clock.clone(), self.log.clone(), charges.to_vec());
-        let seq = self.seq.clone();
-        async move {
-            match mode {
-                Mode::Failing => return Err(StoreError::Unavailable("down".into())),
-                Mode::Hanging => std::future::pending::<()>().await,
-                Mode::Up => {}
-            }
-            let now = clock.now_micros();
-            let seq = seq.fetch_add(1, Ordering::SeqCst);
-            inner.charge(&checks).await?;
-            log.lock().unwrap().push(Event::Charge { now, seq, checks });
-            Ok(())
-        }
+        let (asked, logged) = (charges.to_vec(), charges.to_vec());
+        self.recorded(
+            move |inner| async move { inner.charge(&asked).await },
+            move |now, seq, (): &()| Event::Charge { now, seq, checks: logged },
+        )
     }
 
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {

@@ -104,13 +104,18 @@ impl<I: ?Sized> Draft<I> {
             ),
             None => None,
         };
+        Ok(self.into_set(cost, claim))
+    }
+
+    /// The set, with a new generation: `cost` for the rules that have none.
+    fn into_set(self, cost: Option<&Shared<I, u64>>, claim: Option<Arc<Claim>>) -> RuleSet<I> {
         let mut rules = self.rules;
         if let Some(cost) = cost {
             for r in &mut rules {
                 r.cost.get_or_insert_with(|| cost.clone());
             }
         }
-        Ok(RuleSet {
+        RuleSet {
             names: rules.iter().map(Rule::public_name_or_name).collect(),
             rules: rules.into(),
             algorithm: self.algorithm,
@@ -119,7 +124,7 @@ impl<I: ?Sized> Draft<I> {
             headers: self.headers,
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
             claim,
-        })
+        }
     }
 }
 
@@ -165,23 +170,7 @@ impl<I: ?Sized> Rules<I> {
         let set = self.load();
         let mut draft = Draft::of(&set);
         f(&mut draft, &mut self.cost);
-        let names = draft.rules.iter().map(Rule::public_name_or_name).collect();
-        let mut rules = draft.rules;
-        if let Some(cost) = &self.cost {
-            for r in &mut rules {
-                r.cost.get_or_insert_with(|| cost.clone());
-            }
-        }
-        self.current.store(Arc::new(RuleSet {
-            rules: rules.into(),
-            names,
-            algorithm: draft.algorithm,
-            fail_mode: draft.fail_mode,
-            deadline: draft.deadline,
-            headers: draft.headers,
-            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
-            claim: set.claim.clone(),
-        }));
+        self.current.store(Arc::new(draft.into_set(self.cost.as_ref(), set.claim.clone())));
     }
 
     /// Replaces the set with what `f` makes of the current one; on an error the current
@@ -192,8 +181,8 @@ impl<I: ?Sized> Rules<I> {
         let mut draft = Draft::of(&set);
         f(&mut draft)?;
         let next = draft.check(self.store, self.owner, self.cost.as_ref())?;
+        tracing::info!(rules = ?next.rules.iter().map(|r| (r.name(), r.quota())).collect::<Vec<_>>(), "tollgate: rules swapped");
         self.current.store(Arc::new(next));
-        tracing::info!(rules = ?self.load().rules.iter().map(|r| (r.name(), r.quota())).collect::<Vec<_>>(), "tollgate: rules swapped");
         Ok(())
     }
 }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use deadpool_redis::redis::{self, ErrorKind, RedisError, ServerErrorKind, Value};
-use futures_util::future::join_all;
 
 use super::conn::{self, Link, Timeouts};
 use super::origin::Origin;
@@ -164,56 +163,24 @@ impl Inner {
         reply.outcomes.into_iter().next().flatten().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))
     }
 
-    pub(super) async fn check(self: &Arc<Self>, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
-        if checks.is_empty() {
-            return Ok(Vec::new());
-        }
-        crate::store::distinct(checks)?;
-        let groups = self.groups(checks.iter().map(|c| &c.key));
-        if let [_] = groups.as_slice() {
-            let all: Vec<&Check> = checks.iter().collect();
-            return Ok(self.run_check(&all, MODE_CHECK).await?.outcomes.into_vec());
-        }
-        super::cluster::check_slots(self.clone(), checks, groups).await
-    }
-
     pub(super) async fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
-        if refunds.is_empty() {
-            return Ok(());
-        }
-        let groups = self.groups(refunds.iter().map(|r| &r.check.key));
-        let calls = groups.iter().map(|g| {
-            let group: Vec<&Refund> = g.iter().map(|&i| &refunds[i]).collect();
-            async move { self.run_refund(&group).await }
-        });
-        for result in join_all(calls).await {
-            result?;
-        }
-        Ok(())
+        let refunds: Vec<&Refund> = refunds.iter().collect();
+        self.per_slot(&refunds, |r| &r.check.key, |group| async move { self.run_refund(&group).await }).await
     }
 
     /// Charges: one forced call per slot (standalone: one), each slot on its own — a
     /// charge is no decision, so there is nothing to roll back when another slot fails.
     pub(super) async fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
         let charges: Vec<&Check> = charges.iter().filter(|c| c.params.cost > 0).collect();
-        if charges.is_empty() {
-            return Ok(());
-        }
-        let groups = self.groups(charges.iter().map(|c| &c.key));
-        let calls = groups.iter().map(|g| {
-            let group: Vec<&Check> = g.iter().map(|&i| charges[i]).collect();
-            async move {
+        self.per_slot(
+            &charges,
+            |c| &c.key,
+            |group| async move {
                 let reply = self.eval(&SCRIPTS.multi, &group, &[], MODE_FORCE, None).await?;
                 parse_check(&reply, &group, MODE_FORCE).map(drop)
-            }
-        });
-        let mut first_error = None;
-        for result in join_all(calls).await {
-            if let Err(e) = result {
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+            },
+        )
+        .await
     }
 
     pub(super) async fn peek(&self, check: &Check) -> Result<Decision, StoreError> {

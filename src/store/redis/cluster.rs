@@ -35,6 +35,41 @@ use crate::StoreError;
 const LATE_SLOT_GRACE: Duration = Duration::from_millis(5);
 
 impl Inner {
+    /// Decides `checks`: in one script call when they share a slot (or the server is
+    /// standalone), else per slot with [`check_slots`].
+    pub(super) async fn check(self: &Arc<Self>, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        crate::store::distinct(checks)?;
+        let groups = self.groups(checks.iter().map(|c| &c.key));
+        if let [_] = groups.as_slice() {
+            let all: Vec<&Check> = checks.iter().collect();
+            return Ok(self.run_check(&all, MODE_CHECK).await?.outcomes.into_vec());
+        }
+        check_slots(self.clone(), checks, groups).await
+    }
+
+    /// Runs `call` on each slot's group of `items` (one group on a standalone server), all
+    /// at once, each group on its own (refunds and charges have nothing to roll back): the
+    /// first error once every group has answered.
+    pub(super) async fn per_slot<'a, T, Fut>(
+        &self,
+        items: &[&'a T],
+        key: impl Fn(&T) -> &Key,
+        call: impl Fn(Vec<&'a T>) -> Fut,
+    ) -> Result<(), StoreError>
+    where
+        Fut: std::future::Future<Output = Result<(), StoreError>>,
+    {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let groups = self.groups(items.iter().map(|t| key(t)));
+        let calls = groups.iter().map(|g| call(g.iter().map(|&i| items[i]).collect()));
+        join_all(calls).await.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+    }
+
     /// Indexes of the checks (by their keys) grouped so that each group is one script
     /// call: everything at once on a standalone server, one group per slot on a cluster.
     pub(super) fn groups<'k>(&self, keys: impl Iterator<Item = &'k Key>) -> Vec<Vec<usize>> {
