@@ -383,6 +383,29 @@ async fn a_swapped_rule_set_is_not_answered_by_the_old_sets_cache() {
     assert_eq!(layer.peek("a", "ada").await.unwrap().map(|d| d.remaining), Some(0));
 }
 
+/// A refund after a swap also clears the rejection the new rules cached for the key: the
+/// store has the unit back, and the key must reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_after_a_swap_clears_the_new_rules_cached_rejection() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let redis =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2)).with_clock(clock.clone());
+    let limiter = tollgate::Limiter::builder(redis)
+        .add_rule(Rule::new("r", Quota::per_minute(1), |k: &str| Some(k.to_owned())).algorithm(Algorithm::FixedWindow))
+        .build()
+        .unwrap();
+    let handle = limiter.handle();
+    let first = limiter.check("k").await;
+    assert!(first.is_allowed());
+    handle.set_quota("r", Quota::per_minute(1)).unwrap(); // same quota, new rule set
+    assert!(limiter.check("k").await.is_rejected(), "cached under the new rules");
+    limiter.refund(first).await.unwrap();
+    let again = limiter.check("k").await;
+    assert!(again.is_allowed(), "{again:?}");
+    assert_eq!(again.decided_by(), Some(tollgate::DecidedBy::Store));
+}
+
 /// Each request is decided and answered under one rule set, while another task swaps
 /// the rules as fast as it can: every response's IETF policy (read with a real
 /// structured-field parser) is one set's, never a mix.

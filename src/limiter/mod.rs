@@ -241,9 +241,14 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     pub async fn refund(&self, verdict: Verdict) -> Result<(), StoreError> {
         let verdict = &verdict;
         // Units come back: a rejection this process remembers for these keys may no
-        // longer hold.
+        // longer hold — under the rules the verdict was decided by, and under the rules
+        // in force (a swap since may have cached one of its own for the same rule).
+        let current = self.rules.load();
         for (check, &rule) in verdict.checks.iter().zip(&verdict.rules) {
             self.runtime.cache.forget((verdict.generation, rule), &check.key);
+            if let Some((i, _)) = current.find(&check.rule) {
+                self.runtime.cache.forget(current.id(i), &check.key);
+            }
         }
         self.give_back(verdict, |_| true).run().await
     }
