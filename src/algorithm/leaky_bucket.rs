@@ -32,7 +32,10 @@ impl LeakyBucket {
             let queued = delay + c * t;
             let free = room.saturating_sub(queued);
             let mut d = Decision::allow(l, free / t, queued, next_unit(free, t));
-            d.delay = Duration::from_micros(delay);
+            // A probe (cost 0: a charged rule's admission) takes no slot: nothing to wait for.
+            if c > 0 {
+                d.delay = Duration::from_micros(delay);
+            }
             return d;
         }
         let retry = (c <= b + 1).then(|| {

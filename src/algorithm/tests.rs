@@ -528,6 +528,7 @@ fn a_charge_past_the_quota_is_a_debt_paid_exactly_at_its_retry() {
         }
         assert!(!s.decide(&probe, T0 + retry - 1).allowed, "{a}: one µs before the retry");
         assert!(s.decide(&probe, T0 + retry).allowed, "{a}: paid at the retry");
+        assert_eq!(s.decide(&probe, T0 + retry).delay, Duration::ZERO, "{a}: a probe takes no slot to wait for");
         // Charges add up: in debt again from where the first left off.
         s.force(&charge, T0 + retry);
         assert!(!s.decide(&probe, T0 + retry).allowed, "{a}");

@@ -195,9 +195,13 @@ impl<I: ?Sized> Rules<I> {
 ///
 /// A swap is atomic: each input is decided entirely under the rules before it or
 /// entirely under the rules after it. State in the store is named by rule, key and
-/// algorithm, so a rule that keeps its name and algorithm keeps its counts under a new
-/// quota (a key that used 80 of 100 has 20 left, or 120 after a raise to 200); a rule
-/// whose algorithm changes starts afresh, as a new rule does. A change that cannot be
+/// algorithm, so a rule that keeps its name and algorithm keeps its state under a new
+/// quota; a rule whose algorithm changes starts afresh, as a new rule does. The window
+/// algorithms keep counts of units: a key that used 80 a minute of 100 has 20 left, or
+/// 120 after a raise to 200. The token bucket, the leaky bucket and GCRA keep time (how
+/// far ahead the key's use has pushed it), which the new quota reads at its own rate: the
+/// 80 units' time is 160 units at 200 a minute, leaving 40 — the rate in use carries over,
+/// not the count. A change that cannot be
 /// built changes nothing and says why.
 ///
 /// ```
