@@ -337,6 +337,10 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(25 * SEC), one(0, 0), Peek(0, 1), Charge(0, 40), Peek(0, 0), Advance(61 * SEC)],
                 vec![Peek(0, 0), one(0, 0), Advance(2 * MIN), one(0, 0), Peek(0, 1), one(0, 1), Charge(1, 3)],
                 vec![Peek(1, 1), Charge(0, 0), Peek(0, 1)],
+                // Charges past any horizon: the debt stops at MAX_DEBT, whose numbers every
+                // store still computes exactly (no error, no overflow); charges add up to it.
+                vec![Charge(0, u64::MAX), Peek(0, 0), Charge(0, 1 << 45), Peek(0, 0), one(0, 0), Charge(1, 1 << 41)],
+                vec![Peek(1, 0), Advance(MIN), Charge(0, 3), Peek(0, 0)],
             ],
         ));
         let b = partner(a);

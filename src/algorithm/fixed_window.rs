@@ -52,6 +52,11 @@ impl FixedWindow {
         Decision::reject(l, l.saturating_sub(count), reset, retry)
     }
 
+    /// Units counted in the current window (a charge's room: [`super::MAX_DEBT`]).
+    pub(crate) fn in_use(&self, p: &Params, now: u64) -> u64 {
+        self.count_at(self.window_of(p.quota.period_micros(), now))
+    }
+
     /// Applies an accepted request; returns where its units went (`now`, whose window
     /// holds them; the stored window's start when the clock stepped back before it).
     pub fn commit(&mut self, p: &Params, now: u64) -> u64 {

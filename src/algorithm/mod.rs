@@ -146,6 +146,16 @@ pub fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decis
     (d, None)
 }
 
+/// The most units one check or charge counts (larger costs are taken as this): a cost
+/// above 2^32, the largest limit and burst, is rejected by every algorithm anyway, and
+/// the cap keeps `c·T` within what every store computes exactly.
+pub const MAX_COST: u64 = 1 << 40;
+
+/// How far a charge can put a key into debt: 2^46 µs (about 2.2 years) of the bucket
+/// algorithms' and GCRA's time ahead of now, or 2^46 units in a window. Charges beyond it
+/// take only what fits: every stored number stays exact (below 2^53) in every store.
+pub const MAX_DEBT: u64 = 1 << 46;
+
 /// Time until `free` µs of capacity, growing by one a µs, hold one more unit of `t` µs
 /// than now: the `refill_after` of the bucket algorithms and GCRA.
 pub(crate) fn next_unit(free: u64, t: u64) -> u64 {
@@ -228,7 +238,25 @@ impl State {
     /// GCRA and the leaky bucket push their time forward; the token bucket goes below
     /// empty (see [`token_bucket::TokenBucket::force`]). Later requests are rejected until
     /// the debt is paid, with a `retry_after` that says when.
+    ///
+    /// A charge takes at most [`MAX_COST`] units, and at most what keeps the debt within
+    /// [`MAX_DEBT`] (whole units: for the bucket algorithms and GCRA, whole emission
+    /// intervals).
     pub fn force(&mut self, p: &Params, now: u64) {
+        let t = p.quota.emission_interval_micros();
+        let room = match self {
+            State::FixedWindow(s) => MAX_DEBT.saturating_sub(s.in_use(p, now)),
+            State::SlidingWindowLog(s) => MAX_DEBT.saturating_sub(s.in_use(p, now)),
+            State::SlidingWindowCounter(s) => MAX_DEBT.saturating_sub(s.in_use(p, now)),
+            State::TokenBucket(s) => (now + MAX_DEBT).saturating_sub(s.ahead(p, now)) / t,
+            State::LeakyBucket(s) => (now + MAX_DEBT).saturating_sub(s.next.max(now)) / t,
+            State::Gcra(s) => (now + MAX_DEBT).saturating_sub(s.tat.max(now)) / t,
+        };
+        let cost = p.cost.min(MAX_COST).min(room);
+        if cost == 0 {
+            return;
+        }
+        let p = &Params { cost, ..*p };
         match self {
             State::TokenBucket(s) => s.force(p, now),
             other => {

@@ -83,6 +83,12 @@ impl SlidingWindowCounter {
         Decision::reject(l, remaining(est), reset, retry)
     }
 
+    /// Units counted in the current window (a charge's room: [`super::MAX_DEBT`]).
+    pub(crate) fn in_use(&self, p: &Params, now: u64) -> u64 {
+        let (w, _) = self.window_of(p.quota.period_micros(), now);
+        self.counts_at(w).1
+    }
+
     /// Applies an accepted request; returns `now` (whose window holds its units; the
     /// stored window's start when the clock stepped back before it).
     pub fn commit(&mut self, p: &Params, now: u64) -> u64 {

@@ -128,6 +128,11 @@ impl SlidingWindowLog {
         self.summary(p, now).decide(p, now)
     }
 
+    /// Units in the window (a charge's room: [`super::MAX_DEBT`]).
+    pub(crate) fn in_use(&self, p: &Params, now: u64) -> u64 {
+        self.total - self.expired(p, now).1
+    }
+
     /// Applies an accepted request: drops expired entries, records the units at `now`.
     /// Returns the timestamp they were recorded under (`now`, or the newest entry's when
     /// the clock stepped back).

@@ -535,6 +535,26 @@ fn a_charge_past_the_quota_is_a_debt_paid_exactly_at_its_retry() {
     }
 }
 
+/// Charges of any size: no overflow, the debt stops at `MAX_DEBT` (time ahead, or units
+/// in a window), however many such charges come.
+#[test]
+fn a_charge_of_any_size_stops_at_the_debt_horizon() {
+    for q in [Quota::per_day(10), Quota::per_second(1_000_000), Quota::per_minute(7).burst(3)] {
+        let probe = Params { cost: 0, ..unbounded(q) };
+        for a in Algorithm::ALL {
+            let mut s = State::new(a);
+            for units in [u64::MAX, 1 << 45, u64::MAX] {
+                s.force(&Params { cost: units, ..unbounded(q) }, T0);
+            }
+            let d = s.decide(&probe, T0);
+            assert!(!d.allowed, "{a} {q}");
+            let retry = u64::try_from(d.retry_after.expect("a debt ends").as_micros()).unwrap();
+            assert!(retry <= MAX_DEBT + 2 * q.period_micros(), "{a} {q}: {retry} µs");
+            assert!(s.expires_at(&probe) < 1 << 53, "{a} {q}: exact in Lua");
+        }
+    }
+}
+
 proptest! {
     /// Whatever is charged, whenever: a probe never panics, and a rejected probe's retry
     /// is when it is admitted (not later, and not a µs earlier).

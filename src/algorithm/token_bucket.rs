@@ -50,6 +50,14 @@ impl TokenBucket {
         }
     }
 
+    /// How far ahead of `now` the bucket's use reaches, as GCRA's TAT: `last` plus the
+    /// time to refill to full (a charge's room: [`super::MAX_DEBT`]).
+    pub(crate) fn ahead(&self, p: &Params, now: u64) -> u64 {
+        let capacity = p.quota.burst_size() * p.quota.emission_interval_micros();
+        let level = if self.debt(now) > 0 { 0 } else { self.level_at(capacity, now) };
+        self.last.max(now) + (capacity - level)
+    }
+
     /// Takes `c` tokens whatever the level (a charge reported after the response): past
     /// empty, the bucket goes into debt by moving `last` forward by the missing refill
     /// time, so that it refills from then on — time pushed forward, as GCRA's TAT is.

@@ -120,10 +120,9 @@ pub(crate) const MODE_FORCE: &str = "f";
 
 /// Every number a script handles must stay exact in a Lua double.
 const EXACT: u128 = 1 << 52;
-/// Costs are capped at this before they reach Lua: any cost above 2^32 (the largest
-/// limit and burst) is rejected by every algorithm and refunds saturate, so the cap
-/// changes no outcome and keeps `c·T` finite and ordered.
-const MAX_COST: u64 = 1 << 40;
+/// Costs are capped at this before they reach Lua (see [`crate::algorithm::MAX_COST`]:
+/// `State::force` caps charges alike).
+use crate::algorithm::MAX_COST;
 
 /// Checks that Lua can compute `check`'s quota exactly.
 ///

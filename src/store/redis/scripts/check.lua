@@ -57,6 +57,8 @@ if (all and commit) or force then
     -- Rust refuses a check list naming one state twice (store::distinct); should a key
     -- come twice anyway, commit on top of the first commit rather than over it.
     if written[KEYS[i]] then s = a.read(KEYS[i], ps[i], now) or a.default() end
+    -- A charge takes at most what keeps the debt within MAX_DEBT (State::force).
+    if force then ps[i].c = min(ps[i].c, a.room(s, ps[i], now)) end
     if ps[i].c > 0 then
       if force and a.force then a.force(KEYS[i], s, ps[i], now) else a.commit(KEYS[i], s, ps[i], now) end
       written[KEYS[i]] = true

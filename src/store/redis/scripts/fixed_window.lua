@@ -31,6 +31,10 @@ function ALG.fw.fields(s)
   return s[1], s[2], 0
 end
 
+function ALG.fw.room(s, p, now)
+  return max(MAX_DEBT - fw_count_at(s, fw_window(s, p, now)), 0)
+end
+
 function ALG.fw.commit(key, s, p, now)
   local w = fw_window(s, p, now)
   local count = fw_count_at(s, w) + p.c

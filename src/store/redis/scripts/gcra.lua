@@ -26,6 +26,10 @@ function ALG.gcra.fields(s)
   return s[1], s[2], 0
 end
 
+function ALG.gcra.room(s, p, now)
+  return floordiv(max(now + MAX_DEBT - max(s[1], now), 0), p.T)
+end
+
 function ALG.gcra.commit(key, s, p, now)
   local tat = max(s[1], now) + p.c * p.T
   gcra_put(key, put, tat, max(s[2], now), now)

@@ -20,6 +20,10 @@ function ALG.lb.fields(s)
   return s[1], 0, 0
 end
 
+function ALG.lb.room(s, p, now)
+  return floordiv(max(now + MAX_DEBT - max(s[1], now), 0), p.T)
+end
+
 function ALG.lb.commit(key, s, p, now)
   local next = max(s[1], now) + p.c * p.T
   put(key, fmt(next), next, now)

@@ -17,6 +17,11 @@
 
 local ALG = {}
 
+-- How far a charge can put a key into debt (src/algorithm/mod.rs MAX_DEBT): 2^46 µs of
+-- time ahead of now, or 2^46 units in a window. Each algorithm's `room` says how many
+-- units a charge may still take.
+local MAX_DEBT = 70368744177664
+
 local function fmt(x)
   return string.format('%.0f', x)
 end

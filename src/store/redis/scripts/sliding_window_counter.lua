@@ -40,6 +40,11 @@ function ALG.swc.fields(s)
   return s[1], s[2], s[3]
 end
 
+function ALG.swc.room(s, p, now)
+  local _, curr = swc_counts_at(s, swc_window(s, p, now))
+  return max(MAX_DEBT - curr, 0)
+end
+
 function ALG.swc.commit(key, s, p, now)
   local w = swc_window(s, p, now)
   local prev, curr = swc_counts_at(s, w)

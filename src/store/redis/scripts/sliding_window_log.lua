@@ -88,6 +88,10 @@ function ALG.swl.default()
   return { 0, 0, 0, 0, 0, 0, fresh = true }
 end
 
+function ALG.swl.room(s, p, now)
+  return max(MAX_DEBT - s[1], 0)
+end
+
 -- accept iff units in the window + c <= L
 function ALG.swl.decide(s, p, now)
   return s[1] + p.c <= p.L

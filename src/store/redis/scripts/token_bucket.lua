@@ -40,6 +40,15 @@ function ALG.tb.commit(key, s, p, now)
   tb_put(key, s.fresh, level, max(s[2], now), capacity, now)
 end
 
+-- As far ahead as GCRA's TAT: `last` plus the time to refill to full (TokenBucket::ahead).
+function ALG.tb.room(s, p, now)
+  local capacity = p.B * p.T
+  local level = 0
+  if not tb_in_debt(s, now) then level = tb_level_at(s, capacity, now) end
+  local ahead = max(s[2], now) + (capacity - level)
+  return floordiv(max(now + MAX_DEBT - ahead, 0), p.T)
+end
+
 -- Takes c tokens whatever the level (a charge): past empty, `last` moves forward by the
 -- missing refill time (TokenBucket::force).
 function ALG.tb.force(key, s, p, now)
