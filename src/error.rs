@@ -67,6 +67,18 @@ pub enum StoreError {
     /// The store could not be reached or the connection broke.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The store has no connection now (one is being made in the background) and failed
+    /// at once, without waiting or sending anything. The circuit breaker does not count
+    /// it — there is no wait to spare — so limiting resumes as soon as the connection is
+    /// back (a failover, a restart), not a cool-down later.
+    #[error("store not connected: {0}")]
+    NotConnected(String),
+    /// One node of a clustered store failed (did not answer in time, or its connection
+    /// broke) while the store's other nodes answer: the keys it serves are undecided,
+    /// the others are not affected. The circuit breaker does not count it, so that one
+    /// failed node does not stop the calls to the healthy ones.
+    #[error("store node unavailable: {0}")]
+    NodeUnavailable(String),
     /// Too many store calls were already in flight; this one was not queued.
     #[error("store overloaded: {0} calls already in flight")]
     Overloaded(usize),

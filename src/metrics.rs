@@ -35,6 +35,8 @@ pub(crate) fn store_error(err: &StoreError) {
         let kind = match err {
             StoreError::Timeout(_) => "timeout",
             StoreError::Unavailable(_) => "unavailable",
+            StoreError::NodeUnavailable(_) => "node_unavailable",
+            StoreError::NotConnected(_) => "not_connected",
             StoreError::Overloaded(_) => "overloaded",
             StoreError::CircuitOpen(_) => "circuit_open",
             StoreError::Full(_) => "full",

@@ -150,14 +150,14 @@ async fn unreachable_server_is_a_quick_store_error_not_a_build_error() {
     let c = check("u", "k", Algorithm::Gcra, Quota::per_second(10));
     let started = Instant::now();
     let err = store.check(std::slice::from_ref(&c)).await.unwrap_err();
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(matches!(err, StoreError::NotConnected(_)), "{err:?}");
     assert!(err.to_string().contains(&format!("127.0.0.1:{port}")), "the message names the server: {err}");
     // At most the first-connection wait (the response timeout, 100 ms).
     assert!(started.elapsed() < Duration::from_millis(400), "first check took {:?}", started.elapsed());
     // Later requests fail at once: no request waits for a reconnect.
     let started = Instant::now();
     for _ in 0..100 {
-        assert!(matches!(store.check(std::slice::from_ref(&c)).await, Err(StoreError::Unavailable(_))));
+        assert!(matches!(store.check(std::slice::from_ref(&c)).await, Err(StoreError::NotConnected(_))));
         assert!(store.peek(&c).await.is_err());
     }
     assert!(started.elapsed() < Duration::from_millis(100), "100 checks took {:?}", started.elapsed());

@@ -41,6 +41,15 @@ impl Permit<'_> {
         self.breaker.success(self.probe);
     }
 
+    /// A call that failed without costing a wait: not counted, but a probe that finds the
+    /// store still without a connection keeps the circuit open.
+    pub(crate) fn neutral(mut self, now_us: u64) {
+        if self.probe {
+            return self.failure(now_us);
+        }
+        self.settled = true;
+    }
+
     pub(crate) fn failure(mut self, now_us: u64) {
         self.settled = true;
         self.breaker.failure(self.probe, now_us);
@@ -147,5 +156,23 @@ mod tests {
         // A plain call dropped unreported changes nothing.
         drop(b.admit(1_000_003).unwrap());
         assert!(b.admit(1_000_004).is_ok_and(|p| !p.probe));
+    }
+
+    #[test]
+    fn calls_that_fail_at_once_neither_open_nor_close_the_circuit() {
+        let b = Breaker::new(2, Duration::from_secs(1));
+        // Any number of them between two failures: the count goes on, the circuit stays closed.
+        b.admit(0).unwrap().failure(0);
+        for _ in 0..100 {
+            b.admit(0).unwrap().neutral(0);
+        }
+        assert!(b.admit(0).is_ok_and(|p| !p.probe));
+        b.admit(0).unwrap().failure(0);
+        assert!(b.admit(1).is_err(), "two failures open it");
+        // A probe that finds the store still not connected keeps it open a cool-down more.
+        probe(&b, 1_000_000).expect("the probe").neutral(1_000_000);
+        assert_eq!(b.admit(1_500_000).err(), Some(Duration::from_millis(500)));
+        probe(&b, 2_000_000).expect("the next probe").success();
+        assert!(b.admit(2_000_001).is_ok_and(|p| !p.probe));
     }
 }

@@ -113,7 +113,10 @@ impl Runtime {
         };
         crate::metrics::store_latency(started.elapsed());
         match &r {
-            Ok(_) => permit.success(),
+            // The store answers, on its other nodes: nothing for the breaker to stop.
+            Ok(_) | Err(StoreError::NodeUnavailable(_)) => permit.success(),
+            // Failed at once: nothing for the breaker to spare.
+            Err(StoreError::NotConnected(_)) => permit.neutral(self.mono_us()),
             Err(_) => permit.failure(self.mono_us()),
         }
         r

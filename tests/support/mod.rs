@@ -3,6 +3,7 @@
 
 pub mod fake;
 pub mod redis;
+pub mod sentinel;
 
 #[cfg(test)] // the crate's own tests (the bench's load test includes this module too)
 /// The items of a structured-field list header (`RateLimit`, `RateLimit-Policy`), read

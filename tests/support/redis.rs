@@ -44,6 +44,8 @@ const CLUSTER_SLOTS: usize = 16384;
 const BUS_PORT_OFFSET: u16 = 10000;
 /// Lines of `redis.log` shown in panic messages.
 const LOG_TAIL_LINES: usize = 60;
+/// The configuration file of a server started with one, in its directory.
+const CONF_FILE: &str = "redis.conf";
 
 const SERVER_NOT_FOUND: &str = "redis-server not found on PATH: install it (apt-get install redis-server) \
      — tests that need Redis never skip";
@@ -79,6 +81,7 @@ pub struct RedisServer {
 pub struct RedisServerBuilder {
     args: Vec<String>,
     password: Option<String>,
+    conf: Option<String>,
 }
 
 impl RedisServerBuilder {
@@ -101,6 +104,19 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Starts the server with this configuration file (written into its directory as
+    /// `redis.conf`, writable: a sentinel rewrites its own).
+    pub fn conf(mut self, text: &str) -> Self {
+        self.conf = Some(text.to_owned());
+        self
+    }
+
+    /// A sentinel: `redis-server redis.conf --sentinel` (Debian's redis-tools has no
+    /// `redis-sentinel`), with `conf` as its configuration.
+    pub fn sentinel(self, conf: &str) -> Self {
+        self.conf(conf).arg("--sentinel")
+    }
+
     /// Spawns the server on a free port and waits until it answers `PING`.
     pub fn start(self) -> RedisServer {
         let mut args = self.args;
@@ -108,7 +124,7 @@ impl RedisServerBuilder {
             args.push("--requirepass".to_owned());
             args.push(password.clone());
         }
-        RedisServer::start_on_free_port(args)
+        RedisServer::start_on_free_port(args, self.conf)
     }
 }
 
@@ -123,6 +139,14 @@ impl RedisServer {
     /// picked up by [`RedisServer::cmd`] and [`RedisServer::url_with_auth`].
     pub fn start_with_args(args: &[&str]) -> RedisServer {
         Self::builder().args(args).start()
+    }
+
+    /// Runs `redis-cli` with a password of its own (a sentinel's, say).
+    pub fn cmd_with_password(&self, password: &str, args: &[&str]) -> String {
+        let mut command = Command::new(cli_binary());
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "--no-auth-warning", "-a", password]);
+        command.args(args);
+        run_with_timeout(command, CLI_TIMEOUT).map(|out| out.stdout.trim().to_owned()).unwrap_or_else(|e| e)
     }
 
     /// A builder for extra arguments and/or a password.
@@ -278,11 +302,11 @@ impl RedisServer {
     }
 
     /// Picks a free ephemeral port; retries with a new one on a bind race.
-    fn start_on_free_port(extra_args: Vec<String>) -> RedisServer {
+    fn start_on_free_port(extra_args: Vec<String>, conf: Option<String>) -> RedisServer {
         let mut last_failure = String::new();
         for _ in 0..BIND_ATTEMPTS {
             let port = free_port();
-            match Self::try_start_on(port, extra_args.clone(), false) {
+            match Self::try_start_with(port, extra_args.clone(), false, conf.as_deref()) {
                 Ok(server) => return server,
                 Err(StartError::AddrInUse(log)) => last_failure = log,
             }
@@ -295,7 +319,19 @@ impl RedisServer {
 
     /// Starts on exactly `port`; reports a bind failure so the caller can pick another.
     fn try_start_on(port: u16, extra_args: Vec<String>, reserve_bus_port: bool) -> Result<RedisServer, StartError> {
+        Self::try_start_with(port, extra_args, reserve_bus_port, None)
+    }
+
+    fn try_start_with(
+        port: u16,
+        extra_args: Vec<String>,
+        reserve_bus_port: bool,
+        conf: Option<&str>,
+    ) -> Result<RedisServer, StartError> {
         let dir = TempDir::new(port);
+        if let Some(conf) = conf {
+            fs::write(dir.0.join(CONF_FILE), conf).unwrap_or_else(|e| panic!("cannot write {CONF_FILE}: {e}"));
+        }
         let log_path = dir.0.join("redis.log");
         let password = requirepass_in(&extra_args);
         let process = spawn_and_wait(port, &extra_args, &dir.0, &log_path)?;
@@ -361,6 +397,10 @@ fn spawn_and_wait(port: u16, extra_args: &[String], dir: &Path, log_path: &Path)
     let log_err = log.try_clone().expect("clone log file handle");
 
     let mut command = Command::new(&binary);
+    // A configuration file must come first.
+    if dir.join(CONF_FILE).exists() {
+        command.arg(dir.join(CONF_FILE));
+    }
     command
         .arg("--port")
         .arg(port.to_string())
@@ -400,7 +440,8 @@ fn spawn_and_wait(port: u16, extra_args: &[String], dir: &Path, log_path: &Path)
                 log_path.display()
             );
         }
-        if read_from(log_path, log_offset).contains("Ready to accept connections") {
+        let log = read_from(log_path, log_offset);
+        if log.contains("Ready to accept connections") || log.contains("Sentinel ID is") {
             match resp_ping(port, Duration::from_millis(500)) {
                 Ok(reply) if reply == "+PONG" || reply.starts_with("-NOAUTH") => return Ok(process),
                 Ok(reply) => last_ping = format!("PING replied {reply:?}"),
@@ -461,10 +502,12 @@ fn requirepass_in(args: &[String]) -> Option<String> {
 // Cluster
 // ---------------------------------------------------------------------------
 
-/// A Redis Cluster of `masters` master nodes (no replicas), all slots assigned.
+/// A Redis Cluster of `masters` master nodes (with or without one replica each), all
+/// slots assigned.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    masters: usize,
 }
 
 impl RedisCluster {
@@ -472,29 +515,49 @@ impl RedisCluster {
     /// `redis-cli --cluster create`, and waits until every node reports
     /// `cluster_state:ok` and all nodes agree on the slot map.
     pub fn start(masters: usize) -> RedisCluster {
+        Self::start_with(masters, 0, 2000, true)
+    }
+
+    /// Like [`RedisCluster::start`], with one replica behind every master
+    /// (`--cluster-replicas 1`, `cluster-node-timeout` 1000 ms, diskless sync without
+    /// delay); returns once every replica reports `master_link_status:up`. With
+    /// `full_coverage` false (`cluster-require-full-coverage no`), the other masters keep
+    /// serving their slots while a failed master's are not served.
+    pub fn start_with_replicas(masters: usize, full_coverage: bool) -> RedisCluster {
+        let cluster = Self::start_with(masters, 1, CLUSTER_NODE_TIMEOUT_MS, full_coverage);
+        cluster.wait_replicas_up();
+        cluster
+    }
+
+    fn start_with(masters: usize, replicas: usize, node_timeout_ms: u64, full_coverage: bool) -> RedisCluster {
         assert!(masters >= 3, "redis-cli --cluster create needs at least 3 masters, got {masters}");
-        let mut nodes: Vec<RedisServer> = Vec::with_capacity(masters);
+        let total = masters * (1 + replicas);
+        let mut nodes: Vec<RedisServer> = Vec::with_capacity(total);
         let mut failures = 0;
-        while nodes.len() < masters {
+        while nodes.len() < total {
             let port = free_cluster_port();
-            let args = cluster_node_args(port);
+            let mut args = cluster_node_args(port, node_timeout_ms);
+            args.extend([
+                "--cluster-require-full-coverage".to_owned(),
+                if full_coverage { "yes" } else { "no" }.to_owned(),
+            ]);
             match RedisServer::try_start_on(port, args, true) {
                 Ok(node) => nodes.push(node),
                 Err(StartError::AddrInUse(log)) => {
                     failures += 1;
                     assert!(
-                        failures < BIND_ATTEMPTS * masters,
+                        failures < BIND_ATTEMPTS * total,
                         "cluster nodes keep failing to bind\n--- last redis.log (tail) ---\n{log}"
                     );
                 }
             }
         }
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster { nodes, masters };
 
         let mut command = Command::new(cli_binary());
         command.args(["--cluster", "create"]);
         command.args(cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
-        command.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        command.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
         let shown = format!("{command:?}");
         match run_with_timeout(command, CLUSTER_TIMEOUT) {
             Ok(out) if out.status.success() => {}
@@ -509,6 +572,32 @@ impl RedisCluster {
         }
         cluster.wait_ok();
         cluster
+    }
+
+    /// Waits (30 s at most) until every replica reports `master_link_status:up`.
+    pub fn wait_replicas_up(&self) {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        for node in &self.nodes {
+            loop {
+                let info = node.cli(false, &["INFO", "replication"], PROBE_TIMEOUT).unwrap_or_default();
+                if info_field(&info, "role") == Some("master") || info_field(&info, "master_link_status") == Some("up")
+                {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "replica {} not in sync: {info}\n{}", node.port, self.diagnostics());
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The node that serves `slot` now as the first live node that answers sees it
+    /// (`CLUSTER NODES`; `None` while no master that is not failed serves it).
+    pub fn owner_of(&self, slot: u16) -> Option<usize> {
+        let port = self.nodes.iter().filter(|n| n.is_running()).find_map(|n| {
+            let raw = n.cli(false, &["CLUSTER", "NODES"], PROBE_TIMEOUT).ok()?;
+            Some(slot_owner(&raw, slot))
+        })??;
+        self.nodes.iter().position(|n| n.port == port)
     }
 
     /// `redis://127.0.0.1:PORT` of every node, in node order.
@@ -607,8 +696,8 @@ impl RedisCluster {
                 .map_err(|e| format!("node {port}: CLUSTER NODES: {e}"))?;
             let view = parse_cluster_nodes(&raw).map_err(|e| format!("node {port}: {e}"))?;
             let seen: BTreeSet<u16> = view.iter().map(|(p, _)| *p).collect();
-            if seen != expected {
-                return Err(format!("node {port} sees masters {seen:?}, want {expected:?}"));
+            if seen.len() != self.masters || !seen.is_subset(&expected) {
+                return Err(format!("node {port} sees masters {seen:?}, want {} of {expected:?}", self.masters));
             }
             let covered: usize = view.iter().flat_map(|(_, r)| r).map(|(a, b)| b - a + 1).sum();
             if covered != CLUSTER_SLOTS {
@@ -644,14 +733,21 @@ impl RedisCluster {
     }
 }
 
-fn cluster_node_args(port: u16) -> Vec<String> {
+/// `cluster-node-timeout` of a cluster with replicas: failovers take about this long.
+pub const CLUSTER_NODE_TIMEOUT_MS: u64 = 1000;
+
+fn cluster_node_args(port: u16, node_timeout_ms: u64) -> Vec<String> {
     [
         "--cluster-enabled",
         "yes",
         "--cluster-config-file",
         &format!("nodes-{port}.conf"),
         "--cluster-node-timeout",
-        "2000",
+        &node_timeout_ms.to_string(),
+        "--repl-diskless-sync",
+        "yes",
+        "--repl-diskless-sync-delay",
+        "0",
     ]
     .iter()
     .map(|s| (*s).to_owned())
@@ -663,6 +759,25 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
         .filter_map(|line| line.trim().split_once(':'))
         .find(|(key, _)| *key == field)
         .map(|(_, value)| value.trim())
+}
+
+/// The port of the master that serves `slot` in one node's `CLUSTER NODES` (masters
+/// flagged `fail` do not count).
+fn slot_owner(raw: &str, slot: u16) -> Option<u16> {
+    let slot = usize::from(slot);
+    raw.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let flags = fields.get(2)?;
+        if !flags.split(',').any(|f| f == "master") || flags.split(',').any(|f| f == "fail") {
+            return None;
+        }
+        let serves = fields.get(8..)?.iter().filter(|s| !s.starts_with('[')).any(|range| {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            matches!((a.parse::<usize>(), b.parse::<usize>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+        });
+        let port = fields[1].split('@').next()?.rsplit(':').next()?.parse().ok()?;
+        serves.then_some(port)
+    })
 }
 
 /// Sorted `(master port, sorted inclusive slot ranges)`.

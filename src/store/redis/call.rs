@@ -47,6 +47,7 @@ impl Inner {
                     ServerErrorKind::ClusterDown
                         | ServerErrorKind::TryAgain
                         | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
                         | ServerErrorKind::BusyLoading
                 ) | ErrorKind::ClusterConnectionNotFound
             );
@@ -56,6 +57,22 @@ impl Inner {
             StoreError::Unavailable(format!("redis at {}: {}", self.config.addr, security::explain(e)))
         } else {
             StoreError::Backend(format!("redis at {}: {}", self.config.addr, security::explain(e)))
+        }
+    }
+
+    /// `err` of a call about cluster slot `slot`, as [`StoreError::NodeUnavailable`]
+    /// while other slots answer (one node failed, not the store).
+    fn on_node(&self, slot: Option<u16>, err: StoreError) -> StoreError {
+        match (slot, err) {
+            (Some(slot), err @ (StoreError::Timeout(_) | StoreError::Unavailable(_)))
+                if self.link.others_answer(slot) =>
+            {
+                StoreError::NodeUnavailable(format!(
+                    "redis at {}: the node serving slot {slot} failed while the others answer ({err})",
+                    self.config.addr
+                ))
+            }
+            (_, err) => err,
         }
     }
 
@@ -79,16 +96,25 @@ impl Inner {
     async fn connection(&self) -> Result<(conn::Conn, u64), StoreError> {
         match self.link.ready() {
             Some(ready) => Ok(ready),
-            None => Box::pin(self.link.get(self.config.timeouts.response)).await.map_err(|why| self.unavailable(&why)),
+            None => Box::pin(self.link.get(self.config.timeouts.response)).await.map_err(|why| {
+                StoreError::NotConnected(format!("redis at {} is not connected: {why}", self.config.addr))
+            }),
         }
     }
 
-    /// Sends `cmd` on `conn` within the response timeout (a multiplexed connection keeps it
-    /// itself, per command); on `NOSCRIPT`, sends `fallback`.
+    /// The cluster slot of a call about `key` (`None` on a standalone server): the
+    /// connection tracks failures per slot, to notice a node that stopped answering.
+    pub(super) fn slot_of(&self, key: &Key) -> Option<u16> {
+        self.config.origin.is_cluster().then(|| self.config.names.slot(key))
+    }
+
+    /// Sends `cmd` (about keys of `slot`) on `conn` within the response timeout (a
+    /// multiplexed connection keeps it itself, per command); on `NOSCRIPT`, sends `fallback`.
     pub(super) async fn query(
         &self,
         mut conn: conn::Conn,
         generation: u64,
+        slot: Option<u16>,
         cmd: &redis::Cmd,
         fallback: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
     ) -> Result<Value, StoreError> {
@@ -110,16 +136,23 @@ impl Inner {
         };
         match answer {
             Err(_) => {
-                self.link.on_timeout(generation);
-                Err(StoreError::Timeout(self.config.timeouts.response))
+                self.link.on_timeout(generation, slot);
+                Err(self.on_node(slot, StoreError::Timeout(self.config.timeouts.response)))
             }
             Ok(Err(e)) => {
-                self.link.on_error(generation, &e);
+                self.link.on_error(generation, slot, &e);
+                Err(self.on_node(slot, self.error(&e)))
+            }
+            Ok(Ok(v @ Value::ServerError(_))) => {
+                let e = v
+                    .extract_error()
+                    .err()
+                    .unwrap_or_else(|| RedisError::from((ErrorKind::UnexpectedReturnType, "server error")));
+                self.link.on_error(generation, slot, &e);
                 Err(self.error(&e))
             }
-            Ok(Ok(Value::ServerError(e))) => Err(StoreError::Backend(format!("redis at {}: {e:?}", self.config.addr))),
             Ok(Ok(v)) => {
-                self.link.on_ok();
+                self.link.on_ok(slot);
                 Ok(v)
             }
         }
@@ -139,7 +172,8 @@ impl Inner {
         let (conn, generation) = self.connection().await?;
         let evalsha = self.script_cmd("EVALSHA", &script.sha, checks, ats, mode, now);
         let eval = || self.script_cmd("EVAL", script.text, checks, ats, mode, now);
-        self.query(conn, generation, &evalsha, Some(&eval)).await
+        let slot = checks.first().and_then(|c| self.slot_of(&c.key));
+        self.query(conn, generation, slot, &evalsha, Some(&eval)).await
     }
 
     /// Runs a check script over `checks` (all in one slot, or standalone).
@@ -194,6 +228,6 @@ impl Inner {
         let mut cmd = redis::cmd("DEL");
         // The state and the block (`Rule::block_for`), in one slot.
         cmd.arg(self.config.names.name(rule, key, algorithm)).arg(self.config.names.block_name(rule, key));
-        self.query(conn, generation, &cmd, None).await.map(drop)
+        self.query(conn, generation, self.slot_of(key), &cmd, None).await.map(drop)
     }
 }

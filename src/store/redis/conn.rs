@@ -6,22 +6,29 @@
 //! the response timeout. While there is no connection, requests fail at once with
 //! [`StoreError::Unavailable`](crate::StoreError::Unavailable).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::cluster::ClusterConnection;
 use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{AsyncConnectionConfig, Cmd, RedisError, RedisResult, Value};
+use deadpool_redis::redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use deadpool_redis::Runtime;
 use tokio::sync::watch;
 
 use super::origin::Origin;
+use super::sentinel::{self, Watch};
 
 #[derive(Clone)]
 enum Pools {
     Single(deadpool_redis::Pool),
     Cluster(deadpool_redis::cluster::Pool),
+    /// Cluster URLs: redis-rs's cluster client, with the store's timeouts on every node
+    /// connection (deadpool-redis's cluster manager sets none, and a slot-map refresh
+    /// that asks a hung node then stalls every request of the connection).
+    ClusterClient(Box<deadpool_redis::cluster::ClusterClient>),
+    Sentinel(sentinel::Connector),
 }
 
 /// The connection timeouts.
@@ -43,6 +50,7 @@ fn make_pools(origin: &Origin, t: Timeouts) -> Result<Pools, String> {
     match origin {
         Origin::Pool(p) => Ok(Pools::Single(p.clone())),
         Origin::ClusterPool(p) => Ok(Pools::Cluster(p.clone())),
+        Origin::Sentinel(s) => s.client().map(Pools::Sentinel),
         Origin::Url(info) => {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(t.connect))
@@ -58,26 +66,22 @@ fn make_pools(origin: &Origin, t: Timeouts) -> Result<Pools, String> {
                 .map(Pools::Single)
                 .map_err(|e| e.to_string())
         }
-        Origin::ClusterUrls(infos) => {
-            let manager = deadpool_redis::cluster::Manager::new(infos.clone(), false).map_err(|e| e.to_string())?;
-            deadpool_redis::cluster::Pool::builder(manager)
-                .max_size(MAX_SIZE)
-                .wait_timeout(Some(t.connect))
-                .create_timeout(Some(t.connect))
-                .recycle_timeout(Some(t.connect))
-                .runtime(Runtime::Tokio1)
-                .build()
-                .map(Pools::Cluster)
-                .map_err(|e| e.to_string())
-        }
+        Origin::ClusterUrls(infos) => deadpool_redis::cluster::ClusterClientBuilder::new(infos.clone())
+            // Half the attempt's time: a new connection may wait for a hung node once.
+            .connection_timeout(t.connect / 2)
+            .response_timeout(t.response.max(MIN_NODE_RESPONSE))
+            .build()
+            .map(|client| Pools::ClusterClient(Box::new(client)))
+            .map_err(|e| e.to_string()),
     }
 }
 
 impl Pools {
-    /// One new connection, taken out of the pool for good. A multiplexed connection gets
-    /// the store's response timeout (whatever pool it came from), so that requests on it
-    /// need no timer of their own.
-    async fn connect(&self, timeouts: Timeouts) -> Result<Conn, String> {
+    /// One new connection, taken out of the pool for good, and for a sentinel store the
+    /// primary's address it was made to. A multiplexed connection gets the store's
+    /// response timeout (whatever pool it came from), so that requests on it need no
+    /// timer of their own.
+    async fn connect(&self, timeouts: Timeouts) -> Result<(Conn, Option<String>), String> {
         let t = timeouts.connect;
         let late = || format!("no connection within {t:?}");
         match self {
@@ -87,14 +91,26 @@ impl Pools {
                 Ok(Ok(c)) => {
                     let mut c = deadpool_redis::Connection::take(c);
                     c.set_response_timeout(timeouts.response);
-                    Ok(Conn::Single(c))
+                    Ok((Conn::Single(c), None))
                 }
             },
             Pools::Cluster(p) => match tokio::time::timeout(t, p.get()).await {
                 Err(_) => Err(late()),
                 Ok(Err(e)) => Err(pool_error(e)),
-                Ok(Ok(c)) => Ok(Conn::Cluster(deadpool_redis::cluster::Connection::take(c))),
+                Ok(Ok(c)) => Ok((Conn::Cluster(deadpool_redis::cluster::Connection::take(c)), None)),
             },
+            Pools::ClusterClient(client) => match tokio::time::timeout(t, client.get_async_connection()).await {
+                Err(_) => Err(late()),
+                Ok(Err(e)) => Err(super::security::explain(&e)),
+                Ok(Ok(c)) => Ok((Conn::Cluster(c), None)),
+            },
+            Pools::Sentinel(connector) => {
+                match tokio::time::timeout(t, connector.connect(timeouts.connect, timeouts.response)).await {
+                    Err(_) => Err(late()),
+                    Ok(Err(e)) => Err(e),
+                    Ok(Ok((c, addr))) => Ok((Conn::Single(c), Some(addr))),
+                }
+            }
         }
     }
 }
@@ -133,6 +149,19 @@ impl Conn {
 /// A connection in use that has seen no success for this long while its requests fail
 /// or time out is replaced (a half-open socket, a stopped server, a lost cluster).
 const STALE_AFTER: Duration = Duration::from_secs(2);
+/// A cluster slot whose calls have failed for this long, without a success in between,
+/// while the connection is otherwise in use (a master that died or hangs, whose replica
+/// may have taken over), makes the store ask the cluster for its slot map again: redis-rs
+/// does not for a node that stopped answering.
+const SLOT_STALE_AFTER: Duration = Duration::from_secs(1);
+/// How recent a success of another slot must be for a slot's failure to count as its
+/// node's ([`StoreError::NodeUnavailable`](crate::StoreError::NodeUnavailable)).
+const OTHERS_ANSWERED: Duration = Duration::from_secs(1);
+/// At most one slot-map refresh per this long.
+const REFRESH_GAP: Duration = Duration::from_secs(1);
+/// The least response timeout of a cluster node connection: redis-rs's own slot-map
+/// queries go through them too.
+const MIN_NODE_RESPONSE: Duration = Duration::from_millis(250);
 /// Pause between failed connection attempts: doubles from the first to the last.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
@@ -148,6 +177,19 @@ pub(crate) struct Link {
     /// between; 0 while they succeed.
     failing_since: AtomicU64,
     base: Instant,
+    /// Sentinel stores: asks the sentinels which server is the primary.
+    sentinel: Option<Arc<Watch>>,
+    /// Whether the task that polls the sentinels runs.
+    watching: AtomicBool,
+    /// Cluster stores: since when (ms since `base`, plus one) each failing slot has failed
+    /// with no success in between; `slots_failing` tells whether there is any.
+    failing_slots: Mutex<HashMap<u16, u64>>,
+    slots_failing: AtomicBool,
+    /// Cluster stores: the last success, as ms since `base` (plus one) << 16 | its slot.
+    last_ok: AtomicU64,
+    /// Whether a slot-map refresh is under way, and when the last one started.
+    refreshing: AtomicBool,
+    last_refresh: AtomicU64,
 }
 
 #[derive(Default)]
@@ -157,11 +199,24 @@ struct State {
     generation: u64,
     connecting: bool,
     last_error: Option<String>,
+    /// Sentinel stores: the primary the sentinels named when `conn` was made.
+    primary: Option<String>,
 }
 
 impl Link {
     pub(crate) fn new(origin: Origin, timeouts: Timeouts) -> Arc<Self> {
+        let sentinel = match &origin {
+            Origin::Sentinel(s) => Some(Watch::new(s.clone())),
+            _ => None,
+        };
         Arc::new(Self {
+            sentinel,
+            watching: AtomicBool::new(false),
+            failing_slots: Mutex::new(HashMap::new()),
+            slots_failing: AtomicBool::new(false),
+            last_ok: AtomicU64::new(0),
+            refreshing: AtomicBool::new(false),
+            last_refresh: AtomicU64::new(0),
             origin,
             timeouts,
             pools: OnceLock::new(),
@@ -238,37 +293,108 @@ impl Link {
         Ok(())
     }
 
-    /// A request succeeded.
-    pub(crate) fn on_ok(&self) {
+    /// A request (about keys of `slot`, on a cluster) succeeded.
+    pub(crate) fn on_ok(&self, slot: Option<u16>) {
         if self.failing_since.load(Ordering::Relaxed) != 0 {
             self.failing_since.store(0, Ordering::Relaxed);
         }
+        if let Some(slot) = slot {
+            let last = ((self.elapsed_ms() + 1) << 16) | u64::from(slot);
+            // Stored only when it changed: most successes within a millisecond write nothing.
+            if self.last_ok.load(Ordering::Relaxed) != last {
+                self.last_ok.store(last, Ordering::Relaxed);
+            }
+            if self.slots_failing.load(Ordering::Relaxed) {
+                let mut failing = self.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                failing.remove(&slot);
+                self.slots_failing.store(!failing.is_empty(), Ordering::Relaxed);
+            }
+        }
     }
 
-    /// A request on connection `generation` failed.
-    pub(crate) fn on_error(self: &Arc<Self>, generation: u64, err: &RedisError) {
-        if err.is_timeout() {
-            self.on_timeout(generation);
+    /// Whether a call about another slot than `slot` succeeded within the last
+    /// [`OTHERS_ANSWERED`]: then a failure of `slot` is its node's, not the cluster's.
+    pub(crate) fn others_answer(&self, slot: u16) -> bool {
+        let last = self.last_ok.load(Ordering::Relaxed);
+        let (at, last_slot) = (last >> 16, last & 0xFFFF);
+        at != 0 && last_slot != u64::from(slot) && self.elapsed_ms() < at + millis(OTHERS_ANSWERED)
+    }
+
+    /// A request about keys of cluster slot `slot` failed: when the slot has failed for
+    /// [`SLOT_STALE_AFTER`] with no success, the slot map is asked for again.
+    fn on_slot_failure(self: &Arc<Self>, slot: u16) {
+        let now = self.elapsed_ms() + 1;
+        let since = {
+            let mut failing = self.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.slots_failing.store(true, Ordering::Relaxed);
+            *failing.entry(slot).or_insert(now)
+        };
+        let failed_for = now - since;
+        if failed_for >= millis(SLOT_STALE_AFTER) {
+            self.refresh(format!("calls for cluster slot {slot} have failed for {failed_for} ms"));
+        }
+    }
+
+    /// Makes a new cluster connection (which reads the slot map afresh) in the background
+    /// and swaps it in; the current one serves every request meanwhile.
+    fn refresh(self: &Arc<Self>, why: String) {
+        let now = self.elapsed_ms() + 1;
+        let last = self.last_refresh.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < millis(REFRESH_GAP) {
+            return;
+        }
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.refreshing.store(false, Ordering::Release);
+            return;
+        };
+        self.last_refresh.store(now, Ordering::Relaxed);
+        tracing::warn!(target: "tollgate", reason = %why, "refreshing the redis cluster slot map in the background");
+        handle.spawn(refresh_task(Arc::downgrade(self)));
+    }
+
+    /// A request on connection `generation` (about keys of `slot`, on a cluster) failed.
+    pub(crate) fn on_error(self: &Arc<Self>, generation: u64, slot: Option<u16>, err: &RedisError) {
+        let lost = err.is_timeout()
+            || err.is_io_error()
+            || err.is_unrecoverable_error()
+            || matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown));
+        if let Some(slot) = slot.filter(|_| lost) {
+            self.on_slot_failure(slot);
+        }
+        let replica = matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown));
+        if replica && !self.origin.is_cluster() {
+            // The server is (now) a replica, or one that lost its primary: a failover, or
+            // an operator's `REPLICAOF`, which keeps connections open. Connect afresh (a
+            // sentinel store asks the sentinels again).
+            self.replace(generation, format!("the server answers as a replica ({})", err.code().unwrap_or("")));
+        } else if err.is_timeout() {
+            self.on_timeout(generation, None);
         } else if !self.origin.is_cluster() && (err.is_io_error() || err.is_unrecoverable_error()) {
             // A multiplexed connection whose socket failed stays failed.
             self.replace(generation, err.to_string());
         } else if err.is_io_error() || err.is_unrecoverable_error() {
             // A cluster connection reconnects to single nodes by itself: replace it
             // only when nothing has worked for a while.
-            self.on_timeout(generation);
+            self.on_timeout(generation, None);
         }
     }
 
     /// A request on connection `generation` did not answer in time: after failures
     /// with no success for [`STALE_AFTER`], the connection is replaced.
-    pub(crate) fn on_timeout(self: &Arc<Self>, generation: u64) {
+    pub(crate) fn on_timeout(self: &Arc<Self>, generation: u64, slot: Option<u16>) {
+        if let Some(slot) = slot {
+            self.on_slot_failure(slot);
+        }
         let now = self.elapsed_ms() + 1;
         let since = match self.failing_since.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return,
             Err(since) => since,
         };
         let failing = now.saturating_sub(since);
-        if failing >= u64::try_from(STALE_AFTER.as_millis()).unwrap_or(u64::MAX) {
+        if failing >= millis(STALE_AFTER) {
             self.failing_since.store(0, Ordering::Relaxed);
             self.replace(generation, format!("no answer for {failing} ms"));
         }
@@ -281,6 +407,7 @@ impl Link {
         }
         tracing::warn!(target: "tollgate", reason = %why, "redis connection lost; reconnecting in the background");
         s.conn = None;
+        s.primary = None;
         s.last_error = Some(format!("connection lost ({why})"));
         drop(s);
         // Outside a runtime there is no request either: the next request starts it.
@@ -290,18 +417,19 @@ impl Link {
     fn pools(&self) -> Result<Pools, String> {
         self.pools
             .get_or_init(|| {
-                super::security::ensure_crypto_provider(&self.origin);
+                super::security::ensure_crypto_provider(self.origin.uses_tls());
                 make_pools(&self.origin, self.timeouts)
             })
             .clone()
     }
 
     /// Records the end of a connection attempt; true when connected.
-    fn finish_attempt(&self, result: Result<Conn, String>) -> bool {
+    fn finish_attempt(self: &Arc<Self>, result: Result<(Conn, Option<String>), String>) -> bool {
         let mut s = self.state();
         let ok = match result {
-            Ok(conn) => {
+            Ok((conn, primary)) => {
                 s.conn = Some(conn);
+                s.primary = primary;
                 s.generation += 1;
                 s.connecting = false;
                 s.last_error = None;
@@ -318,8 +446,48 @@ impl Link {
         };
         drop(s);
         self.attempts.send_modify(|n| *n += 1);
+        if ok {
+            if let Some(watch) = &self.sentinel {
+                if !self.watching.swap(true, Ordering::Relaxed) {
+                    tokio::spawn(watch_loop(Arc::downgrade(self), Arc::clone(watch)));
+                }
+            }
+        }
         ok
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A slot-map refresh: a new connection, swapped in when made (the failing slots start
+/// afresh); on failure, the next failing call may try again after [`REFRESH_GAP`].
+async fn refresh_task(link: Weak<Link>) {
+    let Some(strong) = link.upgrade() else { return };
+    let (timeouts, pools) = (strong.timeouts, strong.pools());
+    drop(strong);
+    let result = match pools {
+        Ok(pools) => pools.connect(timeouts).await,
+        Err(e) => Err(e),
+    };
+    let Some(strong) = link.upgrade() else { return };
+    match result {
+        Ok((conn, _)) => {
+            let mut s = strong.state();
+            // Only over a live connection: a reconnection under way makes its own.
+            if s.conn.is_some() {
+                s.conn = Some(conn);
+                s.generation += 1;
+            }
+            drop(s);
+            strong.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+            strong.slots_failing.store(false, Ordering::Relaxed);
+            tracing::info!(target: "tollgate", "redis cluster slot map refreshed");
+        }
+        Err(e) => tracing::warn!(target: "tollgate", error = %e, "could not refresh the redis cluster slot map"),
+    }
+    strong.refreshing.store(false, Ordering::Release);
 }
 
 /// Connects, retrying with backoff, until connected or the store is dropped.
@@ -329,6 +497,7 @@ async fn connect_loop(link: Weak<Link>) {
         let Some(strong) = link.upgrade() else { return };
         let timeouts = strong.timeouts;
         let pools = strong.pools();
+        let watch_pause = strong.sentinel.is_some();
         drop(strong);
         let result = match pools {
             Ok(pools) => pools.connect(timeouts).await,
@@ -341,6 +510,32 @@ async fn connect_loop(link: Weak<Link>) {
         }
         drop(strong);
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(BACKOFF.1);
+        // A sentinel store's attempt is cheap: it may ask again soon, and so follows a
+        // failover sooner.
+        let most = if watch_pause { sentinel::RECONNECT_PAUSE } else { BACKOFF.1 };
+        pause = (pause * 2).min(most);
+    }
+}
+
+/// Sentinel stores: asks the sentinels every [`sentinel::POLL`] which server is the primary,
+/// and replaces a connection made to another one (after `SENTINEL FAILOVER` the old
+/// primary stays writable for seconds, with its clients connected). Ends with the store.
+async fn watch_loop(link: Weak<Link>, watch: Arc<Watch>) {
+    loop {
+        tokio::time::sleep(sentinel::POLL).await;
+        let Some(strong) = link.upgrade() else { return };
+        let timeouts = strong.timeouts;
+        let current = {
+            let s = strong.state();
+            s.conn.as_ref().and(s.primary.clone()).map(|p| (s.generation, p))
+        };
+        drop(strong);
+        // Without a connection, the connection task asks the sentinels itself.
+        let Some((generation, primary)) = current else { continue };
+        let Ok(named) = watch.primary(timeouts.connect).await else { continue };
+        if named != primary {
+            let Some(strong) = link.upgrade() else { return };
+            strong.replace(generation, format!("the sentinels now name {named} as the primary, not {primary}"));
+        }
     }
 }

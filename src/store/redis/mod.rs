@@ -1,5 +1,5 @@
-//! [`RedisStore`]: limiter state shared by every server through Redis (standalone or
-//! Redis Cluster).
+//! [`RedisStore`]: limiter state shared by every server through Redis (standalone, Redis
+//! Sentinel or Redis Cluster).
 //!
 //! # How a decision is made
 //!
@@ -51,6 +51,42 @@
 //! until then requests fail at once with [`StoreError::Unavailable`] instead of waiting.
 //! The only wait is a new store's very first request, for the first connection attempt
 //! (at most the response timeout); [`RedisStore::ping`] at start-up connects ahead.
+//! A cluster store made by [`RedisStore::cluster`] uses redis-rs's cluster client with
+//! the store's timeouts on every node connection.
+//!
+//! # Redis Sentinel
+//!
+//! `RedisStore::from_url("redis+sentinel://…/mymaster")` asks the sentinels for the
+//! primary (deadpool-redis's sentinel pool; the server must answer `ROLE` as a primary)
+//! and decides there as on a standalone server. It follows a failover by itself:
+//! - the old primary dies, or Sentinel reconfigures it and closes its clients: the
+//!   connection breaks and is made again in the background, asking the sentinels again
+//!   (at most 250 ms between attempts);
+//! - the server answers `READONLY` or `MASTERDOWN` (an operator's `REPLICAOF` keeps
+//!   clients connected): the connection is dropped and made again the same way;
+//! - after `SENTINEL FAILOVER` the old primary stays a writable primary for seconds: the
+//!   store asks the sentinels every 250 ms which server is the primary and moves when
+//!   they name another.
+//!
+//! Meanwhile requests fail at once ([`StoreError::Unavailable`], handled by the fail
+//! mode), never wait.
+//!
+//! # Cluster failover
+//!
+//! When a master dies or hangs and its replica takes over, redis-rs does not always read
+//! the slot map again by itself (not for a node that stopped answering). The store does:
+//! when the calls for one slot have failed for a second with no success, it makes a new
+//! cluster connection in the background (which reads the slot map) and swaps it in; the
+//! old one serves every other slot meanwhile. A failure of one slot while others answer
+//! is [`StoreError::NodeUnavailable`], which the circuit breaker does not count, so one
+//! failed master does not stop the calls to the healthy ones.
+//!
+//! # What a failover costs
+//!
+//! Replication is asynchronous: units counted on the old primary just before it died (or,
+//! after `SENTINEL FAILOVER`, until the store moved) may never reach the new one, which
+//! then admits them again. See the README's "When Redis fails" for the figures, and
+//! `WAIT` / `min-replicas-to-write` for narrowing it.
 
 mod call;
 mod cluster;
@@ -59,6 +95,7 @@ mod keys;
 mod origin;
 mod script;
 mod security;
+mod sentinel;
 
 use std::fmt;
 use std::future::Future;
@@ -99,8 +136,8 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_millis(100);
 /// Default for [`RedisStore::connect_timeout`].
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Limiter state in Redis, shared by every server: standalone Redis or Redis Cluster,
-/// through `deadpool-redis`.
+/// Limiter state in Redis, shared by every server: standalone Redis, Redis Sentinel or
+/// Redis Cluster, through `deadpool-redis` and `redis`.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -123,14 +160,21 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.inner.config;
         f.debug_struct("RedisStore")
-            .field("mode", &if c.origin.is_cluster() { "cluster" } else { "standalone" })
+            .field(
+                "mode",
+                &match c.origin {
+                    Origin::Sentinel(_) => "sentinel",
+                    _ if c.origin.is_cluster() => "cluster",
+                    _ => "standalone",
+                },
+            )
             .field("addr", &c.addr)
             .field("prefix", &c.names.prefix)
             .field("hashed_keys", &c.names.hashes_keys())
             .field("response_timeout", &c.timeouts.response)
             .field("connect_timeout", &c.timeouts.connect)
             .field("clock", &if c.clock.is_some() { "manual" } else { "redis TIME" })
-            .field("tls", &security::describe(&c.origin))
+            .field("tls", &c.origin.describe_tls())
             .field("connected", &self.inner.link.is_connected())
             .finish()
     }
@@ -165,7 +209,26 @@ impl RedisStore {
         }
     }
 
-    /// A store on the standalone Redis at `url` (`redis://[user:password@]host[:port][/db]`).
+    /// A store on the standalone Redis at `url` (`redis://[user:password@]host[:port][/db]`),
+    /// or on the primary that Redis Sentinel names:
+    /// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/master-name[/db]`.
+    ///
+    /// In the sentinel form, the hosts are the sentinels (port 26379 when none is given),
+    /// `master-name` is the name they monitor the primary under, and the user info and
+    /// database are the primary's; sentinels that require a password of their own get it
+    /// from [`RedisStore::sentinel_credentials`]. `rediss+sentinel://` (feature `redis-tls`)
+    /// talks TLS to both, trusting the system's CA store. The store connects to the
+    /// primary the sentinels name, follows a failover by itself (see the
+    /// [module docs](self#redis-sentinel)), and asks the sentinels every 250 ms which
+    /// server is the primary.
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), tollgate::BuildError> {
+    /// let store = tollgate::RedisStore::from_url(
+    ///     "redis+sentinel://:s3cret@10.0.0.1,10.0.0.2,10.0.0.3/mymaster",
+    /// )?;
+    /// # let _ = store; Ok(()) }
+    /// ```
     ///
     /// Nothing is sent yet: the connection is made in the background at first use, or by
     /// [`RedisStore::ping`]. An unreachable server is not an error here but a
@@ -176,6 +239,11 @@ impl RedisStore {
     /// [`BuildError::InvalidStore`] when `url` is not a usable redis URL (it says why;
     /// passwords are never shown).
     pub fn from_url(url: &str) -> Result<Self, BuildError> {
+        if url.split_once("://").is_some_and(|(scheme, _)| scheme.to_ascii_lowercase().ends_with("+sentinel")) {
+            let sentinel = origin::parse_sentinel_url(url)?;
+            let addr = format!("sentinel {} master {}", sentinel.addrs(), sentinel.master);
+            return Self::with_config(Self::config(Origin::Sentinel(sentinel), addr));
+        }
         let info = parse_url(url)?;
         let addr = info.addr().to_string();
         Self::with_config(Self::config(Origin::Url(info), addr))
@@ -261,7 +329,31 @@ impl RedisStore {
                         .into(),
                 ))
             }
+            Origin::Sentinel(_) => {
+                return Err(BuildError::InvalidStore(
+                    "root certificates cannot be given to a sentinel store (deadpool-redis builds \
+                     sentinel clients without them): add the CA to the system's trust store"
+                        .into(),
+                ))
+            }
         };
+        Ok(self.rebuild(|c| c.origin = origin))
+    }
+
+    /// The user name (for an ACL user) and password that the sentinels of a
+    /// `redis+sentinel://` store require (`requirepass` in the sentinels' configuration);
+    /// the primary's credentials are the URL's user info. Call before the store is used.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidStore`] for a store that is not a sentinel store.
+    pub fn sentinel_credentials(self, username: Option<&str>, password: &str) -> Result<Self, BuildError> {
+        let Origin::Sentinel(s) = &self.inner.config.origin else {
+            return Err(BuildError::InvalidStore(
+                "sentinel credentials were given to a store that is not a redis+sentinel:// store".into(),
+            ));
+        };
+        let origin = Origin::Sentinel(s.clone().with_sentinel_credentials(username, password));
         Ok(self.rebuild(|c| c.origin = origin))
     }
 
@@ -380,7 +472,7 @@ impl RedisStore {
         let inner = &self.inner;
         let (conn, generation) =
             inner.link.wait_connected(inner.config.timeouts.connect).await.map_err(|why| inner.unavailable(&why))?;
-        match inner.query(conn, generation, &redis::cmd("PING"), None).await? {
+        match inner.query(conn, generation, None, &redis::cmd("PING"), None).await? {
             Value::SimpleString(s) if s == "PONG" => Ok(()),
             Value::Okay => Ok(()),
             other => Err(StoreError::Backend(format!("unexpected answer to PING: {other:?}"))),

@@ -3,7 +3,11 @@
 
 use deadpool_redis::redis::{self, IntoConnectionInfo};
 
+use super::sentinel::Sentinel;
 use crate::BuildError;
+
+/// The port of a sentinel address that names none.
+const SENTINEL_PORT: u16 = 26379;
 
 /// Where connections come from.
 #[derive(Clone)]
@@ -17,11 +21,36 @@ pub(crate) enum Origin {
     ClusterUrls(Vec<redis::ConnectionInfo>),
     /// A cluster pool given by the application.
     ClusterPool(deadpool_redis::cluster::Pool),
+    /// A `redis+sentinel://` URL: the primary that the sentinels name.
+    Sentinel(Sentinel),
 }
 
 impl Origin {
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Origin::ClusterUrls(_) | Origin::ClusterPool(_))
+    }
+
+    /// Whether the store connects over TLS (an application's pool: as it was built).
+    pub(crate) fn uses_tls(&self) -> bool {
+        let tls = |info: &redis::ConnectionInfo| matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+        match self {
+            Origin::Url(info) => tls(info),
+            Origin::ClusterUrls(infos) => infos.iter().any(tls),
+            Origin::Sentinel(s) => s.tls,
+            Origin::Pool(_) | Origin::ClusterPool(_) => false,
+        }
+    }
+
+    /// How the connections are secured, for `Debug`.
+    pub(crate) fn describe_tls(&self) -> &'static str {
+        match self {
+            Origin::Pool(_) | Origin::ClusterPool(_) => "as the application pool",
+            Origin::Url(info) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { tls_params: Some(_), .. }) => {
+                "rediss (given root certificates)"
+            }
+            _ if self.uses_tls() => "rediss (system root certificates)",
+            _ => "off",
+        }
     }
 }
 
@@ -62,6 +91,54 @@ pub(crate) fn parse_url(url: &str) -> Result<redis::ConnectionInfo, BuildError> 
     })
 }
 
+/// Parses `redis+sentinel://[user:password@]host[:port][,host[:port]…]/master[/db]`
+/// (`rediss+sentinel://` for TLS). The user info authenticates to the primary.
+pub(crate) fn parse_sentinel_url(url: &str) -> Result<Sentinel, BuildError> {
+    let shown = redact(url);
+    let form = "redis+sentinel://[user:password@]host[:port][,host[:port]…]/master-name[/db]";
+    let bad = |why: &str| BuildError::InvalidStore(format!("sentinel URL {shown:?} {why} (expected {form})"));
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("has no scheme"))?;
+    let tls = match scheme.to_ascii_lowercase().as_str() {
+        "redis+sentinel" => false,
+        "rediss+sentinel" => true,
+        _ => return Err(bad("is not a sentinel URL")),
+    };
+    let node_scheme = if tls { "rediss" } else { "redis" };
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("names no master"))?;
+    let (master, db) = match path.split_once('/') {
+        Some((master, db)) => (master, db),
+        None => (path, ""),
+    };
+    if master.is_empty() {
+        return Err(bad("names no master"));
+    }
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(bad("has a database that is not a number"));
+    }
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',') {
+        if host.is_empty() {
+            return Err(bad("has an empty sentinel address"));
+        }
+        // A bare host gets the sentinel port; `[v6]` and `host:port` keep theirs.
+        let has_port = host.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && !p.contains(']'));
+        let addr = if has_port { host.to_owned() } else { format!("{host}:{SENTINEL_PORT}") };
+        sentinels.push(parse_url(&format!("{node_scheme}://{addr}"))?);
+    }
+    if sentinels.is_empty() {
+        return Err(bad("names no sentinel"));
+    }
+    let credentials = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    let first = sentinels[0].addr().to_string();
+    let node_url = format!("{node_scheme}://{credentials}{first}/{db}");
+    let node = parse_url(&node_url).map_err(|_| bad("has user info that is not a valid URL user info"))?;
+    Ok(Sentinel { sentinels, master: master.to_owned(), node: node.redis_settings().clone(), tls })
+}
+
 /// `rediss://` needs the `redis-tls` feature; `#insecure` (no certificate check) is refused.
 fn check_url(scheme: &str, url: &str, shown: &str) -> Result<(), String> {
     let tls = matches!(scheme, "rediss" | "valkeys");
@@ -91,5 +168,46 @@ mod tests {
         assert_eq!(redact("no url"), "no url");
         assert_eq!(redact("user:secret@host:1"), "***@host:1");
         assert_eq!(redact("redis://:pa/ss?w#d@host:1"), "redis://***@host:1");
+    }
+
+    fn addrs(s: &Sentinel) -> Vec<String> {
+        s.sentinels.iter().map(|i| i.addr().to_string()).collect()
+    }
+
+    #[test]
+    fn the_url_names_sentinels_master_database_and_credentials() {
+        let s = parse_sentinel_url("redis+sentinel://app:p%40ss@10.0.0.1,10.0.0.2:26380,[::1]:26381/cache/2").unwrap();
+        assert_eq!(addrs(&s), ["10.0.0.1:26379", "10.0.0.2:26380", "::1:26381"]);
+        assert_eq!(s.master, "cache");
+        assert_eq!((s.node.db(), s.node.username(), s.node.password()), (2, Some("app"), Some("p@ss")));
+        assert!(!s.tls);
+        // The user info is the primary's: the sentinels get none unless given.
+        assert!(s.sentinels.iter().all(|i| i.redis_settings().password().is_none()));
+        let s = s.with_sentinel_credentials(None, "watch");
+        assert!(s.sentinels.iter().all(|i| i.redis_settings().password() == Some("watch")));
+
+        let s = parse_sentinel_url("redis+sentinel://127.0.0.1:26379/mymaster").unwrap();
+        assert_eq!((s.node.db(), s.node.password()), (0, None));
+    }
+
+    #[test]
+    fn bad_sentinel_urls_say_what_is_wrong_without_the_password() {
+        for (url, says) in [
+            ("redis+sentinel://:hunter2@127.0.0.1:26379", "names no master"),
+            ("redis+sentinel://:hunter2@127.0.0.1:26379/", "names no master"),
+            ("redis+sentinel://:hunter2@127.0.0.1:26379/m/zero", "not a number"),
+            ("redis+sentinel://:hunter2@127.0.0.1:26379,/m", "empty sentinel address"),
+            ("redis+sentinel://:hunter2@127.0.0.1:notaport/m", "invalid redis URL"),
+        ] {
+            let err = parse_sentinel_url(url).err().unwrap().to_string();
+            assert!(err.contains(says) && !err.contains("hunter2"), "{url}: {err}");
+        }
+    }
+
+    #[cfg(not(feature = "redis-tls"))]
+    #[test]
+    fn tls_sentinels_need_the_tls_feature() {
+        let err = parse_sentinel_url("rediss+sentinel://127.0.0.1/m").err().unwrap().to_string();
+        assert!(err.contains("redis-tls"), "{err}");
     }
 }

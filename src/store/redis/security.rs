@@ -3,32 +3,15 @@
 //! to fix.
 
 #[cfg(feature = "redis-tls")]
+use deadpool_redis::redis::ConnectionAddr;
+#[cfg(feature = "redis-tls")]
 use deadpool_redis::redis::ConnectionInfo;
-use deadpool_redis::redis::{ConnectionAddr, ErrorKind, RedisError};
-
-use super::origin::Origin;
+use deadpool_redis::redis::{ErrorKind, RedisError};
 
 /// Whether `info` connects over TLS.
 #[cfg(feature = "redis-tls")]
 fn is_tls(info: &ConnectionInfo) -> bool {
     matches!(info.addr(), ConnectionAddr::TcpTls { .. })
-}
-
-/// How an origin's connections are secured, for `Debug`.
-pub(super) fn describe(origin: &Origin) -> &'static str {
-    let info = match origin {
-        Origin::Url(info) => info,
-        Origin::ClusterUrls(infos) => match infos.first() {
-            Some(info) => info,
-            None => return "off",
-        },
-        Origin::Pool(_) | Origin::ClusterPool(_) => return "as the application pool",
-    };
-    match info.addr() {
-        ConnectionAddr::TcpTls { tls_params: Some(_), .. } => "rediss (given root certificates)",
-        ConnectionAddr::TcpTls { .. } => "rediss (system root certificates)",
-        _ => "off",
-    }
 }
 
 /// `info` with the CA certificates of `pem` as its only trust anchors.
@@ -57,25 +40,19 @@ pub(super) fn with_root_certificates(info: &ConnectionInfo, pem: &[u8]) -> Resul
         .map_err(|e| format!("unusable redis root certificates: {e}"))
 }
 
-/// Before the first TLS connection: rustls needs a process-wide crypto provider. When the
-/// application installed none, rustls picks the one its enabled features name (ring, from
-/// this crate) and panics if both ring and aws-lc-rs are enabled; installing ring here
-/// instead is the same choice, without the panic.
-pub(super) fn ensure_crypto_provider(origin: &Origin) {
+/// Before the first TLS connection (`tls`: the store uses TLS): rustls needs a
+/// process-wide crypto provider. When the application installed none, rustls picks the
+/// one its enabled features name (ring, from this crate) and panics if both ring and
+/// aws-lc-rs are enabled; installing ring here instead is the same choice, without the
+/// panic.
+pub(super) fn ensure_crypto_provider(tls: bool) {
     #[cfg(feature = "redis-tls")]
-    {
-        let tls = match origin {
-            Origin::Url(info) => is_tls(info),
-            Origin::ClusterUrls(infos) => infos.iter().any(is_tls),
-            Origin::Pool(_) | Origin::ClusterPool(_) => false,
-        };
-        if tls && rustls::crypto::CryptoProvider::get_default().is_none() {
-            // Err: another thread installed one in between, which is as good.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+    if tls && rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err: another thread installed one in between, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
     }
     #[cfg(not(feature = "redis-tls"))]
-    let _ = origin;
+    let _ = tls;
 }
 
 /// A redis error, said so that the user knows what to fix when it is about credentials,
