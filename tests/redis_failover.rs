@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::redis::{RedisCluster, CLUSTER_NODE_TIMEOUT_MS};
+use support::redis::{RedisCluster, RedisServer, CLUSTER_NODE_TIMEOUT_MS};
 use support::sentinel::{SentinelGroup, DOWN_AFTER_MS, INFO_PERIOD_MS};
 use tollgate::{Algorithm, DecidedBy, FailMode, Limiter, Quota, RedisStore};
 
@@ -38,11 +38,21 @@ const PACE: Duration = Duration::from_millis(2);
 type KeyLimiter = Limiter<RedisStore, String>;
 
 fn limiter(store: RedisStore) -> Arc<KeyLimiter> {
-    let limiter = Limiter::builder(store)
+    limiter_with(store, DEADLINE)
+}
+
+/// The limiter's default deadline (50 ms), shorter than the store's response timeout
+/// (100 ms): the limiter cuts calls to a hung node off before the store sees them fail.
+const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
+
+fn limiter_with(store: RedisStore, deadline: Duration) -> Arc<KeyLimiter> {
+    let builder = Limiter::builder(store)
         .rule("ha", Quota::per_second(RATE), |k: &String| Some(k.clone()))
         .algorithm(Algorithm::Gcra)
-        .fail_mode(FailMode::Open)
-        .timeout(DEADLINE)
+        .fail_mode(FailMode::Open);
+    // The default is not set: it is what is tested.
+    let builder = if deadline == DEFAULT_DEADLINE { builder } else { builder.timeout(deadline) };
+    let limiter = builder
         // Every check goes to the store: the cache would answer repeat rejections here.
         .local_cache(false)
         .build()
@@ -128,9 +138,9 @@ struct Report {
     admitted: u64,
 }
 
-fn report(samples: &[Sample], affected: &[String], fault: Duration) -> Report {
+fn report(samples: &[Sample], affected: &[String], fault: Duration, deadline: Duration) -> Report {
     for s in samples {
-        assert!(s.took <= DEADLINE + SCHEDULING_SLACK, "a check took {:?} (deadline {DEADLINE:?}): {s:?}", s.took);
+        assert!(s.took <= deadline + SCHEDULING_SLACK, "a check took {:?} (deadline {deadline:?}): {s:?}", s.took);
         // Under FailMode::Open a failure lets the request through; only the store rejects.
         assert!(s.allowed || s.by == Some(DecidedBy::Store), "a request failed: {s:?}");
     }
@@ -242,7 +252,7 @@ async fn sentinel_case(fault: SentinelFault) {
     // Two more seconds of load on the new primary.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let samples = load.finish().await;
-    let r = report(&samples, &keys, fault_at);
+    let r = report(&samples, &keys, fault_at, DEADLINE);
     println!(
         "sentinel {fault:?}: {} checks, {} failed (fail-open), slowest {:?}; sentinels named the new primary \
          after {named_at:?}, the store used it after {moved_at:?}; last failure {:?} after the fault; \
@@ -291,7 +301,7 @@ enum ClusterFault {
     Stop,
 }
 
-async fn cluster_case(fault: ClusterFault) {
+async fn cluster_case(fault: ClusterFault, deadline: Duration) {
     let _turn = ONE_AT_A_TIME.lock().await;
     let mut cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(3, false)).await.unwrap();
     // Four keys on each master; the first master fails.
@@ -324,7 +334,7 @@ async fn cluster_case(fault: ClusterFault) {
     }
     let store = RedisStore::cluster(cluster.urls()).unwrap();
     store.ping().await.unwrap();
-    let limiter = limiter(store);
+    let limiter = limiter_with(store, deadline);
     let load = Load::start(&limiter, &keys);
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -349,10 +359,10 @@ async fn cluster_case(fault: ClusterFault) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let samples = load.finish().await;
-    let r = report(&samples, &affected, fault_at);
+    let r = report(&samples, &affected, fault_at, deadline);
     let others_failed: Vec<&Sample> = samples.iter().filter(|s| others.contains(&s.key) && s.error.is_some()).collect();
     println!(
-        "cluster {fault:?}: {} checks, {} failed (fail-open), {} of them on the other masters, slowest {:?}; \
+        "cluster {fault:?} (deadline {deadline:?}): {} checks, {} failed (fail-open), {} of them on the other masters, slowest {:?}; \
          replica promoted after {promoted_at:?}; last failure on the failed master's keys {:?} after the fault; \
          {} units admitted there, {} over the limit",
         r.checks,
@@ -384,12 +394,14 @@ async fn cluster_case(fault: ClusterFault) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_killed_master() {
-    cluster_case(ClusterFault::Kill).await;
+    cluster_case(ClusterFault::Kill, DEADLINE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_stopped_master() {
-    cluster_case(ClusterFault::Stop).await;
+    // The default deadline, shorter than the store's response timeout: the store must
+    // notice the hung node from calls the limiter cut off.
+    cluster_case(ClusterFault::Stop, DEFAULT_DEADLINE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,4 +475,65 @@ async fn behind_sentinel_an_acl_user_needs_role_besides_the_documented_acl() {
         assert_eq!(v.decided_by(), Some(DecidedBy::Store), "{v:?}");
     }
     assert!(limiter.check(&"acl".to_owned()).await.is_rejected());
+}
+
+/// A `redis+sentinel://` URL naming `ports`, in that order.
+fn sentinel_url(ports: &[u16]) -> String {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    format!("redis+sentinel://:s3cret@{}/{}", hosts.join(","), support::sentinel::MASTER)
+}
+
+/// Checks `key` for `d`: how many checks the store decided, and the errors.
+async fn checks_for(limiter: &KeyLimiter, key: &str, d: Duration) -> (usize, Vec<String>) {
+    let until = Instant::now() + d;
+    let (mut decided, mut errors) = (0, Vec::new());
+    while Instant::now() < until {
+        let v = limiter.check(&key.to_owned()).await;
+        match v.store_error() {
+            Some(e) => errors.push(e.to_string()),
+            None => decided += 1,
+        }
+        tokio::time::sleep(PACE).await;
+    }
+    (decided, errors)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_sentinel_first_in_the_url_costs_only_its_vote() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let group = tokio::task::spawn_blocking(|| SentinelGroup::start(Some("s3cret"), None)).await.unwrap();
+    let ports: Vec<u16> = group.sentinels.iter().map(|s| s.port()).collect();
+    group.sentinels[0].pause();
+    let store = RedisStore::from_url(&sentinel_url(&ports)).unwrap();
+    let started = Instant::now();
+    store.ping().await.unwrap();
+    let took = started.elapsed();
+    let limiter = limiter(store);
+    let (decided, errors) = checks_for(&limiter, "hung", Duration::from_secs(2)).await;
+    group.sentinels[0].resume();
+    println!(
+        "with the first sentinel stopped: connected in {took:?}; {decided} checks decided, {} failed",
+        errors.len()
+    );
+    assert!(errors.is_empty() && decided > 0, "{:?}", errors.first());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_that_names_a_stale_primary_moves_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let group = tokio::task::spawn_blocking(|| SentinelGroup::start(Some("s3cret"), None)).await.unwrap();
+    // A fourth sentinel, alone, watching the name at an address where nothing listens:
+    // it can never fail over, and keeps naming that address.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let conf = format!("sentinel monitor {} 127.0.0.1 {dead} 2\n", support::sentinel::MASTER);
+    let rogue = tokio::task::spawn_blocking(move || RedisServer::builder().sentinel(&conf).start()).await.unwrap();
+    let mut ports = vec![rogue.port()];
+    ports.extend(group.sentinels.iter().map(|s| s.port()));
+    let store = RedisStore::from_url(&sentinel_url(&ports)).unwrap();
+    store.ping().await.unwrap();
+    let limiter = limiter(store);
+    let (decided, errors) = checks_for(&limiter, "stale", Duration::from_secs(3)).await;
+    println!("with a stale sentinel first: {decided} checks decided, {} failed", errors.len());
+    // Before, the watch believed the first answer and dropped the connection every 250 ms.
+    assert!(errors.is_empty() && decided > 0, "{} errors, first {:?}", errors.len(), errors.first());
 }

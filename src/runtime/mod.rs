@@ -109,7 +109,7 @@ impl Runtime {
         let started = Instant::now();
         let r = match tokio::time::timeout(deadline, ask(store, checks)).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(deadline)),
+            Err(_) => Err(store.timed_out(checks, deadline)),
         };
         crate::metrics::store_latency(started.elapsed());
         match &r {

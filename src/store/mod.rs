@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::algorithm::Params;
 use crate::key::Key;
@@ -134,6 +135,15 @@ pub trait Store: Send + Sync + 'static {
     fn identity(&self) -> Option<usize> {
         None
     }
+
+    /// The error for a call about `checks` that the caller's `deadline` cut off. The
+    /// default is [`StoreError::Timeout`]; a store of several nodes may say that only the
+    /// node of these keys is failing ([`StoreError::NodeUnavailable`], which the circuit
+    /// breaker does not count).
+    fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
+        let _ = checks;
+        StoreError::Timeout(deadline)
+    }
 }
 
 /// Refuses a check list that names one state twice (see [`Store::check`]).
@@ -179,5 +189,8 @@ impl<S: Store> Store for Arc<S> {
     }
     fn identity(&self) -> Option<usize> {
         (**self).identity()
+    }
+    fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
+        (**self).timed_out(checks, deadline)
     }
 }

@@ -62,7 +62,7 @@ impl Inner {
 
     /// `err` of a call about cluster slot `slot`, as [`StoreError::NodeUnavailable`]
     /// while other slots answer (one node failed, not the store).
-    fn on_node(&self, slot: Option<u16>, err: StoreError) -> StoreError {
+    pub(super) fn on_node(&self, slot: Option<u16>, err: StoreError) -> StoreError {
         match (slot, err) {
             (Some(slot), err @ (StoreError::Timeout(_) | StoreError::Unavailable(_)))
                 if self.link.others_answer(slot) =>
@@ -119,6 +119,11 @@ impl Inner {
         fallback: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
     ) -> Result<Value, StoreError> {
         let conn_times_out = conn.times_out_itself();
+        // A call dropped unanswered (the caller's deadline is shorter than the response
+        // timeout, or the caller left) counts as a timeout of its slot and connection
+        // once it has waited a while: a hung node is noticed whatever the deadline.
+        let mut pending =
+            Pending { link: &self.link, generation, slot, started: std::time::Instant::now(), done: false };
         let run = async {
             match conn.query(cmd).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => match fallback {
@@ -134,6 +139,7 @@ impl Inner {
             // Boxed: the timer would enlarge every request's future, also where unused.
             Box::pin(tokio::time::timeout(self.config.timeouts.response, run)).await
         };
+        pending.done = true;
         match answer {
             Err(_) => {
                 self.link.on_timeout(generation, slot);
@@ -229,5 +235,26 @@ impl Inner {
         // The state and the block (`Rule::block_for`), in one slot.
         cmd.arg(self.config.names.name(rule, key, algorithm)).arg(self.config.names.block_name(rule, key));
         self.query(conn, generation, self.slot_of(key), &cmd, None).await.map(drop)
+    }
+}
+
+/// How long a call must have waited unanswered for its drop to count as a timeout.
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// A call in flight: dropped before its answer, after [`ABANDONED_AFTER`], it counts as a
+/// timeout of its connection (and slot).
+struct Pending<'a> {
+    link: &'a Arc<Link>,
+    generation: u64,
+    slot: Option<u16>,
+    started: std::time::Instant,
+    done: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.started.elapsed() >= ABANDONED_AFTER {
+            self.link.on_timeout(self.generation, self.slot);
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! A request never waits for a connection to be made, with one exception: the very
 //! first request of a store waits for the first connection attempt, at most as long as
 //! the response timeout. While there is no connection, requests fail at once with
-//! [`StoreError::Unavailable`](crate::StoreError::Unavailable).
+//! [`StoreError::NotConnected`](crate::StoreError::NotConnected).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +28,7 @@ enum Pools {
     /// connection (deadpool-redis's cluster manager sets none, and a slot-map refresh
     /// that asks a hung node then stalls every request of the connection).
     ClusterClient(Box<deadpool_redis::cluster::ClusterClient>),
-    Sentinel(sentinel::Connector),
+    Sentinel(Arc<Watch>),
 }
 
 /// The connection timeouts.
@@ -50,7 +50,7 @@ fn make_pools(origin: &Origin, t: Timeouts) -> Result<Pools, String> {
     match origin {
         Origin::Pool(p) => Ok(Pools::Single(p.clone())),
         Origin::ClusterPool(p) => Ok(Pools::Cluster(p.clone())),
-        Origin::Sentinel(s) => s.client().map(Pools::Sentinel),
+        Origin::Sentinel(s) => Ok(Pools::Sentinel(Watch::new(s.clone()))),
         Origin::Url(info) => {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(t.connect))
@@ -104,8 +104,8 @@ impl Pools {
                 Ok(Err(e)) => Err(super::security::explain(&e)),
                 Ok(Ok(c)) => Ok((Conn::Cluster(c), None)),
             },
-            Pools::Sentinel(connector) => {
-                match tokio::time::timeout(t, connector.connect(timeouts.connect, timeouts.response)).await {
+            Pools::Sentinel(watch) => {
+                match tokio::time::timeout(t, watch.connect(timeouts.connect, timeouts.response)).await {
                     Err(_) => Err(late()),
                     Ok(Err(e)) => Err(e),
                     Ok(Ok((c, addr))) => Ok((Conn::Single(c), Some(addr))),
@@ -177,13 +177,11 @@ pub(crate) struct Link {
     /// between; 0 while they succeed.
     failing_since: AtomicU64,
     base: Instant,
-    /// Sentinel stores: asks the sentinels which server is the primary.
-    sentinel: Option<Arc<Watch>>,
-    /// Whether the task that polls the sentinels runs.
+    /// Whether the task that polls the sentinels runs (sentinel stores).
     watching: AtomicBool,
     /// Cluster stores: since when (ms since `base`, plus one) each failing slot has failed
     /// with no success in between; `slots_failing` tells whether there is any.
-    failing_slots: Mutex<HashMap<u16, u64>>,
+    failing_slots: Mutex<HashMap<u16, SlotFailures>>,
     slots_failing: AtomicBool,
     /// Cluster stores: the last success, as ms since `base` (plus one) << 16 | its slot.
     last_ok: AtomicU64,
@@ -205,12 +203,7 @@ struct State {
 
 impl Link {
     pub(crate) fn new(origin: Origin, timeouts: Timeouts) -> Arc<Self> {
-        let sentinel = match &origin {
-            Origin::Sentinel(s) => Some(Watch::new(s.clone())),
-            _ => None,
-        };
         Arc::new(Self {
-            sentinel,
             watching: AtomicBool::new(false),
             failing_slots: Mutex::new(HashMap::new()),
             slots_failing: AtomicBool::new(false),
@@ -327,7 +320,13 @@ impl Link {
         let since = {
             let mut failing = self.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             self.slots_failing.store(true, Ordering::Relaxed);
-            *failing.entry(slot).or_insert(now)
+            let f = failing.entry(slot).or_insert(SlotFailures { since: now, last: now });
+            // Failures a quiet while apart (a rarely used key) are no run of failures.
+            if now - f.last > millis(SLOT_STALE_AFTER) {
+                f.since = now;
+            }
+            f.last = now;
+            f.since
         };
         let failed_for = now - since;
         if failed_for >= millis(SLOT_STALE_AFTER) {
@@ -447,9 +446,9 @@ impl Link {
         drop(s);
         self.attempts.send_modify(|n| *n += 1);
         if ok {
-            if let Some(watch) = &self.sentinel {
-                if !self.watching.swap(true, Ordering::Relaxed) {
-                    tokio::spawn(watch_loop(Arc::downgrade(self), Arc::clone(watch)));
+            if let Ok(Pools::Sentinel(watch)) = self.pools() {
+                if !self.watching.swap(true, Ordering::AcqRel) {
+                    tokio::spawn(watch_loop(Arc::downgrade(self), watch));
                 }
             }
         }
@@ -464,6 +463,8 @@ fn millis(d: Duration) -> u64 {
 /// A slot-map refresh: a new connection, swapped in when made (the failing slots start
 /// afresh); on failure, the next failing call may try again after [`REFRESH_GAP`].
 async fn refresh_task(link: Weak<Link>) {
+    // Cleared however the task ends, also when its runtime shuts down under it.
+    let _refreshing = ClearOnDrop(link.clone(), |l| &l.refreshing);
     let Some(strong) = link.upgrade() else { return };
     let (timeouts, pools) = (strong.timeouts, strong.pools());
     drop(strong);
@@ -487,17 +488,30 @@ async fn refresh_task(link: Weak<Link>) {
         }
         Err(e) => tracing::warn!(target: "tollgate", error = %e, "could not refresh the redis cluster slot map"),
     }
-    strong.refreshing.store(false, Ordering::Release);
+}
+
+/// Clears a flag of the link when dropped: a task that ends in any way, also dropped
+/// unfinished with its runtime, lets the next one start.
+struct ClearOnDrop(Weak<Link>, fn(&Link) -> &AtomicBool);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        if let Some(link) = self.0.upgrade() {
+            (self.1)(&link).store(false, Ordering::Release);
+        }
+    }
 }
 
 /// Connects, retrying with backoff, until connected or the store is dropped.
 async fn connect_loop(link: Weak<Link>) {
+    // A loop dropped unfinished (its runtime shut down) lets the next request start one.
+    let mut unfinished = NotConnecting(Some(link.clone()));
     let mut pause = BACKOFF.0;
     loop {
         let Some(strong) = link.upgrade() else { return };
         let timeouts = strong.timeouts;
         let pools = strong.pools();
-        let watch_pause = strong.sentinel.is_some();
+        let watch_pause = matches!(strong.origin, Origin::Sentinel(_));
         drop(strong);
         let result = match pools {
             Ok(pools) => pools.connect(timeouts).await,
@@ -506,6 +520,7 @@ async fn connect_loop(link: Weak<Link>) {
         let Some(strong) = link.upgrade() else { return };
         if strong.finish_attempt(result) {
             tracing::debug!(target: "tollgate", "connected to redis");
+            unfinished.0 = None;
             return;
         }
         drop(strong);
@@ -521,6 +536,7 @@ async fn connect_loop(link: Weak<Link>) {
 /// and replaces a connection made to another one (after `SENTINEL FAILOVER` the old
 /// primary stays writable for seconds, with its clients connected). Ends with the store.
 async fn watch_loop(link: Weak<Link>, watch: Arc<Watch>) {
+    let _watching = ClearOnDrop(link.clone(), |l| &l.watching);
     loop {
         tokio::time::sleep(sentinel::POLL).await;
         let Some(strong) = link.upgrade() else { return };
@@ -532,10 +548,30 @@ async fn watch_loop(link: Weak<Link>, watch: Arc<Watch>) {
         drop(strong);
         // Without a connection, the connection task asks the sentinels itself.
         let Some((generation, primary)) = current else { continue };
-        let Ok(named) = watch.primary(timeouts.connect).await else { continue };
-        if named != primary {
+        let Ok(named) = watch.primary(sentinel::question_timeout(timeouts.connect)).await else { continue };
+        // A majority, or a lagging or cut-off sentinel could move the store back and forth.
+        if named.addr() != primary && watch.is_majority(&named) {
             let Some(strong) = link.upgrade() else { return };
-            strong.replace(generation, format!("the sentinels now name {named} as the primary, not {primary}"));
+            let why = format!("the sentinels now name {} as the primary, not {primary}", named.addr());
+            strong.replace(generation, why);
+        }
+    }
+}
+
+/// A slot's run of failures: since when, and the latest (ms since `Link::base`, plus one).
+struct SlotFailures {
+    since: u64,
+    last: u64,
+}
+
+/// While a connection loop runs: if it is dropped before connecting, the link may start
+/// another.
+struct NotConnecting(Option<Weak<Link>>);
+
+impl Drop for NotConnecting {
+    fn drop(&mut self) {
+        if let Some(link) = self.0.take().and_then(|l| l.upgrade()) {
+            link.state().connecting = false;
         }
     }
 }

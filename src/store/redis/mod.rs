@@ -48,7 +48,9 @@
 //! The store takes one multiplexed connection (or one cluster connection) out of its
 //! deadpool pool and pipelines every request over clones of it: deadpool's per-checkout
 //! `PING` never runs. When the connection breaks it is replaced by a background task;
-//! until then requests fail at once with [`StoreError::Unavailable`] instead of waiting.
+//! until then requests fail at once with [`StoreError::NotConnected`] instead of waiting
+//! (which the circuit breaker does not count: limiting resumes as soon as the connection
+//! is back).
 //! The only wait is a new store's very first request, for the first connection attempt
 //! (at most the response timeout); [`RedisStore::ping`] at start-up connects ahead.
 //! A cluster store made by [`RedisStore::cluster`] uses redis-rs's cluster client with
@@ -57,7 +59,7 @@
 //! # Redis Sentinel
 //!
 //! `RedisStore::from_url("redis+sentinel://…/mymaster")` asks the sentinels for the
-//! primary (deadpool-redis's sentinel pool; the server must answer `ROLE` as a primary)
+//! primary (the server it names must answer `ROLE` as a primary)
 //! and decides there as on a standalone server. It follows a failover by itself:
 //! - the old primary dies, or Sentinel reconfigures it and closes its clients: the
 //!   connection breaks and is made again in the background, asking the sentinels again
@@ -68,14 +70,18 @@
 //!   store asks the sentinels every 250 ms which server is the primary and moves when
 //!   they name another.
 //!
-//! Meanwhile requests fail at once ([`StoreError::Unavailable`], handled by the fail
-//! mode), never wait.
+//! Meanwhile requests fail at once ([`StoreError::NotConnected`], handled by the fail
+//! mode), never wait. The sentinels are asked all at once, each within a quarter of the
+//! connect timeout: one that hangs or lags costs only its vote. A connection goes to the
+//! address most of them name; the watch moves a working one only when a majority names
+//! another.
 //!
 //! # Cluster failover
 //!
 //! When a master dies or hangs and its replica takes over, redis-rs does not always read
 //! the slot map again by itself (not for a node that stopped answering). The store does:
-//! when the calls for one slot have failed for a second with no success, it makes a new
+//! when the calls for one slot have failed (or been cut off by the caller's deadline after
+//! waiting 5 ms) for a second with no success, it makes a new
 //! cluster connection in the background (which reads the slot map) and swaps it in; the
 //! old one serves every other slot meanwhile. A failure of one slot while others answer
 //! is [`StoreError::NodeUnavailable`], which the circuit breaker does not count, so one
@@ -512,6 +518,13 @@ impl Store for RedisStore {
 
     fn is_local(&self) -> bool {
         false
+    }
+
+    /// On a cluster, [`StoreError::NodeUnavailable`] while calls about other slots
+    /// succeed: the deadline cut off a call to one failing node.
+    fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
+        let slot = checks.first().and_then(|c| self.inner.slot_of(&c.key));
+        self.inner.on_node(slot, StoreError::Timeout(deadline))
     }
 
     /// The store as built by `from_url`, `new`, `cluster` or `cluster_pool`, and its key

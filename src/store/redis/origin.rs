@@ -109,6 +109,9 @@ pub(crate) fn parse_sentinel_url(url: &str) -> Result<Sentinel, BuildError> {
         None => (None, rest),
     };
     let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("names no master"))?;
+    if path.contains(['?', '#']) {
+        return Err(bad("has a query or fragment, which the sentinel form does not take"));
+    }
     let (master, db) = match path.split_once('/') {
         Some((master, db)) => (master, db),
         None => (path, ""),
@@ -126,17 +129,21 @@ pub(crate) fn parse_sentinel_url(url: &str) -> Result<Sentinel, BuildError> {
         }
         // A bare host gets the sentinel port; `[v6]` and `host:port` keep theirs.
         let has_port = host.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && !p.contains(']'));
+        if host.ends_with(':') {
+            return Err(bad("has a sentinel address with an empty port"));
+        }
         let addr = if has_port { host.to_owned() } else { format!("{host}:{SENTINEL_PORT}") };
         sentinels.push(parse_url(&format!("{node_scheme}://{addr}"))?);
     }
     if sentinels.is_empty() {
         return Err(bad("names no sentinel"));
     }
+    // The primary's settings, on a placeholder host: each connection gets the address the
+    // sentinels name.
     let credentials = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-    let first = sentinels[0].addr().to_string();
-    let node_url = format!("{node_scheme}://{credentials}{first}/{db}");
+    let node_url = format!("{node_scheme}://{credentials}primary.invalid/{db}");
     let node = parse_url(&node_url).map_err(|_| bad("has user info that is not a valid URL user info"))?;
-    Ok(Sentinel { sentinels, master: master.to_owned(), node: node.redis_settings().clone(), tls })
+    Ok(Sentinel { sentinels, master: master.to_owned(), node, tls })
 }
 
 /// `rediss://` needs the `redis-tls` feature; `#insecure` (no certificate check) is refused.
@@ -179,7 +186,8 @@ mod tests {
         let s = parse_sentinel_url("redis+sentinel://app:p%40ss@10.0.0.1,10.0.0.2:26380,[::1]:26381/cache/2").unwrap();
         assert_eq!(addrs(&s), ["10.0.0.1:26379", "10.0.0.2:26380", "::1:26381"]);
         assert_eq!(s.master, "cache");
-        assert_eq!((s.node.db(), s.node.username(), s.node.password()), (2, Some("app"), Some("p@ss")));
+        let node = s.node.redis_settings();
+        assert_eq!((node.db(), node.username(), node.password()), (2, Some("app"), Some("p@ss")));
         assert!(!s.tls);
         // The user info is the primary's: the sentinels get none unless given.
         assert!(s.sentinels.iter().all(|i| i.redis_settings().password().is_none()));
@@ -187,7 +195,11 @@ mod tests {
         assert!(s.sentinels.iter().all(|i| i.redis_settings().password() == Some("watch")));
 
         let s = parse_sentinel_url("redis+sentinel://127.0.0.1:26379/mymaster").unwrap();
-        assert_eq!((s.node.db(), s.node.password()), (0, None));
+        assert_eq!((s.node.redis_settings().db(), s.node.redis_settings().password()), (0, None));
+        // An IPv6 sentinel may come first.
+        let s = parse_sentinel_url("redis+sentinel://:pw@[::1]:26380,[::1]/m").unwrap();
+        assert_eq!(addrs(&s), ["::1:26380", "::1:26379"]);
+        assert_eq!(s.node.redis_settings().password(), Some("pw"));
     }
 
     #[test]
@@ -198,6 +210,8 @@ mod tests {
             ("redis+sentinel://:hunter2@127.0.0.1:26379/m/zero", "not a number"),
             ("redis+sentinel://:hunter2@127.0.0.1:26379,/m", "empty sentinel address"),
             ("redis+sentinel://:hunter2@127.0.0.1:notaport/m", "invalid redis URL"),
+            ("redis+sentinel://:hunter2@127.0.0.1:/m", "empty port"),
+            ("redis+sentinel://:hunter2@127.0.0.1/m?protocol=resp3", "query"),
         ] {
             let err = parse_sentinel_url(url).err().unwrap().to_string();
             assert!(err.contains(says) && !err.contains("hunter2"), "{url}: {err}");

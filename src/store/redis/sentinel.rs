@@ -1,7 +1,11 @@
-//! Redis Sentinel: the `redis+sentinel://` URL, the connections made to the primary the
-//! sentinels name (redis-rs's `SentinelClient`: it asks them, and checks that the server
-//! answers `ROLE` as a primary), and the watch that follows a switch which left the old
-//! connection open.
+//! Redis Sentinel: what a `redis+sentinel://` URL names, the question to the sentinels
+//! (all at once, each bounded: one that hangs or lags costs only its vote), the
+//! connection to the primary they name (checked with `ROLE`), and the watch that follows
+//! a switch which left the old connection open.
+//!
+//! redis-rs's `SentinelClient` asks the sentinels in order and waits for each answer in
+//! turn with its own timeouts, so a hung sentinel first in the list stalls every
+//! connection attempt; and it trusts the first answer. Hence the few lines here.
 //!
 //! A connection learns of most failovers by itself: the old primary dies (the socket
 //! fails), or Sentinel turns it into a replica and closes its clients. Two cases keep an
@@ -11,15 +15,14 @@
 //! - `SENTINEL FAILOVER` promotes the replica while the old primary stays a writable
 //!   primary for seconds more (Sentinel reconfigures it only after about four publish
 //!   periods): units counted there would be lost. The watch asks the sentinels every
-//!   250 ms which server is the primary and replaces the connection when it is not the
-//!   one the connection was made to.
+//!   250 ms which server is the primary and replaces the connection when a majority of
+//!   them name another one than the connection was made to.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use deadpool_redis::redis::{self, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, TlsMode};
+use deadpool_redis::redis::{self, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo};
 
 /// How often the watch asks the sentinels which server is the primary. Once a failover
 /// has promoted the replica, the sentinels name it (`SENTINEL GET-MASTER-ADDR-BY-NAME`)
@@ -37,8 +40,9 @@ pub(crate) struct Sentinel {
     pub(crate) sentinels: Vec<ConnectionInfo>,
     /// The name the sentinels monitor the primary under (`sentinel monitor <name> …`).
     pub(crate) master: String,
-    /// The primary's database and credentials (the URL's user info).
-    pub(crate) node: redis::RedisConnectionInfo,
+    /// The primary's settings: database, credentials (the URL's user info), TLS; on a
+    /// placeholder address that each connection replaces with the one the sentinels name.
+    pub(crate) node: ConnectionInfo,
     /// TLS to the sentinels and to the primary (`rediss+sentinel://`).
     pub(crate) tls: bool,
 }
@@ -61,111 +65,163 @@ impl Sentinel {
         self
     }
 
-    /// The client that finds the primary: it asks the sentinels, and checks that the
-    /// server they name answers `ROLE` as a primary.
-    pub(crate) fn client(&self) -> Result<Connector, String> {
-        let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(self.node.clone());
-        if self.tls {
-            node = node.set_tls_mode(TlsMode::Secure);
-        }
-        SentinelClient::build(self.sentinels.clone(), self.master.clone(), Some(node), SentinelServerType::Master)
-            .map(|client| Connector(Arc::new(tokio::sync::Mutex::new(client))))
-            .map_err(|e| e.to_string())
+    /// The primary's connection settings at `host:port`.
+    fn at(&self, host: &str, port: u16) -> ConnectionInfo {
+        let addr = match self.node.addr().clone() {
+            ConnectionAddr::TcpTls { insecure, tls_params, .. } => {
+                ConnectionAddr::TcpTls { host: host.to_owned(), port, insecure, tls_params }
+            }
+            _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        self.node.clone().set_addr(addr)
     }
 }
 
-/// Makes connections to the primary the sentinels name.
-#[derive(Clone)]
-pub(crate) struct Connector(Arc<tokio::sync::Mutex<SentinelClient>>);
+/// A primary as the sentinels name it, with how many of them did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Named {
+    host: String,
+    port: u16,
+    votes: usize,
+}
 
-impl Connector {
-    /// A connection to the primary, and its address (`host:port`) as the sentinels name it.
-    /// `connect` bounds the connection's making, `response` each command on it.
+impl Named {
+    /// `host:port`.
+    pub(crate) fn addr(&self) -> String {
+        ConnectionAddr::Tcp(self.host.clone(), self.port).to_string()
+    }
+}
+
+/// Asks the sentinels which server is the primary, each over a cached connection.
+pub(crate) struct Watch {
+    sentinel: Sentinel,
+    conns: Mutex<Vec<Option<MultiplexedConnection>>>,
+}
+
+impl Watch {
+    pub(crate) fn new(sentinel: Sentinel) -> Arc<Self> {
+        let n = sentinel.sentinels.len();
+        Arc::new(Self { sentinel, conns: Mutex::new(vec![None; n]) })
+    }
+
+    fn cached(&self, i: usize) -> Option<MultiplexedConnection> {
+        self.conns.lock().unwrap_or_else(PoisonError::into_inner)[i].clone()
+    }
+
+    fn cache(&self, i: usize, conn: Option<MultiplexedConnection>) {
+        self.conns.lock().unwrap_or_else(PoisonError::into_inner)[i] = conn;
+    }
+
+    /// Sentinel `i`'s answer within `timeout`: the primary's address, or `None` for a
+    /// name it does not monitor.
+    async fn ask_one(&self, i: usize, timeout: Duration) -> Result<Option<(String, u16)>, String> {
+        let info = &self.sentinel.sentinels[i];
+        let said = |e: &redis::RedisError| format!("sentinel {}: {}", info.addr(), super::security::explain(e));
+        let late = || format!("sentinel {}: no answer within {timeout:?}", info.addr());
+        let mut conn = match self.cached(i) {
+            Some(conn) => conn,
+            None => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout));
+                let client = redis::Client::open(info.clone()).map_err(|e| said(&e))?;
+                let made = client.get_multiplexed_async_connection_with_config(&config);
+                tokio::time::timeout(timeout, made).await.map_err(|_| late())?.map_err(|e| said(&e))?
+            }
+        };
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.sentinel.master);
+        let answer = tokio::time::timeout(timeout, cmd.query_async::<Option<(String, u16)>>(&mut conn)).await;
+        match answer {
+            Ok(Ok(reply)) => {
+                self.cache(i, Some(conn));
+                Ok(reply)
+            }
+            Ok(Err(e)) => {
+                self.cache(i, None);
+                Err(said(&e))
+            }
+            Err(_) => {
+                self.cache(i, None);
+                Err(late())
+            }
+        }
+    }
+
+    /// Asks every sentinel at once: the address most of them name (between equal votes,
+    /// the one named by the sentinel first in the URL).
+    pub(crate) async fn primary(&self, timeout: Duration) -> Result<Named, String> {
+        let n = self.sentinel.sentinels.len();
+        let answers = futures_util::future::join_all((0..n).map(|i| self.ask_one(i, timeout))).await;
+        let mut named: Vec<Named> = Vec::new();
+        let (mut unknown, mut last_error) = (0, None);
+        for answer in answers {
+            match answer {
+                Ok(Some((host, port))) => match named.iter_mut().find(|c| c.host == host && c.port == port) {
+                    Some(c) => c.votes += 1,
+                    None => named.push(Named { host, port, votes: 1 }),
+                },
+                Ok(None) => unknown += 1,
+                Err(e) => last_error = Some(e),
+            }
+        }
+        // A stable sort: between equal votes the first named stays first.
+        named.sort_by_key(|c| std::cmp::Reverse(c.votes));
+        match named.into_iter().next() {
+            Some(best) => Ok(best),
+            None if unknown > 0 => Err(format!(
+                "the sentinels at {} monitor no master named {:?}",
+                self.sentinel.addrs(),
+                self.sentinel.master
+            )),
+            None => Err(format!(
+                "no sentinel of {} answered ({})",
+                self.sentinel.addrs(),
+                last_error.unwrap_or_else(|| "none given".into())
+            )),
+        }
+    }
+
+    /// Whether a majority of the URL's sentinels named `named`: only then does the watch
+    /// move a working connection (a sentinel that lags or is cut off from the others may
+    /// still name an old primary).
+    pub(crate) fn is_majority(&self, named: &Named) -> bool {
+        named.votes > self.sentinel.sentinels.len() / 2
+    }
+
+    /// A connection to the primary the sentinels name, checked to answer `ROLE` as a
+    /// primary, and its address. `connect` bounds the connection's making (the
+    /// sentinels get a quarter of it to answer), `response` each command on it.
     pub(crate) async fn connect(
         &self,
         connect: Duration,
         response: Duration,
     ) -> Result<(MultiplexedConnection, String), String> {
-        let client = self.0.lock().await.async_get_client().await.map_err(|e| super::security::explain(&e))?;
-        let addr = client.get_connection_info().addr().to_string();
+        let named = self.primary(question_timeout(connect)).await?;
+        let addr = named.addr();
+        let said = |e: &redis::RedisError| format!("primary {addr}: {}", super::security::explain(e));
         let config =
             AsyncConnectionConfig::new().set_connection_timeout(Some(connect)).set_response_timeout(Some(response));
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|e| format!("primary {addr}: {}", super::security::explain(&e)))?;
-        Ok((conn, addr))
-    }
-}
-
-/// Asks the sentinels which server is the primary, over one cached connection to the
-/// first sentinel that answers.
-pub(crate) struct Watch {
-    sentinel: Sentinel,
-    conn: Mutex<Option<MultiplexedConnection>>,
-}
-
-impl Watch {
-    pub(crate) fn new(sentinel: Sentinel) -> Arc<Self> {
-        Arc::new(Self { sentinel, conn: Mutex::new(None) })
-    }
-
-    fn cached(&self) -> Option<MultiplexedConnection> {
-        self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    fn cache(&self, conn: Option<MultiplexedConnection>) {
-        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = conn;
-    }
-
-    /// The primary as the sentinels name it now: `host:port`; `timeout` bounds each
-    /// connection and question.
-    pub(crate) async fn primary(&self, timeout: Duration) -> Result<String, String> {
-        let master = &self.sentinel.master;
-        if let Some(mut conn) = self.cached() {
-            match ask(&mut conn, master, timeout).await {
-                Ok(addr) => return addr.ok_or_else(|| self.unknown()),
-                Err(_) => self.cache(None),
-            }
+        let client = redis::Client::open(self.sentinel.at(&named.host, named.port)).map_err(|e| said(&e))?;
+        let mut conn = client.get_multiplexed_async_connection_with_config(&config).await.map_err(|e| said(&e))?;
+        let role: redis::Value = redis::cmd("ROLE").query_async(&mut conn).await.map_err(|e| said(&e))?;
+        match role {
+            redis::Value::Array(items) if items.first().is_some_and(|r| is_text(r, "master")) => Ok((conn, addr)),
+            other => Err(format!("{addr}, named by the sentinels, is not a primary (ROLE: {other:?})")),
         }
-        let mut last = String::from("no sentinel given");
-        for info in &self.sentinel.sentinels {
-            let config =
-                AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
-            let connected = match redis::Client::open(info.clone()) {
-                Ok(client) => client.get_multiplexed_async_connection_with_config(&config).await,
-                Err(e) => Err(e),
-            };
-            let mut conn = match connected {
-                Ok(conn) => conn,
-                Err(e) => {
-                    last = format!("sentinel {}: {}", info.addr(), super::security::explain(&e));
-                    continue;
-                }
-            };
-            match ask(&mut conn, master, timeout).await {
-                Ok(addr) => {
-                    self.cache(Some(conn));
-                    return addr.ok_or_else(|| self.unknown());
-                }
-                Err(e) => last = format!("sentinel {}: {}", info.addr(), super::security::explain(&e)),
-            }
-        }
-        Err(format!("no sentinel of {} answered ({last})", self.sentinel.addrs()))
-    }
-
-    fn unknown(&self) -> String {
-        format!("the sentinels at {} monitor no master named {:?}", self.sentinel.addrs(), self.sentinel.master)
     }
 }
 
-/// `SENTINEL GET-MASTER-ADDR-BY-NAME`: `host:port`, or `None` for an unknown name.
-async fn ask(conn: &mut MultiplexedConnection, master: &str, timeout: Duration) -> redis::RedisResult<Option<String>> {
-    let mut cmd = redis::cmd("SENTINEL");
-    cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(master);
-    let reply: Option<(String, u16)> = match tokio::time::timeout(timeout, cmd.query_async(conn)).await {
-        Ok(reply) => reply?,
-        Err(_) => return Err(redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))),
-    };
-    Ok(reply.map(|(host, port)| ConnectionAddr::Tcp(host, port).to_string()))
+/// How long each sentinel has to answer a question, out of a connection attempt's
+/// `connect`: a quarter, so that a sentinel that hangs leaves time for the connection.
+pub(crate) fn question_timeout(connect: Duration) -> Duration {
+    connect / 4
+}
+
+fn is_text(v: &redis::Value, text: &str) -> bool {
+    match v {
+        redis::Value::BulkString(b) => b == text.as_bytes(),
+        redis::Value::SimpleString(s) => s == text,
+        _ => false,
+    }
 }
