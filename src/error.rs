@@ -75,8 +75,8 @@ pub enum StoreError {
     NotConnected(String),
     /// One node of a clustered store failed (did not answer in time, or its connection
     /// broke) while the store's other nodes answer: the keys it serves are undecided,
-    /// the others are not affected. The circuit breaker does not count it, so that one
-    /// failed node does not stop the calls to the healthy ones.
+    /// the others are not affected. The circuit breaker does not count it (nor take it for
+    /// a success), so that one failed node does not stop the calls to the healthy ones.
     #[error("store node unavailable: {0}")]
     NodeUnavailable(String),
     /// Too many store calls were already in flight; this one was not queued.

@@ -615,3 +615,71 @@ fn rule_names_are_claimed_per_store_and_prefix() {
     drop(first);
     let _again = claim(store).unwrap();
 }
+
+fn connections_received(server: &RedisServer) -> u64 {
+    let stats = server.cmd(&["INFO", "stats"]);
+    let line = stats.lines().find(|l| l.starts_with("total_connections_received:")).expect("the field");
+    line.trim().rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// A store used from one runtime, whose reconnection task that runtime drops before it ever
+/// runs, reconnects from the next runtime (the task's flag used to stay set for good).
+#[test]
+fn a_reconnection_dropped_with_its_runtime_is_made_again_from_the_next() {
+    let server = RedisServer::start();
+    let c = check("rt", "k", Algorithm::Gcra, Quota::per_second(100));
+    let rt = || tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = rt().block_on(async {
+        let store = RedisStore::from_url(&server.url()).unwrap();
+        store.ping().await.unwrap();
+        store
+    });
+    server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
+    // The broken connection is noticed, and a reconnection spawned on a runtime that
+    // ends at once, before the task is first polled.
+    let first = rt().block_on(store.check(std::slice::from_ref(&c)));
+    assert!(first.is_err(), "the killed connection must fail once: {first:?}");
+    let again = rt().block_on(async {
+        let until = Instant::now() + Duration::from_secs(3);
+        loop {
+            match store.check(std::slice::from_ref(&c)).await {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > until => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    });
+    assert!(again.is_ok(), "never reconnected: {again:?}");
+}
+
+/// A check cut off by its caller while Redis is briefly slow counts as a timeout of the
+/// connection; two of them seconds apart on a healthy server are no outage, and the
+/// connection is kept (it used to be replaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_cut_off_checks_do_not_replace_a_healthy_connection() {
+    let server = RedisServer::start_with_args(&["--enable-debug-command", "local"]);
+    let store = store_for(&server).await;
+    let c = check("cut", "k", Algorithm::Gcra, Quota::per_second(100));
+    store.check(std::slice::from_ref(&c)).await.unwrap();
+    let connections = connections_received(&server);
+    for _ in 0..2 {
+        let port = server.port();
+        let sleeper = std::thread::spawn(move || {
+            let out = std::process::Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "DEBUG", "SLEEP", "0.5"])
+                .output()
+                .expect("redis-cli");
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Cut off by the caller while the server sleeps.
+        let cut = tokio::time::timeout(Duration::from_millis(30), store.check(std::slice::from_ref(&c))).await;
+        assert!(cut.is_err(), "the server was asleep");
+        sleeper.join().unwrap();
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    }
+    let after = store.check(std::slice::from_ref(&c)).await;
+    assert!(after.is_ok(), "{after:?}");
+    // The test's own redis-cli calls are connections too: two sleepers, one INFO.
+    assert_eq!(connections_received(&server), connections + 3, "the store reconnected");
+}

@@ -113,10 +113,10 @@ impl Runtime {
         };
         crate::metrics::store_latency(started.elapsed());
         match &r {
-            // The store answers, on its other nodes: nothing for the breaker to stop.
-            Ok(_) | Err(StoreError::NodeUnavailable(_)) => permit.success(),
-            // Failed at once: nothing for the breaker to spare.
-            Err(StoreError::NotConnected(_)) => permit.neutral(self.mono_us()),
+            Ok(_) => permit.success(),
+            // One node failed while the others answer (the breaker would stop the healthy
+            // ones too), or the call failed at once (nothing to spare): not counted.
+            Err(StoreError::NodeUnavailable(_) | StoreError::NotConnected(_)) => permit.neutral(self.mono_us()),
             Err(_) => permit.failure(self.mono_us()),
         }
         r

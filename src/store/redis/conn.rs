@@ -176,6 +176,8 @@ pub(crate) struct Link {
     /// Since when (ms since `base`, plus one) requests have failed without a success in
     /// between; 0 while they succeed.
     failing_since: AtomicU64,
+    /// When the latest failure was (same clock): a run of failures ends after a quiet while.
+    failing_last: AtomicU64,
     base: Instant,
     /// Whether the task that polls the sentinels runs (sentinel stores).
     watching: AtomicBool,
@@ -216,6 +218,7 @@ impl Link {
             state: Mutex::new(State::default()),
             attempts: watch::Sender::new(0),
             failing_since: AtomicU64::new(0),
+            failing_last: AtomicU64::new(0),
             base: Instant::now(),
         })
     }
@@ -282,7 +285,8 @@ impl Link {
             .map_err(|_| "RedisStore must be used inside a tokio runtime".to_owned())?;
         s.connecting = true;
         drop(s);
-        handle.spawn(connect_loop(Arc::downgrade(self)));
+        // The guard goes in with the task: dropped even if the task never runs.
+        handle.spawn(connect_loop(Arc::downgrade(self), NotConnecting(Some(Arc::downgrade(self)))));
         Ok(())
     }
 
@@ -316,19 +320,20 @@ impl Link {
     /// A request about keys of cluster slot `slot` failed: when the slot has failed for
     /// [`SLOT_STALE_AFTER`] with no success, the slot map is asked for again.
     fn on_slot_failure(self: &Arc<Self>, slot: u16) {
-        let now = self.elapsed_ms() + 1;
-        let since = {
+        let (now, since) = {
             let mut failing = self.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Read under the lock: no other failure of the slot can be later.
+            let now = self.elapsed_ms() + 1;
             self.slots_failing.store(true, Ordering::Relaxed);
             let f = failing.entry(slot).or_insert(SlotFailures { since: now, last: now });
             // Failures a quiet while apart (a rarely used key) are no run of failures.
-            if now - f.last > millis(SLOT_STALE_AFTER) {
+            if now.saturating_sub(f.last) > millis(SLOT_STALE_AFTER) {
                 f.since = now;
             }
             f.last = now;
-            f.since
+            (now, f.since)
         };
-        let failed_for = now - since;
+        let failed_for = now.saturating_sub(since);
         if failed_for >= millis(SLOT_STALE_AFTER) {
             self.refresh(format!("calls for cluster slot {slot} have failed for {failed_for} ms"));
         }
@@ -351,7 +356,7 @@ impl Link {
         };
         self.last_refresh.store(now, Ordering::Relaxed);
         tracing::warn!(target: "tollgate", reason = %why, "refreshing the redis cluster slot map in the background");
-        handle.spawn(refresh_task(Arc::downgrade(self)));
+        handle.spawn(refresh_task(Arc::downgrade(self), ClearOnDrop(Arc::downgrade(self), |l| &l.refreshing)));
     }
 
     /// A request on connection `generation` (about keys of `slot`, on a cluster) failed.
@@ -388,10 +393,14 @@ impl Link {
             self.on_slot_failure(slot);
         }
         let now = self.elapsed_ms() + 1;
-        let since = match self.failing_since.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return,
-            Err(since) => since,
-        };
+        let last = self.failing_last.swap(now, Ordering::Relaxed);
+        let since = self.failing_since.load(Ordering::Relaxed);
+        // A new run of failures: the first since a success, or one a quiet while after the
+        // last failure (isolated cut-offs on a healthy server are no outage).
+        if since == 0 || last == 0 || now.saturating_sub(last) > millis(STALE_AFTER) {
+            self.failing_since.store(now, Ordering::Relaxed);
+            return;
+        }
         let failing = now.saturating_sub(since);
         if failing >= millis(STALE_AFTER) {
             self.failing_since.store(0, Ordering::Relaxed);
@@ -448,7 +457,8 @@ impl Link {
         if ok {
             if let Ok(Pools::Sentinel(watch)) = self.pools() {
                 if !self.watching.swap(true, Ordering::AcqRel) {
-                    tokio::spawn(watch_loop(Arc::downgrade(self), watch));
+                    let guard = ClearOnDrop(Arc::downgrade(self), |l| &l.watching);
+                    tokio::spawn(watch_loop(Arc::downgrade(self), watch, guard));
                 }
             }
         }
@@ -462,9 +472,9 @@ fn millis(d: Duration) -> u64 {
 
 /// A slot-map refresh: a new connection, swapped in when made (the failing slots start
 /// afresh); on failure, the next failing call may try again after [`REFRESH_GAP`].
-async fn refresh_task(link: Weak<Link>) {
-    // Cleared however the task ends, also when its runtime shuts down under it.
-    let _refreshing = ClearOnDrop(link.clone(), |l| &l.refreshing);
+/// `_refreshing` clears the flag however the task ends, also dropped unpolled with its
+/// runtime.
+async fn refresh_task(link: Weak<Link>, _refreshing: ClearOnDrop) {
     let Some(strong) = link.upgrade() else { return };
     let (timeouts, pools) = (strong.timeouts, strong.pools());
     drop(strong);
@@ -503,9 +513,9 @@ impl Drop for ClearOnDrop {
 }
 
 /// Connects, retrying with backoff, until connected or the store is dropped.
-async fn connect_loop(link: Weak<Link>) {
-    // A loop dropped unfinished (its runtime shut down) lets the next request start one.
-    let mut unfinished = NotConnecting(Some(link.clone()));
+/// `unfinished`: a loop dropped before connecting (its runtime shut down, even before it
+/// first ran) lets the next request start one.
+async fn connect_loop(link: Weak<Link>, mut unfinished: NotConnecting) {
     let mut pause = BACKOFF.0;
     loop {
         let Some(strong) = link.upgrade() else { return };
@@ -535,8 +545,7 @@ async fn connect_loop(link: Weak<Link>) {
 /// Sentinel stores: asks the sentinels every [`sentinel::POLL`] which server is the primary,
 /// and replaces a connection made to another one (after `SENTINEL FAILOVER` the old
 /// primary stays writable for seconds, with its clients connected). Ends with the store.
-async fn watch_loop(link: Weak<Link>, watch: Arc<Watch>) {
-    let _watching = ClearOnDrop(link.clone(), |l| &l.watching);
+async fn watch_loop(link: Weak<Link>, watch: Arc<Watch>, _watching: ClearOnDrop) {
     loop {
         tokio::time::sleep(sentinel::POLL).await;
         let Some(strong) = link.upgrade() else { return };

@@ -337,8 +337,8 @@ impl RedisStore {
             }
             Origin::Sentinel(_) => {
                 return Err(BuildError::InvalidStore(
-                    "root certificates cannot be given to a sentinel store (deadpool-redis builds \
-                     sentinel clients without them): add the CA to the system's trust store"
+                    "root certificates cannot be given to a sentinel store yet: add the CA to the \
+                     system's trust store"
                         .into(),
                 ))
             }

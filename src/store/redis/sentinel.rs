@@ -112,44 +112,54 @@ impl Watch {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)[i] = conn;
     }
 
-    /// Sentinel `i`'s answer within `timeout`: the primary's address, or `None` for a
-    /// name it does not monitor.
+    /// Sentinel `i`'s answer within `timeout` in all: the primary's address, or `None` for
+    /// a name it does not monitor. A cached connection that fails is replaced by a fresh
+    /// one at once (a restarted sentinel keeps its vote).
     async fn ask_one(&self, i: usize, timeout: Duration) -> Result<Option<(String, u16)>, String> {
         let info = &self.sentinel.sentinels[i];
-        let said = |e: &redis::RedisError| format!("sentinel {}: {}", info.addr(), super::security::explain(e));
-        let late = || format!("sentinel {}: no answer within {timeout:?}", info.addr());
-        let mut conn = match self.cached(i) {
-            Some(conn) => conn,
-            None => {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout));
-                let client = redis::Client::open(info.clone()).map_err(|e| said(&e))?;
-                let made = client.get_multiplexed_async_connection_with_config(&config);
-                tokio::time::timeout(timeout, made).await.map_err(|_| late())?.map_err(|e| said(&e))?
+        let asked = async {
+            let mut last = String::new();
+            for cached in [self.cached(i), None] {
+                let fresh = cached.is_none();
+                let mut conn = match cached {
+                    Some(conn) => conn,
+                    None => {
+                        let config = AsyncConnectionConfig::new()
+                            .set_connection_timeout(Some(timeout))
+                            .set_response_timeout(Some(timeout));
+                        let client = redis::Client::open(info.clone()).map_err(|e| e.to_string())?;
+                        client.get_multiplexed_async_connection_with_config(&config).await.map_err(|e| explain(&e))?
+                    }
+                };
+                let mut cmd = redis::cmd("SENTINEL");
+                cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.sentinel.master);
+                match cmd.query_async::<Option<(String, u16)>>(&mut conn).await {
+                    Ok(reply) => {
+                        self.cache(i, Some(conn));
+                        return Ok(reply);
+                    }
+                    Err(e) => {
+                        self.cache(i, None);
+                        last = explain(&e);
+                        if fresh {
+                            break;
+                        }
+                    }
+                }
             }
+            Err(last)
         };
-        let mut cmd = redis::cmd("SENTINEL");
-        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.sentinel.master);
-        let answer = tokio::time::timeout(timeout, cmd.query_async::<Option<(String, u16)>>(&mut conn)).await;
-        match answer {
-            Ok(Ok(reply)) => {
-                self.cache(i, Some(conn));
-                Ok(reply)
-            }
-            Ok(Err(e)) => {
-                self.cache(i, None);
-                Err(said(&e))
-            }
+        match tokio::time::timeout(timeout, asked).await {
+            Ok(answer) => answer.map_err(|e| format!("sentinel {}: {e}", info.addr())),
             Err(_) => {
                 self.cache(i, None);
-                Err(late())
+                Err(format!("sentinel {}: no answer within {timeout:?}", info.addr()))
             }
         }
     }
 
-    /// Asks every sentinel at once: the address most of them name (between equal votes,
-    /// the one named by the sentinel first in the URL).
+    /// Asks every sentinel at once: the address most of them name; an error when two
+    /// addresses have the most votes.
     pub(crate) async fn primary(&self, timeout: Duration) -> Result<Named, String> {
         let n = self.sentinel.sentinels.len();
         let answers = futures_util::future::join_all((0..n).map(|i| self.ask_one(i, timeout))).await;
@@ -165,8 +175,19 @@ impl Watch {
                 Err(e) => last_error = Some(e),
             }
         }
-        // A stable sort: between equal votes the first named stays first.
         named.sort_by_key(|c| std::cmp::Reverse(c.votes));
+        if let [first, second, ..] = named.as_slice() {
+            if first.votes == second.votes {
+                // A tie: one of them lags or is cut off, and both servers may still say they
+                // are the primary. Ask again soon rather than guess.
+                return Err(format!(
+                    "the sentinels disagree on the primary ({} and {}, {} votes each)",
+                    first.addr(),
+                    second.addr(),
+                    first.votes
+                ));
+            }
+        }
         match named.into_iter().next() {
             Some(best) => Ok(best),
             None if unknown > 0 => Err(format!(
@@ -216,6 +237,10 @@ impl Watch {
 /// `connect`: a quarter, so that a sentinel that hangs leaves time for the connection.
 pub(crate) fn question_timeout(connect: Duration) -> Duration {
     connect / 4
+}
+
+fn explain(e: &redis::RedisError) -> String {
+    super::security::explain(e)
 }
 
 fn is_text(v: &redis::Value, text: &str) -> bool {
