@@ -652,4 +652,46 @@ mod tls {
         let err = RedisStore::from_url("rediss://127.0.0.1:6380#insecure").unwrap_err().to_string();
         assert!(err.contains("no #insecure"), "{err}");
     }
+
+    /// `rediss+sentinel://`: TLS to the sentinels and to the primary they name, both under
+    /// a private CA given by `tls_root_certificates`, with the primary's password.
+    #[tokio::test]
+    async fn tls_sentinels_and_primary_under_a_private_ca() {
+        let dir = Dir::new();
+        let pki = new_pki(&["127.0.0.1", "localhost"]);
+        let (primary, primary_tls) = tls_server(&dir.0, &pki, "TLSv1.2 TLSv1.3", &["--requirepass", PASSWORD]);
+        let path = |name: &str| dir.0.join(name).to_str().unwrap().to_owned();
+        let mut sentinels = Vec::new();
+        let mut tls_ports = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let conf = format!(
+                "tls-port {port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+                 tls-auth-clients no\ntls-replication yes\n\
+                 sentinel monitor mymaster 127.0.0.1 {primary_tls} 2\nsentinel auth-pass mymaster {PASSWORD}\n",
+                path("cert.pem"),
+                path("key.pem"),
+                path("ca.pem"),
+            );
+            sentinels.push(RedisServer::builder().sentinel(&conf).start());
+            tls_ports.push(port);
+        }
+        for s in &sentinels {
+            let named = s.cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
+            assert!(named.ends_with(&primary_tls.to_string()), "{named}");
+        }
+        let hosts: Vec<String> = tls_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let url = format!("rediss+sentinel://:{}@{}/mymaster", encode(PASSWORD), hosts.join(","));
+
+        // The system's roots do not know the test CA: refused, and said why.
+        let err = RedisStore::from_url(&url).unwrap().ping().await.unwrap_err().to_string();
+        assert!(err.contains("not trusted"), "{err}");
+        assert_hidden("error", &err, &[PASSWORD]);
+
+        let store = RedisStore::from_url(&url).unwrap().tls_root_certificates(pki.ca.as_bytes()).unwrap();
+        store.ping().await.unwrap();
+        assert_decides(&store, "tls-sentinel").await;
+        assert_hidden("debug", &format!("{store:?}"), &[PASSWORD]);
+        drop(primary);
+    }
 }

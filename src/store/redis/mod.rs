@@ -307,13 +307,16 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     ///
+    /// For a `rediss+sentinel://` store, the CAs are trusted for the sentinels and the
+    /// primary alike.
+    ///
     /// # Errors
     ///
     /// [`BuildError::InvalidStore`] when `pem` holds no certificate or a malformed one,
-    /// when the store's URL is not `rediss://`, and for stores made by
-    /// [`RedisStore::cluster`] (deadpool-redis builds cluster clients without custom roots:
-    /// add the CA to the system's trust store) or from an application's pool (configure
-    /// TLS on the pool).
+    /// when the store's URL is not `rediss://` (or `rediss+sentinel://`), and for stores
+    /// made by [`RedisStore::cluster`] (not supported for cluster clients: add the CA to
+    /// the system's trust store) or from an application's pool (configure TLS on the
+    /// pool).
     #[cfg(feature = "redis-tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
     pub fn tls_root_certificates(self, pem: &[u8]) -> Result<Self, BuildError> {
@@ -335,12 +338,15 @@ impl RedisStore {
                         .into(),
                 ))
             }
-            Origin::Sentinel(_) => {
-                return Err(BuildError::InvalidStore(
-                    "root certificates cannot be given to a sentinel store yet: add the CA to the \
-                     system's trust store"
-                        .into(),
-                ))
+            Origin::Sentinel(s) => {
+                // The sentinels and the primary: one CA for all, as a private PKI has it.
+                let mut s = s.clone();
+                let with_roots = |info: &redis::ConnectionInfo| {
+                    security::with_root_certificates(info, pem).map_err(BuildError::InvalidStore)
+                };
+                s.sentinels = s.sentinels.iter().map(with_roots).collect::<Result<_, _>>()?;
+                s.node = with_roots(&s.node)?;
+                Origin::Sentinel(s)
             }
         };
         Ok(self.rebuild(|c| c.origin = origin))
