@@ -536,4 +536,68 @@ async fn a_sentinel_that_names_a_stale_primary_moves_nothing() {
     println!("with a stale sentinel first: {decided} checks decided, {} failed", errors.len());
     // Before, the watch believed the first answer and dropped the connection every 250 ms.
     assert!(errors.is_empty() && decided > 0, "{} errors, first {:?}", errors.len(), errors.first());
+
+    // Two real sentinels gone: the stale one and the last real one tie, one vote each. A
+    // new store asks both named servers and takes the one that is a primary.
+    let mut group = group;
+    group.sentinels[1].kill();
+    group.sentinels[2].kill();
+    let store = RedisStore::from_url(&sentinel_url(&ports)).unwrap();
+    store.ping().await.unwrap();
+    let limiter = limiter_with(store, DEADLINE);
+    let (decided, errors) = checks_for(&limiter, "tie", Duration::from_secs(1)).await;
+    assert!(errors.is_empty() && decided > 0, "{} errors, first {:?}", errors.len(), errors.first());
+}
+
+/// A stopped master whose keys are spread over many slots, each slot called rarely (every
+/// 1.5 s): the store still notices, from the number of slots failing, and its keys work
+/// again once the replica took over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_stopped_master_with_keys_over_many_slots() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start_with_replicas(3, false)).await.unwrap();
+    let master = (0..cluster.nodes().len()).find(|&i| cluster.node(i).cmd(&["ROLE"]).starts_with("master")).unwrap();
+    // Ten keys of that master, in ten slots.
+    let mut victims: Vec<(String, u16)> = Vec::new();
+    for key in keys("spread", 2_000) {
+        let slot: u16 = cluster.node(0).cmd(&["CLUSTER", "KEYSLOT", &key]).parse().unwrap();
+        if cluster.owner_of(slot) == Some(master) && victims.iter().all(|(_, s)| *s != slot) {
+            victims.push((key, slot));
+        }
+        if victims.len() == 10 {
+            break;
+        }
+    }
+    assert_eq!(victims.len(), 10);
+    let store = RedisStore::cluster(cluster.urls()).unwrap();
+    store.ping().await.unwrap();
+    let limiter = limiter_with(store, DEFAULT_DEADLINE);
+    // Busy keys on the other masters: their successes must not hide the failing one.
+    let other = keys("busy", 2_000)
+        .into_iter()
+        .find(|k| {
+            let slot: u16 = cluster.node(0).cmd(&["CLUSTER", "KEYSLOT", k]).parse().unwrap();
+            cluster.owner_of(slot).is_some_and(|o| o != master)
+        })
+        .unwrap();
+    let busy = Load::start(&limiter, &[other]);
+    cluster.node(master).pause();
+    let fault = Instant::now();
+    let bound = Duration::from_millis(CLUSTER_NODE_TIMEOUT_MS) + Duration::from_secs(5);
+    let mut last_failure = None;
+    let mut round = 0;
+    while fault.elapsed() < bound + Duration::from_secs(2) {
+        let key = &victims[round % victims.len()].0;
+        round += 1;
+        if limiter.check(key).await.store_error().is_some() {
+            last_failure = Some(fault.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    cluster.node(master).resume();
+    let busy = busy.finish().await;
+    assert!(busy.iter().all(|s| s.error.is_none()), "{:?}", busy.iter().find(|s| s.error.is_some()));
+    println!("keys over ten slots of a stopped master: last failure {last_failure:?} after the fault");
+    let last = last_failure.expect("the stopped master's keys failed at first");
+    assert!(last <= bound, "still failing {last:?} after the fault");
 }

@@ -683,3 +683,29 @@ async fn isolated_cut_off_checks_do_not_replace_a_healthy_connection() {
     // The test's own redis-cli calls are connections too: two sleepers, one INFO.
     assert_eq!(connections_received(&server), connections + 3, "the store reconnected");
 }
+
+/// A server that stops answering while calls are sparse (one every 2.5 s, each failing):
+/// the connection is replaced after three failures over 2 s or more, not kept for ever
+/// because the failures are far apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_under_sparse_calls_still_gets_a_new_connection() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    store.ping().await.unwrap();
+    let c = check("sparse", "k", Algorithm::Gcra, Quota::per_second(100));
+    server.pause();
+    let mut errors = Vec::new();
+    for _ in 0..4 {
+        errors.push(store.check(std::slice::from_ref(&c)).await.unwrap_err());
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    }
+    server.resume();
+    // Three timeouts, then the connection was replaced: the fourth call found none.
+    assert!(errors[..3].iter().all(|e| matches!(e, StoreError::Timeout(_))), "{errors:?}");
+    assert!(matches!(errors[3], StoreError::NotConnected(_)), "{errors:?}");
+    let until = Instant::now() + Duration::from_secs(5);
+    while store.check(std::slice::from_ref(&c)).await.is_err() {
+        assert!(Instant::now() < until, "no new connection after SIGCONT");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -147,8 +147,10 @@ impl Conn {
 }
 
 /// A connection in use that has seen no success for this long while its requests fail
-/// or time out is replaced (a half-open socket, a stopped server, a lost cluster).
+/// or time out ([`STALE_FAILURES`] of them at least) is replaced (a half-open socket, a
+/// stopped server, a lost cluster).
 const STALE_AFTER: Duration = Duration::from_secs(2);
+const STALE_FAILURES: u64 = 3;
 /// A cluster slot whose calls have failed for this long, without a success in between,
 /// while the connection is otherwise in use (a master that died or hangs, whose replica
 /// may have taken over), makes the store ask the cluster for its slot map again: redis-rs
@@ -157,6 +159,12 @@ const SLOT_STALE_AFTER: Duration = Duration::from_secs(1);
 /// How recent a success of another slot must be for a slot's failure to count as its
 /// node's ([`StoreError::NodeUnavailable`](crate::StoreError::NodeUnavailable)).
 const OTHERS_ANSWERED: Duration = Duration::from_secs(1);
+/// How many slots failing at once, with no success since, make the store read the slot
+/// map again even when none has failed twice.
+const SPREAD_SLOTS: usize = 8;
+/// A failing slot with no failure for this long starts afresh (a rarely used key's
+/// failures minutes apart are no outage).
+const SLOT_FORGET: Duration = Duration::from_secs(10);
 /// At most one slot-map refresh per this long.
 const REFRESH_GAP: Duration = Duration::from_secs(1);
 /// The least response timeout of a cluster node connection: redis-rs's own slot-map
@@ -176,14 +184,14 @@ pub(crate) struct Link {
     /// Since when (ms since `base`, plus one) requests have failed without a success in
     /// between; 0 while they succeed.
     failing_since: AtomicU64,
-    /// When the latest failure was (same clock): a run of failures ends after a quiet while.
-    failing_last: AtomicU64,
+    /// Failures in the current run (since `failing_since`).
+    failing_count: AtomicU64,
     base: Instant,
     /// Whether the task that polls the sentinels runs (sentinel stores).
     watching: AtomicBool,
     /// Cluster stores: since when (ms since `base`, plus one) each failing slot has failed
     /// with no success in between; `slots_failing` tells whether there is any.
-    failing_slots: Mutex<HashMap<u16, SlotFailures>>,
+    failing_slots: Mutex<SlotTable>,
     slots_failing: AtomicBool,
     /// Cluster stores: the last success, as ms since `base` (plus one) << 16 | its slot.
     last_ok: AtomicU64,
@@ -207,7 +215,7 @@ impl Link {
     pub(crate) fn new(origin: Origin, timeouts: Timeouts) -> Arc<Self> {
         Arc::new(Self {
             watching: AtomicBool::new(false),
-            failing_slots: Mutex::new(HashMap::new()),
+            failing_slots: Mutex::new(SlotTable::default()),
             slots_failing: AtomicBool::new(false),
             last_ok: AtomicU64::new(0),
             refreshing: AtomicBool::new(false),
@@ -218,7 +226,7 @@ impl Link {
             state: Mutex::new(State::default()),
             attempts: watch::Sender::new(0),
             failing_since: AtomicU64::new(0),
-            failing_last: AtomicU64::new(0),
+            failing_count: AtomicU64::new(0),
             base: Instant::now(),
         })
     }
@@ -303,8 +311,8 @@ impl Link {
             }
             if self.slots_failing.load(Ordering::Relaxed) {
                 let mut failing = self.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                failing.remove(&slot);
-                self.slots_failing.store(!failing.is_empty(), Ordering::Relaxed);
+                failing.slots.remove(&slot);
+                self.slots_failing.store(!failing.slots.is_empty(), Ordering::Relaxed);
             }
         }
     }
@@ -317,25 +325,42 @@ impl Link {
         at != 0 && last_slot != u64::from(slot) && self.elapsed_ms() < at + millis(OTHERS_ANSWERED)
     }
 
-    /// A request about keys of cluster slot `slot` failed: when the slot has failed for
-    /// [`SLOT_STALE_AFTER`] with no success, the slot map is asked for again.
+    /// A request about keys of cluster slot `slot` failed. The slot map is asked for again
+    /// when a slot has failed twice with no success in between, over [`SLOT_STALE_AFTER`]
+    /// or more; or when [`SPREAD_SLOTS`] slots or more are failing so, some of them for
+    /// that long (keys spread over many slots each fail rarely). A slot that has not failed
+    /// for [`SLOT_FORGET`] starts afresh.
     fn on_slot_failure(self: &Arc<Self>, slot: u16) {
-        let (now, since) = {
-            let mut failing = self.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Read under the lock: no other failure of the slot can be later.
+        let stale = millis(SLOT_STALE_AFTER);
+        let why = {
+            let mut t = self.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Read under the lock: no other failure recorded here can be later.
             let now = self.elapsed_ms() + 1;
             self.slots_failing.store(true, Ordering::Relaxed);
-            let f = failing.entry(slot).or_insert(SlotFailures { since: now, last: now });
-            // Failures a quiet while apart (a rarely used key) are no run of failures.
-            if now.saturating_sub(f.last) > millis(SLOT_STALE_AFTER) {
-                f.since = now;
+            if now.saturating_sub(t.swept) >= stale {
+                t.slots.retain(|_, f| now.saturating_sub(f.last) <= millis(SLOT_FORGET));
+                t.swept = now;
             }
+            if t.slots.is_empty() {
+                t.failing_since = now;
+            }
+            let f = t.slots.entry(slot).or_insert(SlotFailures { since: now, last: now, count: 0 });
+            if now.saturating_sub(f.last) > millis(SLOT_FORGET) {
+                *f = SlotFailures { since: now, last: now, count: 0 };
+            }
+            f.count += 1;
             f.last = now;
-            (now, f.since)
+            let (count, failed_for) = (f.count, now.saturating_sub(f.since));
+            if count >= 2 && failed_for >= stale {
+                Some(format!("calls for cluster slot {slot} have failed for {failed_for} ms"))
+            } else if t.slots.len() >= SPREAD_SLOTS && now.saturating_sub(t.failing_since) >= stale {
+                Some(format!("calls for {} cluster slots have failed with no success since", t.slots.len()))
+            } else {
+                None
+            }
         };
-        let failed_for = now.saturating_sub(since);
-        if failed_for >= millis(SLOT_STALE_AFTER) {
-            self.refresh(format!("calls for cluster slot {slot} have failed for {failed_for} ms"));
+        if let Some(why) = why {
+            self.refresh(why);
         }
     }
 
@@ -393,16 +418,16 @@ impl Link {
             self.on_slot_failure(slot);
         }
         let now = self.elapsed_ms() + 1;
-        let last = self.failing_last.swap(now, Ordering::Relaxed);
-        let since = self.failing_since.load(Ordering::Relaxed);
-        // A new run of failures: the first since a success, or one a quiet while after the
-        // last failure (isolated cut-offs on a healthy server are no outage).
-        if since == 0 || last == 0 || now.saturating_sub(last) > millis(STALE_AFTER) {
-            self.failing_since.store(now, Ordering::Relaxed);
+        // A new run of failures starts with the first since a success.
+        if self.failing_since.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            self.failing_count.store(1, Ordering::Relaxed);
             return;
         }
-        let failing = now.saturating_sub(since);
-        if failing >= millis(STALE_AFTER) {
+        let count = self.failing_count.fetch_add(1, Ordering::Relaxed) + 1;
+        let failing = now.saturating_sub(self.failing_since.load(Ordering::Relaxed));
+        // Three failures at least: two isolated cut-offs on a healthy, idle server are no
+        // outage; a dead connection fails every call, however sparse the calls.
+        if failing >= millis(STALE_AFTER) && count >= STALE_FAILURES {
             self.failing_since.store(0, Ordering::Relaxed);
             self.replace(generation, format!("no answer for {failing} ms"));
         }
@@ -492,7 +517,7 @@ async fn refresh_task(link: Weak<Link>, _refreshing: ClearOnDrop) {
                 s.generation += 1;
             }
             drop(s);
-            strong.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+            strong.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner).slots.clear();
             strong.slots_failing.store(false, Ordering::Relaxed);
             tracing::info!(target: "tollgate", "redis cluster slot map refreshed");
         }
@@ -567,10 +592,21 @@ async fn watch_loop(link: Weak<Link>, watch: Arc<Watch>, _watching: ClearOnDrop)
     }
 }
 
-/// A slot's run of failures: since when, and the latest (ms since `Link::base`, plus one).
+/// The cluster slots whose calls fail with no success since (times in ms since
+/// `Link::base`, plus one).
+#[derive(Default)]
+struct SlotTable {
+    slots: HashMap<u16, SlotFailures>,
+    /// Since when the table has held a failing slot.
+    failing_since: u64,
+    swept: u64,
+}
+
+/// A slot's run of failures: since when, the latest, how many.
 struct SlotFailures {
     since: u64,
     last: u64,
+    count: u32,
 }
 
 /// While a connection loop runs: if it is dropped before connecting, the link may start

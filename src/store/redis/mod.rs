@@ -80,10 +80,10 @@
 //!
 //! When a master dies or hangs and its replica takes over, redis-rs does not always read
 //! the slot map again by itself (not for a node that stopped answering). The store does:
-//! when the calls for one slot have failed (or been cut off by the caller's deadline after
-//! waiting 5 ms) for a second with no success, it makes a new
-//! cluster connection in the background (which reads the slot map) and swaps it in; the
-//! old one serves every other slot meanwhile. A failure of one slot while others answer
+//! when one slot's calls have failed (or been cut off by the caller's deadline after
+//! waiting 5 ms) twice over a second with no success, or 8 slots are failing so, it makes
+//! a new cluster connection in the background (which reads the slot map) and swaps it in;
+//! the old one serves every other slot meanwhile. A failure of one slot while others answer
 //! is [`StoreError::NodeUnavailable`], which the circuit breaker does not count, so one
 //! failed master does not stop the calls to the healthy ones.
 //!
@@ -339,6 +339,13 @@ impl RedisStore {
                 ))
             }
             Origin::Sentinel(s) => {
+                if !s.tls {
+                    return Err(BuildError::InvalidStore(
+                        "root certificates were given to a redis+sentinel:// store, which does not use \
+                         TLS: use rediss+sentinel://"
+                            .into(),
+                    ));
+                }
                 // The sentinels and the primary: one CA for all, as a private PKI has it.
                 let mut s = s.clone();
                 let with_roots = |info: &redis::ConnectionInfo| {

@@ -48,6 +48,11 @@ impl Origin {
             Origin::Url(info) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { tls_params: Some(_), .. }) => {
                 "rediss (given root certificates)"
             }
+            Origin::Sentinel(s)
+                if matches!(s.node.addr(), redis::ConnectionAddr::TcpTls { tls_params: Some(_), .. }) =>
+            {
+                "rediss (given root certificates)"
+            }
             _ if self.uses_tls() => "rediss (system root certificates)",
             _ => "off",
         }

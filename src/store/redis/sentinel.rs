@@ -158,9 +158,9 @@ impl Watch {
         }
     }
 
-    /// Asks every sentinel at once: the address most of them name; an error when two
-    /// addresses have the most votes.
-    pub(crate) async fn primary(&self, timeout: Duration) -> Result<Named, String> {
+    /// Asks every sentinel at once: every address named, most votes first (between equal
+    /// votes, the one named by the sentinel first in the URL).
+    async fn candidates(&self, timeout: Duration) -> Result<Vec<Named>, String> {
         let n = self.sentinel.sentinels.len();
         let answers = futures_util::future::join_all((0..n).map(|i| self.ask_one(i, timeout))).await;
         let mut named: Vec<Named> = Vec::new();
@@ -175,31 +175,36 @@ impl Watch {
                 Err(e) => last_error = Some(e),
             }
         }
+        // Stable: between equal votes the first named stays first.
         named.sort_by_key(|c| std::cmp::Reverse(c.votes));
-        if let [first, second, ..] = named.as_slice() {
-            if first.votes == second.votes {
-                // A tie: one of them lags or is cut off, and both servers may still say they
-                // are the primary. Ask again soon rather than guess.
-                return Err(format!(
-                    "the sentinels disagree on the primary ({} and {}, {} votes each)",
-                    first.addr(),
-                    second.addr(),
-                    first.votes
-                ));
-            }
-        }
-        match named.into_iter().next() {
-            Some(best) => Ok(best),
-            None if unknown > 0 => Err(format!(
+        if !named.is_empty() {
+            Ok(named)
+        } else if unknown > 0 {
+            Err(format!(
                 "the sentinels at {} monitor no master named {:?}",
                 self.sentinel.addrs(),
                 self.sentinel.master
-            )),
-            None => Err(format!(
+            ))
+        } else {
+            Err(format!(
                 "no sentinel of {} answered ({})",
                 self.sentinel.addrs(),
                 last_error.unwrap_or_else(|| "none given".into())
+            ))
+        }
+    }
+
+    /// The address most sentinels name, if one has more votes than any other.
+    pub(crate) async fn primary(&self, timeout: Duration) -> Result<Named, String> {
+        let mut named = self.candidates(timeout).await?;
+        match named.as_slice() {
+            [first, second, ..] if first.votes == second.votes => Err(format!(
+                "the sentinels disagree on the primary ({} and {}, {} votes each)",
+                first.addr(),
+                second.addr(),
+                first.votes
             )),
+            _ => Ok(named.swap_remove(0)),
         }
     }
 
@@ -211,14 +216,44 @@ impl Watch {
     }
 
     /// A connection to the primary the sentinels name, checked to answer `ROLE` as a
-    /// primary, and its address. `connect` bounds the connection's making (the
-    /// sentinels get a quarter of it to answer), `response` each command on it.
+    /// primary, and its address. When addresses tie for the most votes (a sentinel lags or
+    /// is cut off), each is asked, and the one primary among them is taken; two primaries
+    /// are no answer. `connect` bounds the connection's making (the sentinels get a quarter
+    /// of it to answer), `response` each command on it.
     pub(crate) async fn connect(
         &self,
         connect: Duration,
         response: Duration,
     ) -> Result<(MultiplexedConnection, String), String> {
-        let named = self.primary(question_timeout(connect)).await?;
+        let named = self.candidates(question_timeout(connect)).await?;
+        let top = named[0].votes;
+        let tied: Vec<&Named> = named.iter().take_while(|c| c.votes == top).collect();
+        let tries = futures_util::future::join_all(tied.iter().map(|c| self.connect_to(c, connect, response))).await;
+        let mut primaries = Vec::new();
+        let mut last_error = String::new();
+        for t in tries {
+            match t {
+                Ok(found) => primaries.push(found),
+                Err(e) => last_error = e,
+            }
+        }
+        match primaries.len() {
+            1 => Ok(primaries.remove(0)),
+            0 => Err(last_error),
+            _ => Err(format!(
+                "the sentinels disagree, and {} servers they name answer as primaries: asking again",
+                primaries.len()
+            )),
+        }
+    }
+
+    /// A connection to `named`, if it answers `ROLE` as a primary.
+    async fn connect_to(
+        &self,
+        named: &Named,
+        connect: Duration,
+        response: Duration,
+    ) -> Result<(MultiplexedConnection, String), String> {
         let addr = named.addr();
         let said = |e: &redis::RedisError| format!("primary {addr}: {}", super::security::explain(e));
         let config =
