@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use support::redis::RedisCluster;
 use tollgate::algorithm::Params;
+use tollgate::key::Key;
 use tollgate::store::Refund;
-use tollgate::{Algorithm, Check, Limiter, Quota, RedisStore, Rule, Store};
+use tollgate::{Algorithm, Check, Limiter, LimiterBuilder, Quota, RedisStore, Rule, Store};
 
 fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
     Check { rule: rule.into(), key: key.into(), algorithm, params: Params::new(quota) }
@@ -219,17 +220,7 @@ async fn a_rejection_wins_over_another_slots_failure() {
     assert!(outcomes[1].is_none(), "the dead slot's rule is undecided: {outcomes:?}");
     // Through a limiter, under the default fail mode: rejected, never passed.
     let (ip, account) = (checks[0].key.clone(), checks[1].key.clone());
-    let limiter: Limiter<RedisStore, str> = Limiter::builder(store.clone())
-        .rule("per-ip", Quota::per_hour(1), move |_: &str| Some(ip.clone()))
-        .add_rule(
-            Rule::new("per-account", Quota::per_hour(100), move |_: &str| Some(account.clone()))
-                .algorithm(Algorithm::Gcra),
-        )
-        .algorithm(Algorithm::FixedWindow)
-        .timeout(Duration::from_secs(2))
-        .local_cache(false)
-        .build()
-        .unwrap();
+    let limiter = ip_and_account(&store, ip, account).timeout(Duration::from_secs(2)).build().unwrap();
     let v = limiter.check("request").await;
     assert!(v.is_rejected() && v.store_error().is_none(), "{v:?}");
     assert_eq!(v.rejected_by().unwrap().rule, "per-ip");
@@ -274,16 +265,8 @@ async fn a_rejection_does_not_wait_for_a_hung_slot() {
     store.ping().await.unwrap();
     let (ip, account) = (key_on(&cluster, 0, "ip"), key_on(&cluster, 1, "acct"));
     let per_account = check("per-account", &account, Algorithm::Gcra, Quota::per_hour(100));
-    let limiter: Limiter<RedisStore, str> = Limiter::builder(store.clone())
-        .rule("per-ip", Quota::per_hour(1), move |_: &str| Some(ip.clone()))
-        .add_rule(
-            Rule::new("per-account", Quota::per_hour(100), move |_: &str| Some(account.clone()))
-                .algorithm(Algorithm::Gcra),
-        )
-        .algorithm(Algorithm::FixedWindow)
-        .local_cache(false)
-        .build() // default deadline, default fail mode (open)
-        .unwrap();
+    // Default deadline, default fail mode (open).
+    let limiter = ip_and_account(&store, ip.into(), account.into()).build().unwrap();
     assert!(limiter.check("r").await.is_allowed());
     assert!(limiter.check("r").await.is_rejected());
     let before = store.peek(&per_account).await.unwrap().remaining;
@@ -297,4 +280,17 @@ async fn a_rejection_does_not_wait_for_a_hung_slot() {
     cluster.node(1).resume();
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(store.peek(&per_account).await.unwrap().remaining, before, "the late slot's unit was kept");
+}
+
+/// A limiter of every request by one IP key (1 an hour, fixed window) and one account key
+/// (100 an hour, GCRA), without the local cache.
+fn ip_and_account(store: &RedisStore, ip: Key, account: Key) -> LimiterBuilder<RedisStore, str> {
+    Limiter::builder(store.clone())
+        .rule("per-ip", Quota::per_hour(1), move |_: &str| Some(ip.clone()))
+        .add_rule(
+            Rule::new("per-account", Quota::per_hour(100), move |_: &str| Some(account.clone()))
+                .algorithm(Algorithm::Gcra),
+        )
+        .algorithm(Algorithm::FixedWindow)
+        .local_cache(false)
 }

@@ -479,8 +479,7 @@ async fn behind_sentinel_an_acl_user_needs_role_besides_the_documented_acl() {
 
 /// A `redis+sentinel://` URL naming `ports`, in that order.
 fn sentinel_url(ports: &[u16]) -> String {
-    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    format!("redis+sentinel://:s3cret@{}/{}", hosts.join(","), support::sentinel::MASTER)
+    support::sentinel::url(Some("s3cret"), ports)
 }
 
 /// Checks `key` for `d`: how many checks the store decided, and the errors.

@@ -78,9 +78,8 @@ impl SentinelGroup {
 
     /// `redis+sentinel://[:password@]127.0.0.1:P1,…/mymaster`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port())).collect();
-        let auth = self.password.as_ref().map(|pw| format!(":{pw}@")).unwrap_or_default();
-        format!("redis+sentinel://{auth}{}/{MASTER}", hosts.join(","))
+        let ports: Vec<u16> = self.sentinels.iter().map(RedisServer::port).collect();
+        url(self.password.as_deref(), &ports)
     }
 
     /// Runs `redis-cli` on sentinel `i`.
@@ -146,4 +145,11 @@ impl SentinelGroup {
         }
         None
     }
+}
+
+/// `redis+sentinel://[:password@]127.0.0.1:P1,…/mymaster`, the sentinels in `ports`' order.
+pub fn url(password: Option<&str>, ports: &[u16]) -> String {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let auth = password.map(|pw| format!(":{pw}@")).unwrap_or_default();
+    format!("redis+sentinel://{auth}{}/{MASTER}", hosts.join(","))
 }

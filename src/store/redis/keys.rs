@@ -24,31 +24,66 @@ const VERSION: &[u8] = b"v3";
 /// Number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
 
-fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
-    for &b in bytes {
-        match b {
-            b'%' => out.extend_from_slice(b"%25"),
-            b'{' => out.extend_from_slice(b"%7B"),
-            b'}' => out.extend_from_slice(b"%7D"),
-            b':' => out.extend_from_slice(b"%3A"),
-            _ => out.push(b),
+/// Where the bytes of a name go: the name being built, or the CRC16 of a slot being
+/// computed (no name, no allocation).
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// CRC16-CCITT (XMODEM), as Redis Cluster uses, over the bytes put.
+struct Crc16(u16);
+
+impl Sink for Crc16 {
+    fn put(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u16::from(b) << 8;
+            for _ in 0..8 {
+                self.0 = if self.0 & 0x8000 != 0 { (self.0 << 1) ^ 0x1021 } else { self.0 << 1 };
+            }
         }
     }
 }
 
-/// The hash tag of `key`: what sits between the braces, and all that decides the slot.
-pub(crate) fn tag_into(out: &mut Vec<u8>, key: &Key) {
+fn escape_into(out: &mut impl Sink, bytes: &[u8]) {
+    let mut plain = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escaped: &[u8] = match b {
+            b'%' => b"%25",
+            b'{' => b"%7B",
+            b'}' => b"%7D",
+            b':' => b"%3A",
+            _ => continue,
+        };
+        out.put(&bytes[plain..i]);
+        out.put(escaped);
+        plain = i + 1;
+    }
+    out.put(&bytes[plain..]);
+}
+
+/// Two lowercase hex digits per byte.
+fn hex_into(out: &mut impl Sink, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        out.put(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+    }
+}
+
+/// The hash tag of `key`: what sits between the braces, and all that decides the slot.
+fn tag_into(out: &mut impl Sink, key: &Key) {
     let bytes = key.as_bytes();
     if key.is_hashed() {
-        out.extend_from_slice(b"%H");
-        for &b in bytes {
-            out.push(HEX[usize::from(b >> 4)]);
-            out.push(HEX[usize::from(b & 15)]);
-        }
+        out.put(b"%H");
+        hex_into(out, bytes);
     } else if bytes.is_empty() {
         // `{}` would not be a hash tag: Redis would hash the whole name.
-        out.extend_from_slice(b"%E");
+        out.put(b"%E");
     } else {
         escape_into(out, bytes);
     }
@@ -89,56 +124,48 @@ impl Names {
 
     /// The hash tag of `key`: escaped, or `%K` and the keyed hash's first 16 bytes in hex
     /// (`%` cannot come out of escaping, so the two never meet).
-    fn tag_into(&self, out: &mut Vec<u8>, key: &Key) {
+    fn tag_into(&self, out: &mut impl Sink, key: &Key) {
         let Some(mac) = &self.secret else { return tag_into(out, key) };
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         // A domain byte: a digest (a long key, hashed) never hashes like a clear key with
         // the same bytes.
         let digest = (**mac).clone().chain_update([u8::from(key.is_hashed())]).chain_update(key.as_bytes()).finalize();
-        out.extend_from_slice(b"%K");
-        for &b in &digest.into_bytes()[..HASHED] {
-            out.push(HEX[usize::from(b >> 4)]);
-            out.push(HEX[usize::from(b & 15)]);
-        }
+        out.put(b"%K");
+        hex_into(out, &digest.into_bytes()[..HASHED]);
     }
 
     /// The Redis key holding the state of (`rule`, `key`) under `algorithm`.
     pub(crate) fn name(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Vec<u8> {
-        let tag = algorithm.tag().as_bytes();
-        let prefix = self.prefix.as_bytes();
-        let mut out = Vec::with_capacity(prefix.len() + key.as_bytes().len() * 2 + rule.len() + tag.len() + 40);
-        out.extend_from_slice(prefix);
-        out.extend_from_slice(b":{");
-        self.tag_into(&mut out, key);
-        out.extend_from_slice(b"}:");
-        escape_into(&mut out, rule.as_bytes());
-        out.push(b':');
-        out.extend_from_slice(tag);
-        out.push(b':');
-        out.extend_from_slice(VERSION);
-        out
+        self.name_of(rule, key, algorithm.tag().as_bytes())
     }
 
     /// The Redis key holding the block of (`rule`, `key`) (`Rule::block_for`): beside
     /// the rule's state, in the same slot, under the tag `block` (no algorithm's tag).
     pub(crate) fn block_name(&self, rule: &str, key: &Key) -> Vec<u8> {
+        self.name_of(rule, key, b"block")
+    }
+
+    /// `<prefix>:{<key>}:<rule>:<kind>:v3`.
+    fn name_of(&self, rule: &str, key: &Key, kind: &[u8]) -> Vec<u8> {
         let prefix = self.prefix.as_bytes();
-        let mut out = Vec::with_capacity(prefix.len() + key.as_bytes().len() * 2 + rule.len() + 48);
-        out.extend_from_slice(prefix);
-        out.extend_from_slice(b":{");
+        let mut out = Vec::with_capacity(prefix.len() + key.as_bytes().len() * 2 + rule.len() + kind.len() + 40);
+        out.put(prefix);
+        out.put(b":{");
         self.tag_into(&mut out, key);
-        out.extend_from_slice(b"}:");
+        out.put(b"}:");
         escape_into(&mut out, rule.as_bytes());
-        out.extend_from_slice(b":block:");
-        out.extend_from_slice(VERSION);
+        out.put(b":");
+        out.put(kind);
+        out.put(b":");
+        out.put(VERSION);
         out
     }
 
-    /// The cluster slot of `key`'s names (the slot of its hash tag).
+    /// The cluster slot of `key`'s names (the slot of its hash tag), computed as the tag's
+    /// bytes come, without building it.
     pub(crate) fn slot(&self, key: &Key) -> u16 {
-        let mut tag = Vec::with_capacity(key.as_bytes().len() + 8);
-        self.tag_into(&mut tag, key);
-        crc16(&tag) % SLOTS
+        let mut crc = Crc16(0);
+        self.tag_into(&mut crc, key);
+        crc.0 % SLOTS
     }
 }
 
@@ -159,16 +186,11 @@ pub(crate) fn slot(name: &[u8]) -> u16 {
     crc16(hashed) % SLOTS
 }
 
-/// CRC16-CCITT (XMODEM), as Redis Cluster uses.
+/// CRC16-CCITT (XMODEM) of `bytes`.
 fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc
+    let mut crc = Crc16(0);
+    crc.put(bytes);
+    crc.0
 }
 
 #[cfg(test)]

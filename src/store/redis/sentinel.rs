@@ -24,6 +24,8 @@ use std::time::Duration;
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{self, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo};
 
+use super::security::explain;
+
 /// How often the watch asks the sentinels which server is the primary. Once a failover
 /// has promoted the replica, the sentinels name it (`SENTINEL GET-MASTER-ADDR-BY-NAME`)
 /// while the old primary may still accept writes: what the store writes there in between
@@ -255,7 +257,7 @@ impl Watch {
         response: Duration,
     ) -> Result<(MultiplexedConnection, String), String> {
         let addr = named.addr();
-        let said = |e: &redis::RedisError| format!("primary {addr}: {}", super::security::explain(e));
+        let said = |e: &redis::RedisError| format!("primary {addr}: {}", explain(e));
         let config =
             AsyncConnectionConfig::new().set_connection_timeout(Some(connect)).set_response_timeout(Some(response));
         let client = redis::Client::open(self.sentinel.at(&named.host, named.port)).map_err(|e| said(&e))?;
@@ -272,10 +274,6 @@ impl Watch {
 /// `connect`: a quarter, so that a sentinel that hangs leaves time for the connection.
 pub(crate) fn question_timeout(connect: Duration) -> Duration {
     connect / 4
-}
-
-fn explain(e: &redis::RedisError) -> String {
-    super::security::explain(e)
 }
 
 fn is_text(v: &redis::Value, text: &str) -> bool {
