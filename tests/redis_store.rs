@@ -51,8 +51,9 @@ async fn one_round_trip_per_decision() {
         // 50 keys, a large quota: the accepting path (TIME + GET + SET for O(1) states).
         let checks: Vec<Check> =
             (0..50).map(|i| check("rt", format!("user-{i}"), algorithm, Quota::per_hour(1_000_000))).collect();
+        // The warm-up loads the script the measured calls use (EVAL after a NOSCRIPT).
         for c in &checks {
-            store.check(std::slice::from_ref(c)).await.unwrap();
+            store.check_one(c).await.unwrap();
         }
         server.cmd(&["CONFIG", "RESETSTAT"]);
         let mut allowed = 0;
@@ -325,7 +326,9 @@ async fn an_application_pool_is_used_without_per_request_checkouts() {
     }
     assert_eq!(allowed, 100, "200 concurrent requests over clones of one store");
     let stats = commandstats(&server);
-    assert_eq!(stats.get("evalsha"), Some(&200), "{stats:?}");
+    // One script call per decision, or fewer: concurrent checks go in batches.
+    let calls = stats.get("evalsha").copied().unwrap_or(0) + stats.get("eval").copied().unwrap_or(0);
+    assert!((1..=200).contains(&calls), "{stats:?}");
     assert!(!stats.contains_key("ping") && !stats.contains_key("unwatch"), "{stats:?}");
     assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v3"));
     // The password appears nowhere in the store's Debug.
@@ -365,8 +368,9 @@ async fn single_rule_scripts_match_the_generic_script() {
     let read = |name: &str| std::fs::read_to_string(format!("{DIR}{name}.lua")).unwrap();
     let wrapper = |alg: &str| {
         let generic = format!("{}{}{}", read("lib"), read(alg), read("check"));
-        // As script.rs builds it: the shared `now` prologue, then the algorithm's file.
-        let single = format!("{}{}", read("single_now"), read(&format!("{alg}_single")));
+        // As script.rs builds it: the shared `now` prologue, the algorithm's `decide`, the
+        // single-rule main.
+        let single = format!("{}{}{}", read("single_now"), read(&format!("{alg}_single")), read("single_main"));
         format!(
             "local function G(KEYS, ARGV, redis)\n{generic}\nend\n\
              local function S(KEYS, ARGV, redis)\n{single}\nend\n{}",

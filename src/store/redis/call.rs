@@ -26,11 +26,15 @@ pub(super) struct Config {
     /// Made with the store, kept by every store built from it (`response_timeout`, …):
     /// with the prefix, the store's identity (`Store::identity`).
     pub(super) token: Arc<()>,
+    /// The most single-rule decisions one batch script call carries; 1: no batching.
+    pub(super) max_batch: usize,
 }
 
 pub(super) struct Inner {
     pub(super) config: Config,
     pub(super) link: Arc<Link>,
+    /// Checks waiting for their batch (group commit, `batch.rs`).
+    pub(super) queue: super::batch::Queue,
 }
 
 impl Inner {
@@ -93,7 +97,7 @@ impl Inner {
 
     /// The connection to use: at once when there is one (every request but the first); the
     /// rare wait for one is boxed so that it does not enlarge every request's future.
-    async fn connection(&self) -> Result<(conn::Conn, u64), StoreError> {
+    pub(super) async fn connection(&self) -> Result<(conn::Conn, u64), StoreError> {
         match self.link.ready() {
             Some(ready) => Ok(ready),
             None => Box::pin(self.link.get(self.config.timeouts.response)).await.map_err(|why| {
@@ -198,7 +202,10 @@ impl Inner {
         }
     }
 
-    pub(super) async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
+    pub(super) async fn check_one(self: &Arc<Self>, check: &Check) -> Result<Outcome, StoreError> {
+        if self.batches(check) {
+            return self.check_batched(check).await;
+        }
         let reply = self.run_check(&[check], MODE_CHECK).await?;
         reply.outcomes.into_iter().next().flatten().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))
     }

@@ -3,11 +3,30 @@
 //!
 //! # How a decision is made
 //!
-//! One `EVALSHA` of a Lua script per decision (one per cluster slot touched): the script
+//! One `EVALSHA` of a Lua script per decision (one per cluster slot touched; under load, one
+//! for many decisions, see [Group commit](#group-commit)): the script
 //! reads the server's `TIME`, reads the rules' state, decides, and writes only when every
 //! rule accepts. It returns the state it read, and the same pure functions that
 //! `MemoryStore` uses compute the [`Decision`]s, so both stores decide bit for bit alike.
 //! A script that disagrees with them is reported as [`StoreError::Backend`].
+//!
+//! # Group commit
+//!
+//! Decisions that arrive while others are on their way to Redis are sent together: a task
+//! of the store takes every single-rule check waiting (up to
+//! [`RedisStore::max_batch`], 64 by default) and sends them as one script call, which
+//! reads `TIME` once and decides each of them on its own, in arrival order — exactly
+//! the decisions separate calls would make, each atomic, each committed only when it
+//! accepts. Nothing is held back to fill a batch: at low concurrency every decision goes
+//! alone, and under load one call carries many, so Redis's per-call work (script lookup,
+//! argument conversion, `TIME`, reply) is paid once per batch. A decision that fails
+//! inside a batch (a key of another type) is that request's error alone. A request whose
+//! caller leaves before its batch is taken takes nothing.
+//!
+//! Batched are checks of one rule of the O(1) algorithms; the sliding window log, rules
+//! that block or are charged, several rules at once, refunds and charges keep one call
+//! each. On a cluster only checks whose keys share a slot go together (with keys spread
+//! over 16,384 slots that is rare: little batching there).
 //!
 //! # Keys
 //!
@@ -94,6 +113,7 @@
 //! then admits them again. See the README's "When Redis fails" for the figures, and
 //! `WAIT` / `min-replicas-to-write` for narrowing it.
 
+mod batch;
 mod call;
 mod cluster;
 mod conn;
@@ -189,7 +209,7 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     fn build(config: Config) -> Self {
         let link = Link::new(config.origin.clone(), config.timeouts);
-        Self { inner: Arc::new(Inner { config, link }) }
+        Self { inner: Arc::new(Inner { config, link, queue: batch::Queue::default() }) }
     }
 
     fn with_config(config: Config) -> Result<Self, BuildError> {
@@ -212,6 +232,7 @@ impl RedisStore {
             timeouts: Timeouts { response: RESPONSE_TIMEOUT, connect: CONNECT_TIMEOUT },
             clock: None,
             token: Arc::new(()),
+            max_batch: batch::MAX_BATCH,
         }
     }
 
@@ -435,6 +456,32 @@ impl RedisStore {
     #[must_use]
     pub fn response_timeout(self, timeout: Duration) -> Self {
         self.rebuild(|c| c.timeouts.response = timeout)
+    }
+
+    /// The most single-rule decisions that one script call to Redis may carry (group
+    /// commit; default 64). `1` turns batching off: each decision is then its own call.
+    ///
+    /// Decisions that arrive while others are on their way to Redis go together as one
+    /// script call (one `TIME`, one call's overhead), which decides each of them on its
+    /// own, in arrival order, exactly as separate calls would: atomic per decision, a
+    /// rejected request consumes nothing, and a decision that fails (a key of another
+    /// type) is that request's error only. Nothing waits to fill a batch: a decision that
+    /// arrives alone goes alone. Batched are the checks of one rule of the O(1) algorithms
+    /// (not the sliding window log, not rules that block or are charged); on a cluster,
+    /// only decisions whose keys share a slot. The time in the queue counts against the
+    /// limiter's deadline. See the [module docs](self#group-commit). Call before the store
+    /// is used.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidStore`] when `max` is 0.
+    pub fn max_batch(self, max: usize) -> Result<Self, BuildError> {
+        if max == 0 {
+            return Err(BuildError::InvalidStore(
+                "max_batch(0): a script call carries at least one decision (1 turns batching off)".into(),
+            ));
+        }
+        Ok(self.rebuild(|c| c.max_batch = max))
     }
 
     /// How long one background connection attempt may take, pool wait included

@@ -43,16 +43,25 @@ macro_rules! check_script {
 /// Every script, hashed once.
 pub(crate) struct Scripts {
     single: [Script; 6],
+    /// Group commit: one decision per key, each a single-rule check on its own (none for
+    /// the sliding window log, which is not O(1) and keeps one call per decision).
+    batch: [Option<Script>; 6],
     /// Any number of rules of any algorithms, all or nothing.
     pub(crate) multi: Script,
     /// `State::refund` for any number of rules of any algorithms.
     pub(crate) refund: Script,
 }
 
-/// A single-rule script: the shared `now` prologue, then `scripts/<alg>_single.lua`.
+/// A straight-line script: the shared `now` prologue, `scripts/<alg>_single.lua` (its
+/// `decide` function), then a main: `single_main.lua` (one rule) or `batch_main.lua`
+/// (group commit: many single-rule decisions, see `batch.rs`).
 macro_rules! single_script {
-    ($alg:literal) => {
-        concat!(include_str!("scripts/single_now.lua"), include_str!(concat!("scripts/", $alg, "_single.lua")))
+    ($alg:literal, $main:literal) => {
+        concat!(
+            include_str!("scripts/single_now.lua"),
+            include_str!(concat!("scripts/", $alg, "_single.lua")),
+            include_str!(concat!("scripts/", $main, ".lua"))
+        )
     };
 }
 
@@ -61,12 +70,20 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     // arguments, reply and writes of the generic one at about half its CPU inside Redis
     // (see docs/performance-redis.md); the sliding window log keeps the generic script.
     single: [
-        Script::new(single_script!("fixed_window")),
+        Script::new(single_script!("fixed_window", "single_main")),
         Script::new(check_script!("sliding_window_log")),
-        Script::new(single_script!("sliding_window_counter")),
-        Script::new(single_script!("token_bucket")),
-        Script::new(single_script!("leaky_bucket")),
-        Script::new(single_script!("gcra")),
+        Script::new(single_script!("sliding_window_counter", "single_main")),
+        Script::new(single_script!("token_bucket", "single_main")),
+        Script::new(single_script!("leaky_bucket", "single_main")),
+        Script::new(single_script!("gcra", "single_main")),
+    ],
+    batch: [
+        Some(Script::new(single_script!("fixed_window", "batch_main"))),
+        None,
+        Some(Script::new(single_script!("sliding_window_counter", "batch_main"))),
+        Some(Script::new(single_script!("token_bucket", "batch_main"))),
+        Some(Script::new(single_script!("leaky_bucket", "batch_main"))),
+        Some(Script::new(single_script!("gcra", "batch_main"))),
     ],
     multi: Script::new(check_script!(
         "fixed_window",
@@ -100,7 +117,21 @@ impl Scripts {
     }
 }
 
-fn index(algorithm: Algorithm) -> usize {
+impl Scripts {
+    /// The batch script that can decide `check` together with others of its algorithm: a
+    /// check of the straight-line script's kind (cost above 0, no block), of an O(1)
+    /// algorithm.
+    pub(crate) fn batch_for(&self, check: &Check) -> Option<&Script> {
+        if check.params.block_us == 0 && check.params.cost > 0 {
+            self.batch[index(check.algorithm)].as_ref()
+        } else {
+            None
+        }
+    }
+}
+
+/// The algorithm's place in [`Scripts`]' tables.
+pub(crate) fn index(algorithm: Algorithm) -> usize {
     match algorithm {
         Algorithm::FixedWindow => 0,
         Algorithm::SlidingWindowLog => 1,
@@ -180,6 +211,49 @@ pub(crate) fn script_cmd(
     cmd
 }
 
+/// `verb` of the batch script `script` over `checks`, one decision each (see
+/// `scripts/batch_main.lua`): `KEYS` are the states' names, `ARGV` the time, the mode
+/// (check), each decision's offset of its rule's arguments, then the arguments of each
+/// distinct (algorithm, parameters) once. Call [`validate`] on every check first.
+pub(crate) fn batch_cmd(
+    verb: &str,
+    script: &str,
+    names: &keys::Names,
+    checks: &[&Check],
+    now: Option<u64>,
+) -> redis::Cmd {
+    let n = checks.len();
+    let mut cmd = redis::Cmd::with_capacity(5 + 2 * n + 8, script.len() + 16 + 64 * n);
+    cmd.arg(verb).arg(script).arg(n);
+    for c in checks {
+        cmd.arg(names.name(&c.rule, &c.key, c.algorithm));
+    }
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    cmd.arg(MODE_CHECK);
+    // Most decisions of a batch share their rule's arguments: each distinct set is sent
+    // once (a short search; a batch of many distinct sets sends some twice, which is
+    // only longer).
+    let mut sets: smallvec::SmallVec<[&Check; 4]> = smallvec::SmallVec::new();
+    for c in checks {
+        let same = |s: &&&Check| s.algorithm == c.algorithm && s.params == c.params;
+        let j = match sets.iter().take(16).position(|s| same(&s)) {
+            Some(j) => j,
+            None => {
+                sets.push(c);
+                sets.len() - 1
+            }
+        };
+        cmd.arg(2 + n + 8 * j);
+    }
+    for s in &sets {
+        write_rule_args(&mut cmd, s);
+    }
+    cmd
+}
+
 /// Writes the 8 script arguments of one rule (see `scripts/lib.lua`) into `cmd`: numbers
 /// are formatted straight into the command's buffer, with no string per argument.
 /// Call [`validate`] first.
@@ -242,44 +316,99 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Resul
     let committed = all && mode == MODE_CHECK;
     let mut outcomes = Outcomes::with_capacity(checks.len());
     for (check, fields) in checks.iter().zip(items[2..].chunks_exact(5)) {
-        let script_allowed = int(&fields[0])? == 1;
-        let (f1, f2, f3) = (int(&fields[1])?, int(&fields[2])?, int(&fields[3])?);
-        let blocked_until = int(&fields[4])?;
-        let p = &check.params;
-        let d = match check.algorithm {
-            Algorithm::FixedWindow => FixedWindow { window: f1, count: f2 }.decide(p, now),
-            Algorithm::SlidingWindowLog => Summary { in_window: f1, kth: f2, newest: f3 }.decide(p, now),
-            Algorithm::SlidingWindowCounter => SlidingWindowCounter { window: f1, prev: f2, curr: f3 }.decide(p, now),
-            Algorithm::TokenBucket => TokenBucket { level: f1, last: f2 }.decide(p, now),
-            Algorithm::LeakyBucket => LeakyBucket { next: f1 }.decide(p, now),
-            Algorithm::Gcra => Gcra { tat: f1, last: f2 }.decide(p, now),
+        let read = Read {
+            allowed: int(&fields[0])? == 1,
+            fields: [int(&fields[1])?, int(&fields[2])?, int(&fields[3])?],
+            blocked_until: int(&fields[4])?,
         };
-        let (d, _) = crate::algorithm::blocking(d, blocked_until, p, now);
-        if d.allowed != script_allowed {
-            return Err(StoreError::Backend(format!(
-                "redis script and algorithm disagree on rule {:?} ({}): the script {} at {now} µs \
-                 from state {f1}:{f2}:{f3}, the algorithm {}",
-                check.rule,
-                check.algorithm,
-                if script_allowed { "accepted" } else { "rejected" },
-                if d.allowed { "accepts" } else { "rejects" },
-            )));
-        }
-        let taken = (committed && p.cost > 0).then(|| Taken {
-            at: match check.algorithm {
-                Algorithm::LeakyBucket => f1.max(now),
-                Algorithm::SlidingWindowLog => f3.max(now),
-                Algorithm::TokenBucket | Algorithm::Gcra => now,
-                Algorithm::FixedWindow => FixedWindow { window: f1, count: f2 }.commit(p, now),
-                Algorithm::SlidingWindowCounter => {
-                    SlidingWindowCounter { window: f1, prev: f2, curr: f3 }.commit(p, now)
-                }
-            },
-        });
-        outcomes.push(Some(Outcome { decision: d, taken }));
+        outcomes.push(Some(outcome(check, now, &read, committed)?));
     }
     if all != outcomes.iter().flatten().all(|o| o.decision.allowed) {
         return Err(bad_reply("overall verdict does not match the rules'", reply));
     }
     Ok(Reply { all, outcomes })
+}
+
+/// What a script read and decided for one rule.
+struct Read {
+    /// The script's verdict.
+    allowed: bool,
+    /// The state's three fields (see each algorithm's script).
+    fields: [u64; 3],
+    /// The end of the rule's block, 0 when none.
+    blocked_until: u64,
+}
+
+/// The outcome of one rule from what the script read, decided by the algorithm's pure
+/// function, which must agree with the script's verdict; `committed`: whether the script
+/// wrote the rule's units.
+fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outcome, StoreError> {
+    let [f1, f2, f3] = read.fields;
+    let p = &check.params;
+    let d = match check.algorithm {
+        Algorithm::FixedWindow => FixedWindow { window: f1, count: f2 }.decide(p, now),
+        Algorithm::SlidingWindowLog => Summary { in_window: f1, kth: f2, newest: f3 }.decide(p, now),
+        Algorithm::SlidingWindowCounter => SlidingWindowCounter { window: f1, prev: f2, curr: f3 }.decide(p, now),
+        Algorithm::TokenBucket => TokenBucket { level: f1, last: f2 }.decide(p, now),
+        Algorithm::LeakyBucket => LeakyBucket { next: f1 }.decide(p, now),
+        Algorithm::Gcra => Gcra { tat: f1, last: f2 }.decide(p, now),
+    };
+    let (d, _) = crate::algorithm::blocking(d, read.blocked_until, p, now);
+    if d.allowed != read.allowed {
+        return Err(StoreError::Backend(format!(
+            "redis script and algorithm disagree on rule {:?} ({}): the script {} at {now} µs \
+             from state {f1}:{f2}:{f3}, the algorithm {}",
+            check.rule,
+            check.algorithm,
+            if read.allowed { "accepted" } else { "rejected" },
+            if d.allowed { "accepts" } else { "rejects" },
+        )));
+    }
+    let taken = (committed && d.allowed && p.cost > 0).then(|| Taken {
+        at: match check.algorithm {
+            Algorithm::LeakyBucket => f1.max(now),
+            Algorithm::SlidingWindowLog => f3.max(now),
+            Algorithm::TokenBucket | Algorithm::Gcra => now,
+            Algorithm::FixedWindow => FixedWindow { window: f1, count: f2 }.commit(p, now),
+            Algorithm::SlidingWindowCounter => SlidingWindowCounter { window: f1, prev: f2, curr: f3 }.commit(p, now),
+        },
+    });
+    Ok(Outcome { decision: d, taken })
+}
+
+/// The outcomes of a batch script's reply (see `scripts/batch_main.lua`), one per check,
+/// each on its own: a decision the script failed is that decision's error only.
+///
+/// # Errors
+///
+/// [`StoreError::Backend`] for a malformed reply, which fails the whole batch.
+pub(crate) fn parse_batch(reply: &Value, checks: &[&Check]) -> Result<Vec<Result<Outcome, StoreError>>, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(bad_reply("not an array", reply));
+    };
+    if items.len() != 1 + 4 * checks.len() {
+        return Err(bad_reply("wrong length", reply));
+    }
+    let now = int(&items[0])?;
+    let one = |check: &Check, fields: &[Value]| match int(&fields[0])? {
+        verdict @ (0 | 1) => {
+            let read = Read {
+                allowed: verdict == 1,
+                fields: [int(&fields[1])?, int(&fields[2])?, int(&fields[3])?],
+                blocked_until: 0,
+            };
+            // A check decided on its own commits when it accepts.
+            outcome(check, now, &read, true)
+        }
+        _ => Err(StoreError::Backend(format!(
+            "redis refused the check of rule {:?} ({}): {}",
+            check.rule,
+            check.algorithm,
+            match &fields[1] {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                other => format!("{other:?}"),
+            }
+        ))),
+    };
+    Ok(checks.iter().zip(items[1..].chunks_exact(4)).map(|(c, f)| one(c, f)).collect())
 }

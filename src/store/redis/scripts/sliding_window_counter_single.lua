@@ -2,49 +2,54 @@
 -- (check.lua) and writes as the generic check script built with
 -- sliding_window_counter.lua, straight-line, as gcra_single.lua. Rust checks its verdict
 -- against src/algorithm/sliding_window_counter.rs as for every script.
--- `now` comes from single_now.lua, concatenated in front of this file.
-if #KEYS ~= 1 or ARGV[3] ~= 'swc' then
-  return redis.error_reply('tollgate: the single-rule sliding window counter script got ' .. #KEYS .. ' keys of ' .. tostring(ARGV[3]))
-end
--- ARGV[4], ARGV[5], ARGV[8]: limit L, period W (µs), cost c.
-local L, W, c = ARGV[4] + 0, ARGV[5] + 0, ARGV[8] + 0
--- State 'window:prev:curr', or 0:0:0 when absent.
-local sw, sp, sc = 0, 0, 0
-local v = redis.call('GET', KEYS[1])
-if v then
-  sw, sp, sc = string.match(v, '([^:]+):([^:]+):([^:]+)')
-  sw, sp, sc = sw + 0, sp + 0, sc + 0
-end
--- w = floor(now / W), corrected for the rounding of the division (lib.lua's floordiv).
-local w = math.floor(now / W)
-if w * W > now then
-  w = w - 1
-elseif (w + 1) * W <= now then
-  w = w + 1
-end
--- The stored window when it is the next (the clock stepped back across its start).
-if sw == w + 1 then w = sw end
-local e = now - w * W
-if e < 0 then e = 0 end
-local prev, curr = 0, 0
-if sw == w then
-  prev, curr = sp, sc
-elseif sw + 1 == w then
-  prev = sc
-end
--- accept iff prev * (W - e) / W + curr + c <= L, in doubles, in exactly this order
-local estimate = prev * (W - e) / W + curr
-local ok = estimate + c <= L
-if ok and ARGV[2] == 'c' then
-  -- put(..., (w + 2)·W, now): always after now, so always a SET with ttl_ms.
-  local a = (w + 2) * W - now + 999
-  local q = math.floor(a / 1000)
-  if q * 1000 > a then
-    q = q - 1
-  elseif (q + 1) * 1000 <= a then
-    q = q + 1
+-- `now` and `commit` come from single_now.lua, concatenated in front of this file;
+-- `decide(key, o)` decides the rule whose 8 arguments are ARGV[o + 1 .. o + 8] (lib.lua's
+-- order) on `key`, commits when it accepts in mode 'c', and returns the verdict (1/0) and
+-- the three state fields it read. single_main.lua or batch_main.lua follows.
+local function decide(key, o)
+  if ARGV[o + 1] ~= 'swc' then
+    error('tollgate: the sliding window counter script got a rule of ' .. tostring(ARGV[o + 1]))
   end
-  redis.call('SET', KEYS[1], string.format('%d:%d:%d', w, prev, curr + c), 'PX', string.format('%d', q + 1))
+  -- ARGV[o + 2], ARGV[o + 3], ARGV[o + 6]: limit L, period W (µs), cost c.
+  local L, W, c = ARGV[o + 2] + 0, ARGV[o + 3] + 0, ARGV[o + 6] + 0
+  -- State 'window:prev:curr', or 0:0:0 when absent.
+  local sw, sp, sc = 0, 0, 0
+  local v = redis.call('GET', key)
+  if v then
+    sw, sp, sc = string.match(v, '([^:]+):([^:]+):([^:]+)')
+    sw, sp, sc = sw + 0, sp + 0, sc + 0
+  end
+  -- w = floor(now / W), corrected for the rounding of the division (lib.lua's floordiv).
+  local w = math.floor(now / W)
+  if w * W > now then
+    w = w - 1
+  elseif (w + 1) * W <= now then
+    w = w + 1
+  end
+  -- The stored window when it is the next (the clock stepped back across its start).
+  if sw == w + 1 then w = sw end
+  local e = now - w * W
+  if e < 0 then e = 0 end
+  local prev, curr = 0, 0
+  if sw == w then
+    prev, curr = sp, sc
+  elseif sw + 1 == w then
+    prev = sc
+  end
+  -- accept iff prev * (W - e) / W + curr + c <= L, in doubles, in exactly this order
+  local estimate = prev * (W - e) / W + curr
+  local ok = estimate + c <= L
+  if ok and commit then
+    -- put(..., (w + 2)·W, now): always after now, so always a SET with ttl_ms.
+    local a = (w + 2) * W - now + 999
+    local q = math.floor(a / 1000)
+    if q * 1000 > a then
+      q = q - 1
+    elseif (q + 1) * 1000 <= a then
+      q = q + 1
+    end
+    redis.call('SET', key, string.format('%d:%d:%d', w, prev, curr + c), 'PX', string.format('%d', q + 1))
+  end
+  local r = ok and 1 or 0
+  return r, sw, sp, sc
 end
-local r = ok and 1 or 0
-return { now, r, r, sw, sp, sc, 0 }

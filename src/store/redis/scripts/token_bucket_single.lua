@@ -2,51 +2,56 @@
 -- and writes as the generic check script built with token_bucket.lua, straight-line, as
 -- gcra_single.lua. Rust checks its verdict against src/algorithm/token_bucket.rs as for
 -- every script.
--- `now` comes from single_now.lua, concatenated in front of this file.
-if #KEYS ~= 1 or ARGV[3] ~= 'tb' then
-  return redis.error_reply('tollgate: the single-rule token bucket script got ' .. #KEYS .. ' keys of ' .. tostring(ARGV[3]))
-end
--- ARGV[6..8]: burst B, emission interval T (µs), cost c.
-local B, T, c = ARGV[6] + 0, ARGV[7] + 0, ARGV[8] + 0
--- State 'level:last' (level in µs of refill), or 0:0 when absent.
-local sl, st = 0, 0
-local v = redis.call('GET', KEYS[1])
-if v then
-  sl, st = string.match(v, '([^:]+):([^:]+)')
-  sl, st = sl + 0, st + 0
-end
--- level = min(level + max(now - last, 0), B·T)
-local capacity = B * T
-local level = now - st
-if level < 0 then level = 0 end
-level = sl + level
-if level >= capacity then level = capacity end
--- accept iff c <= B and the level holds c·T
-local cost = c * T
-local ok = c <= B and level >= cost
-if ok and ARGV[2] == 'c' then
-  level = level - cost
-  local last = st > now and st or now
-  local full = level < capacity and level or capacity
-  local expires = last + (capacity - full)
-  if expires <= now then
-    redis.call('DEL', KEYS[1])
-  else
-    local a = expires - now + 999
-    local q = math.floor(a / 1000)
-    if q * 1000 > a then
-      q = q - 1
-    elseif (q + 1) * 1000 <= a then
-      q = q + 1
-    end
-    -- lib.lua's ttl_keep: a longer TTL the key has (another quota's state) is kept.
-    local ms = q + 1
-    if v then
-      local left = redis.call('PTTL', KEYS[1])
-      if left > ms then ms = left end
-    end
-    redis.call('SET', KEYS[1], string.format('%d:%d', level, last), 'PX', string.format('%d', ms))
+-- `now` and `commit` come from single_now.lua, concatenated in front of this file;
+-- `decide(key, o)` decides the rule whose 8 arguments are ARGV[o + 1 .. o + 8] (lib.lua's
+-- order) on `key`, commits when it accepts in mode 'c', and returns the verdict (1/0) and
+-- the three state fields it read. single_main.lua or batch_main.lua follows.
+local function decide(key, o)
+  if ARGV[o + 1] ~= 'tb' then
+    error('tollgate: the token bucket script got a rule of ' .. tostring(ARGV[o + 1]))
   end
+  -- ARGV[o + 4 .. o + 6]: burst B, emission interval T (µs), cost c.
+  local B, T, c = ARGV[o + 4] + 0, ARGV[o + 5] + 0, ARGV[o + 6] + 0
+  -- State 'level:last' (level in µs of refill), or 0:0 when absent.
+  local sl, st = 0, 0
+  local v = redis.call('GET', key)
+  if v then
+    sl, st = string.match(v, '([^:]+):([^:]+)')
+    sl, st = sl + 0, st + 0
+  end
+  -- level = min(level + max(now - last, 0), B·T)
+  local capacity = B * T
+  local level = now - st
+  if level < 0 then level = 0 end
+  level = sl + level
+  if level >= capacity then level = capacity end
+  -- accept iff c <= B and the level holds c·T
+  local cost = c * T
+  local ok = c <= B and level >= cost
+  if ok and commit then
+    level = level - cost
+    local last = st > now and st or now
+    local full = level < capacity and level or capacity
+    local expires = last + (capacity - full)
+    if expires <= now then
+      redis.call('DEL', key)
+    else
+      local a = expires - now + 999
+      local q = math.floor(a / 1000)
+      if q * 1000 > a then
+        q = q - 1
+      elseif (q + 1) * 1000 <= a then
+        q = q + 1
+      end
+      -- lib.lua's ttl_keep: a longer TTL the key has (another quota's state) is kept.
+      local ms = q + 1
+      if v then
+        local left = redis.call('PTTL', key)
+        if left > ms then ms = left end
+      end
+      redis.call('SET', key, string.format('%d:%d', level, last), 'PX', string.format('%d', ms))
+    end
+  end
+  local r = ok and 1 or 0
+  return r, sl, st, 0
 end
-local r = ok and 1 or 0
-return { now, r, r, sl, st, 0, 0 }

@@ -1,0 +1,180 @@
+//! Group commit: single-rule checks that arrive while others are on their way go to Redis
+//! together, as one script call that decides each of them on its own, in arrival order.
+//!
+//! - A request's check waits in the store's queue; a task of the store (never the
+//!   request's future) takes what has queued, up to `RedisStore::max_batch`, and sends it.
+//!   Several batches may be out at once: batching comes from requests arriving together,
+//!   never from holding one back. The task yields once before it takes the queue, so that
+//!   the requests woken with the one that started it join it.
+//! - A check whose caller left before its batch was taken is skipped: it takes nothing.
+//!   After that it is decided like a dropped unbatched call (units taken, answer lost).
+//! - Each decision in a batch is checked and committed on its own (`scripts/batch_main.lua`):
+//!   one that fails (a key of another type, OOM) is that request's error only, and takes
+//!   nothing. One `TIME` serves the whole batch.
+//! - Batches are per algorithm (one script each) and, on a cluster, per slot: every key a
+//!   script touches is declared in `KEYS`, all in one slot.
+//! - The caller's deadline and the limiter's in-flight cap cover the time in the queue;
+//!   the batch itself is bounded by the response timeout.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures_util::future::join_all;
+use tokio::sync::oneshot;
+
+use super::call::Inner;
+use super::script::{batch_cmd, index, parse_batch, validate, SCRIPTS};
+use crate::clock::SharedClock;
+use crate::store::{Check, Outcome};
+use crate::StoreError;
+
+/// The default of `RedisStore::max_batch`.
+pub(super) const MAX_BATCH: usize = 64;
+
+type Answer = Result<Outcome, StoreError>;
+
+/// Checks waiting for a batch.
+#[derive(Default)]
+pub(super) struct Queue {
+    waiting: Mutex<Waiting>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    entries: Vec<Entry>,
+    /// A flush task is on its way to take the queue.
+    flushing: bool,
+}
+
+struct Entry {
+    check: Check,
+    slot: Option<u16>,
+    answer: oneshot::Sender<Answer>,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Inner {
+    /// Whether `check` goes through the batch queue: batching is on and the check is one
+    /// that a batch script decides.
+    pub(super) fn batches(&self, check: &Check) -> bool {
+        self.config.max_batch > 1 && SCRIPTS.batch_for(check).is_some()
+    }
+
+    /// Decides `check` in the next batch.
+    pub(super) async fn check_batched(self: &Arc<Self>, check: &Check) -> Answer {
+        validate(check)?;
+        let (tx, rx) = oneshot::channel();
+        let entry = Entry { check: check.clone(), slot: self.slot_of(&check.key), answer: tx };
+        let start = {
+            let mut waiting = self.queue.lock();
+            waiting.entries.push(entry);
+            !std::mem::replace(&mut waiting.flushing, true)
+        };
+        if start {
+            start_flush(self);
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(format!(
+                "redis at {}: the batch of this check was dropped (its runtime shut down)",
+                self.config.addr
+            )))
+        })
+    }
+}
+
+/// Clears the queue's `flushing` flag if the flush task is dropped before it took the
+/// queue (its runtime shut down): the next check starts another. The checks waiting are
+/// answered with an error rather than left to their deadlines.
+struct Flushing(Option<Arc<Inner>>);
+
+impl Drop for Flushing {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.take() {
+            let entries = {
+                let mut waiting = inner.queue.lock();
+                waiting.flushing = false;
+                std::mem::take(&mut waiting.entries)
+            };
+            drop(entries);
+        }
+    }
+}
+
+/// Spawns a flush task (boxed: a flush that leaves checks waiting starts the next).
+fn start_flush(inner: &Arc<Inner>) {
+    let task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+        Box::pin(flush(inner.clone(), Flushing(Some(inner.clone()))));
+    tokio::spawn(task);
+}
+
+/// Takes up to `max_batch` waiting checks (another task takes the rest) and sends them.
+async fn flush(inner: Arc<Inner>, mut flushing: Flushing) {
+    tokio::task::yield_now().await;
+    let taken = {
+        let mut waiting = inner.queue.lock();
+        // A caller that left before its batch was taken takes nothing.
+        waiting.entries.retain(|e| !e.answer.is_closed());
+        let n = waiting.entries.len().min(inner.config.max_batch);
+        let taken: Vec<Entry> = waiting.entries.drain(..n).collect();
+        if waiting.entries.is_empty() {
+            waiting.flushing = false;
+        } else {
+            start_flush(&inner);
+        }
+        flushing.0 = None;
+        taken
+    };
+    send(&inner, taken).await;
+}
+
+/// Sends `entries` as one script call per (algorithm, slot), all at once, and answers each
+/// entry as soon as its call is back.
+async fn send(inner: &Inner, mut entries: Vec<Entry>) {
+    if entries.is_empty() {
+        return;
+    }
+    // Stable: arrival order is kept within a group.
+    entries.sort_by_key(|e| (index(e.check.algorithm), e.slot));
+    let mut groups = Vec::new();
+    while !entries.is_empty() {
+        let first = &entries[0];
+        let (alg, slot) = (first.check.algorithm, first.slot);
+        let n = entries.iter().take_while(|e| e.check.algorithm == alg && e.slot == slot).count();
+        let rest = entries.split_off(n);
+        groups.push(std::mem::replace(&mut entries, rest));
+    }
+    join_all(groups.into_iter().map(|g| send_group(inner, g))).await;
+}
+
+/// One batch script call for `group` (one algorithm, one slot), and its answers.
+async fn send_group(inner: &Inner, group: Vec<Entry>) {
+    let checks: Vec<&Check> = group.iter().map(|e| &e.check).collect();
+    let slot = group[0].slot;
+    let result = async {
+        let script = SCRIPTS.batch_for(checks[0]).ok_or_else(|| StoreError::Backend("no batch script".into()))?;
+        let (conn, generation) = inner.connection().await?;
+        let now = inner.config.clock.as_ref().map(SharedClock::now);
+        let evalsha = batch_cmd("EVALSHA", &script.sha, &inner.config.names, &checks, now);
+        let eval = || batch_cmd("EVAL", script.text, &inner.config.names, &checks, now);
+        let reply = inner.query(conn, generation, slot, &evalsha, Some(&eval)).await?;
+        parse_batch(&reply, &checks)
+    }
+    .await;
+    drop(checks);
+    match result {
+        Ok(answers) => {
+            for (e, a) in group.into_iter().zip(answers) {
+                let _ = e.answer.send(a);
+            }
+        }
+        Err(err) => {
+            for e in group {
+                let _ = e.answer.send(Err(err.clone()));
+            }
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! Group commit on Redis (`RedisStore::max_batch`): checks that arrive together go as one
+//! script call, and each is decided exactly as it would be alone.
+//!
+//! - a model: random rounds of concurrent checks (keys, algorithms, costs, rules), checks
+//!   dropped before their batch leaves, keys corrupted under the store, time steps, and
+//!   batch caps from 1 (off) to 6, against `MemoryStore` deciding the same checks one by
+//!   one at the same time: every outcome equal, dropped checks taking nothing, and every
+//!   state equal at the end;
+//! - one call and one `TIME` per batch, read from the server's command statistics;
+//! - a decision that fails inside a batch (a key of another type) fails alone;
+//! - a flush task dropped with its runtime leaves no check waiting for good.
+#![cfg(all(feature = "redis", feature = "memory"))]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::task::Poll;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use support::fake::T0;
+use support::redis::RedisServer;
+use tollgate::algorithm::Params;
+use tollgate::store::Outcome;
+use tollgate::{Algorithm, Check, ManualClock, MemoryStore, Quota, RedisStore, Store, StoreError};
+
+type Answer<'a> = Pin<Box<dyn Future<Output = Result<Outcome, StoreError>> + Send + 'a>>;
+
+fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota, cost: u64) -> Check {
+    let mut params = Params::new(quota);
+    params.cost = cost;
+    if algorithm == Algorithm::LeakyBucket {
+        // A policer: the layer would sleep until a shaper's slot; the store only decides.
+        params.max_delay_us = 0;
+    }
+    Check { rule: rule.into(), key: key.into(), algorithm, params }
+}
+
+/// Polls `f` once: a batched check is then in the queue, and its flush task (spawned on
+/// this current-thread runtime) has not run yet.
+async fn poll_once(f: &mut Answer<'_>) -> Option<Result<Outcome, StoreError>> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match f.as_mut().poll(cx) {
+            Poll::Ready(r) => Some(r),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// One server for every test and case; each has a key prefix of its own.
+fn redis() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+fn prefix() -> String {
+    static CASE: AtomicUsize = AtomicUsize::new(0);
+    format!("batch{}", CASE.fetch_add(1, Ordering::SeqCst))
+}
+
+fn store(prefix: &str, clock: &ManualClock, max_batch: usize) -> RedisStore {
+    RedisStore::from_url(&redis().url())
+        .unwrap()
+        .prefix(prefix)
+        .unwrap()
+        .response_timeout(Duration::from_secs(2))
+        .with_clock(clock.clone())
+        .max_batch(max_batch)
+        .unwrap()
+}
+
+/// `INFO commandstats` as command → calls.
+fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
+    server
+        .cmd(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The model
+
+/// The algorithms and their tags in Redis key names.
+const TAGS: [&str; 6] = ["fw", "swl", "swc", "tb", "lb", "gcra"];
+
+const ALGORITHMS: [Algorithm; 6] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket,
+    Algorithm::Gcra,
+];
+
+#[derive(Debug, Clone)]
+struct Ask {
+    key: u8,
+    algorithm: usize,
+    rule: u8,
+    cost: u64,
+    /// Dropped after it queued, before its batch was taken.
+    dropped: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Checks that arrive together, in this order.
+    Round(Vec<Ask>),
+    /// The clock moves on, µs.
+    Advance(u64),
+    /// A state's key gets a value of another type: its checks fail, the others do not.
+    Corrupt { key: u8, algorithm: usize, rule: u8 },
+}
+
+fn ask() -> impl Strategy<Value = Ask> {
+    (0..4u8, 0..6usize, 0..2u8, 1..4u64, prop::bool::weighted(0.2))
+        .prop_map(|(key, algorithm, rule, cost, dropped)| Ask { key, algorithm, rule, cost, dropped })
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![
+            6 => prop::collection::vec(ask(), 1..14).prop_map(Op::Round),
+            2 => prop_oneof![0..2_000u64, 0..3_000_000u64, Just(60_000_000)].prop_map(Op::Advance),
+            1 => (0..4u8, 0..6usize, 0..2u8).prop_map(|(key, algorithm, rule)| Op::Corrupt { key, algorithm, rule }),
+        ],
+        1..12,
+    )
+}
+
+/// The quota of rule `rule`: small, so that rounds reject too.
+fn quota(rule: u8) -> Quota {
+    if rule == 0 {
+        Quota::per_minute(5)
+    } else {
+        Quota::per_second(3).burst(4)
+    }
+}
+
+fn the_check(a: &Ask) -> Check {
+    let algorithm = ALGORITHMS[a.algorithm];
+    check(&format!("r{}", a.rule), &format!("k{}", a.key), algorithm, quota(a.rule), a.cost)
+}
+
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(default)
+}
+
+/// Runs `ops` on a Redis store batching up to `max_batch` and on a `MemoryStore` deciding
+/// one check after another, and compares.
+async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
+    let prefix = prefix();
+    let clock = ManualClock::new(T0);
+    let redis_store = store(&prefix, &clock, max_batch);
+    redis_store.ping().await.map_err(|e| e.to_string())?;
+    // The same clock: `peek` reads it.
+    let model = MemoryStore::with_clock(clock.clone());
+    let mut corrupt = std::collections::HashSet::new();
+    let mut touched = BTreeMap::new();
+    for (step, op) in ops.iter().enumerate() {
+        let now = clock_now(&clock);
+        match op {
+            Op::Advance(us) => clock.advance(Duration::from_micros(*us)),
+            Op::Corrupt { key, algorithm, rule } => {
+                let name = format!("{prefix}:{{k{key}}}:r{rule}:{}:v3", TAGS[*algorithm]);
+                redis().cmd(&["DEL", &name]);
+                redis().cmd(&["LPUSH", &name, "not a limiter state"]);
+                corrupt.insert((*key, *algorithm, *rule));
+            }
+            Op::Round(asks) => {
+                let checks: Vec<Check> = asks.iter().map(the_check).collect();
+                // Only a queued check can be dropped before it leaves: unbatched calls are
+                // sent from their first poll (and with batching off, nothing is queued).
+                let droppable =
+                    |a: &Ask, c: &Check| a.dropped && max_batch > 1 && c.algorithm != Algorithm::SlidingWindowLog;
+                let mut futures: Vec<Option<Answer<'_>>> =
+                    checks.iter().map(|c| Some(Box::pin(redis_store.check_one(c)) as Answer<'_>)).collect();
+                // Every check queues (or is sent) in order, before any flush task runs.
+                let mut early = Vec::new();
+                for f in &mut futures {
+                    early.push(poll_once(f.as_mut().unwrap()).await);
+                }
+                for (i, (a, c)) in asks.iter().zip(&checks).enumerate() {
+                    if droppable(a, c) {
+                        futures[i] = None;
+                    }
+                }
+                for (i, ((a, c), f)) in asks.iter().zip(&checks).zip(futures).enumerate() {
+                    let what = format!("step {step}, check {i} {a:?}");
+                    let Some(f) = f else { continue };
+                    let got = match early[i].take() {
+                        Some(r) => r,
+                        None => f.await,
+                    };
+                    let id = (a.key, a.algorithm, a.rule);
+                    touched.insert(id, c.clone());
+                    if corrupt.contains(&id) {
+                        match got {
+                            Err(StoreError::Backend(e)) if e.contains("WRONGTYPE") => continue,
+                            other => return Err(format!("{what}: a corrupted key answered {other:?}")),
+                        }
+                    }
+                    let want = model.check_one_at(c, now).map_err(|e| format!("{what}: model: {e}"))?;
+                    let got = got.map_err(|e| format!("{what}: redis: {e}"))?;
+                    if got != want {
+                        return Err(format!("{what}: redis {got:?}, one by one {want:?}"));
+                    }
+                }
+            }
+        }
+    }
+    // Nothing a dropped check did, nor anything else, is left unaccounted for.
+    for (id, c) in &touched {
+        if corrupt.contains(id) {
+            continue;
+        }
+        let mut probe = c.clone();
+        probe.params.cost = 1;
+        let got = redis_store.peek(&probe).await.map_err(|e| format!("final peek {id:?}: {e}"))?;
+        let want = model.peek(&probe).await.map_err(|e| format!("final model peek {id:?}: {e}"))?;
+        if got != want {
+            return Err(format!("final state of {id:?}: redis {got:?}, model {want:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn clock_now(clock: &ManualClock) -> u64 {
+    use tollgate::Clock;
+    clock.now_micros()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(64), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn batched_checks_decide_as_one_by_one(ops in ops(), max_batch in prop_oneof![Just(1usize), 2..7usize]) {
+        let rt = current_thread();
+        rt.block_on(run_case(&ops, max_batch)).map_err(TestCaseError::fail)?;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Examples
+
+/// Queues `checks` together (in order) and awaits them all.
+async fn together(store: &RedisStore, checks: &[Check]) -> Vec<Result<Outcome, StoreError>> {
+    let mut futures: Vec<Answer<'_>> = checks.iter().map(|c| Box::pin(store.check_one(c)) as Answer<'_>).collect();
+    let mut early = Vec::new();
+    for f in &mut futures {
+        early.push(poll_once(f).await);
+    }
+    let mut out = Vec::new();
+    for (f, e) in futures.into_iter().zip(early) {
+        out.push(match e {
+            Some(r) => r,
+            None => f.await,
+        });
+    }
+    out
+}
+
+#[test]
+fn a_batch_is_one_script_call_and_one_time() {
+    current_thread().block_on(async {
+        let server = RedisServer::start();
+        let store = RedisStore::from_url(&server.url())
+            .unwrap()
+            .response_timeout(Duration::from_secs(2))
+            .max_batch(16)
+            .unwrap();
+        let checks: Vec<Check> =
+            (0..40).map(|i| check("one", &format!("user-{i}"), Algorithm::Gcra, Quota::per_minute(100), 1)).collect();
+        // Loads the script (EVAL after NOSCRIPT).
+        store.check_one(&checks[0]).await.unwrap();
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        let answers = together(&store, &checks).await;
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|o| o.decision.allowed)), "{answers:?}");
+        let stats = commandstats(&server);
+        // 40 checks, at most 16 a call: 16 + 16 + 8.
+        assert_eq!(stats.get("evalsha"), Some(&3), "{stats:?}");
+        assert_eq!(stats.get("time"), Some(&3), "{stats:?}");
+        assert_eq!(stats.get("get"), Some(&40), "{stats:?}");
+        // Batching off: one call each.
+        let off = store.clone().max_batch(1).unwrap();
+        off.check_one(&checks[0]).await.unwrap();
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        let answers = together(&off, &checks).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(commandstats(&server).get("evalsha"), Some(&40));
+    });
+}
+
+#[test]
+fn one_bad_key_fails_only_its_own_decision() {
+    current_thread().block_on(async {
+        let clock = ManualClock::new(T0);
+        let prefix = prefix();
+        let store = store(&prefix, &clock, 64);
+        store.ping().await.unwrap();
+        let quota = Quota::per_minute(10);
+        let checks: Vec<Check> =
+            ["a", "bad", "b"].iter().map(|k| check("r", k, Algorithm::TokenBucket, quota, 3)).collect();
+        let bad = format!("{prefix}:{{bad}}:r:tb:v3");
+        redis().cmd(&["LPUSH", &bad, "x"]);
+        let answers = together(&store, &checks).await;
+        assert!(answers[0].as_ref().is_ok_and(|o| o.decision.allowed && o.taken.is_some()), "{answers:?}");
+        assert!(answers[2].as_ref().is_ok_and(|o| o.decision.allowed && o.taken.is_some()), "{answers:?}");
+        match &answers[1] {
+            Err(StoreError::Backend(e)) => assert!(e.contains("WRONGTYPE") && e.contains("\"r\""), "{e}"),
+            other => panic!("the bad key answered {other:?}"),
+        }
+        // The good keys were charged 3 each, once (a peek's `remaining` counts its own
+        // cost: 10 - 3 - 1); the bad key is as it was.
+        for c in [&checks[0], &checks[2]] {
+            let probe = Check { params: Params { cost: 1, ..c.params }, ..c.clone() };
+            assert_eq!(store.peek(&probe).await.unwrap().remaining, 6, "{:?}", c.key);
+        }
+        assert_eq!(redis().cmd(&["LRANGE", &bad, "0", "-1"]), "x");
+        // A state that does not parse fails alone too.
+        redis().cmd(&["SET", &bad, "garbage"]);
+        let answers = together(&store, &checks).await;
+        assert!(answers[1].is_err() && answers[0].is_ok() && answers[2].is_ok(), "{answers:?}");
+        let probe = Check { params: Params { cost: 1, ..checks[0].params }, ..checks[0].clone() };
+        assert_eq!(store.peek(&probe).await.unwrap().remaining, 3);
+    });
+}
+
+#[test]
+fn a_check_dropped_before_its_batch_leaves_takes_nothing() {
+    current_thread().block_on(async {
+        let clock = ManualClock::new(T0);
+        let store = store(&prefix(), &clock, 64);
+        store.ping().await.unwrap();
+        let c = check("r", "k", Algorithm::Gcra, Quota::per_minute(5), 2);
+        for _ in 0..3 {
+            let mut f: Answer<'_> = Box::pin(store.check_one(&c));
+            assert!(poll_once(&mut f).await.is_none(), "queued, not answered");
+            drop(f);
+        }
+        // The queue is not stuck: the next check is decided, and it is the first to take.
+        let o = store.check_one(&c).await.unwrap();
+        assert!(o.decision.allowed);
+        assert_eq!(o.decision.remaining, 3, "dropped checks took units");
+        // A peek's `remaining` counts its own cost.
+        assert_eq!(store.peek(&c).await.unwrap().remaining, 1);
+    });
+}
+
+#[test]
+fn a_flush_task_dropped_with_its_runtime_leaves_no_check_waiting() {
+    let clock = ManualClock::new(T0);
+    let store = store(&prefix(), &clock, 64);
+    let c = check("r", "k", Algorithm::FixedWindow, Quota::per_minute(5), 1);
+    let first = current_thread();
+    first.block_on(store.ping()).unwrap();
+    // A check queues, and its runtime shuts down before the flush task ever runs.
+    let mut queued: Answer<'_> = Box::pin(store.check_one(&c));
+    assert!(first.block_on(poll_once(&mut queued)).is_none());
+    drop(first);
+    let second = current_thread();
+    second.block_on(async {
+        let answer = tokio::time::timeout(Duration::from_secs(2), queued).await.expect("the queued check hangs");
+        assert!(matches!(answer, Err(StoreError::Unavailable(_))), "{answer:?}");
+        // The next check starts a flush task of its own. (The connection died with the
+        // first runtime, whose task drove it: a check may fail while it is made again.)
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        let o = loop {
+            let answer =
+                tokio::time::timeout(Duration::from_secs(2), store.check_one(&c)).await.expect("the queue is stuck");
+            match answer {
+                Ok(o) => break o,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    assert!(matches!(e, StoreError::Unavailable(_) | StoreError::NotConnected(_)), "{e:?}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("never decided again: {e:?}"),
+            }
+        };
+        assert_eq!(o.decision.remaining, 4, "the dropped batch took nothing");
+    });
+}
