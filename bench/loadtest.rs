@@ -15,6 +15,11 @@
 //!   `RateLimitLayer` over a trivial service, called with `ready().call()` and requests
 //!   that carry the key in `x-api-key`; (2) through `Store::check_one`; (3) the algorithm's own
 //!   script by raw `EVALSHA` with the KEYS and ARGV the store sends (baseline b).
+//!   The layer runs twice: on the default store (group commit, `RedisStore::max_batch`
+//!   64) and with batching off (`max_batch(1)`, one script call per decision).
+//! - **W3**: W1's workload through the layer at 2, 4, 8, 64 and 1,024 decisions in flight
+//!   (1,024: 4 tasks of 256 calls each, as a busy server's connection tasks), batching off
+//!   and on, beside baseline (a) at the same in-flight count, with each side's CPU share.
 //! - **W2**: one hot key, 1,000/min, 50,000 decisions through the layer, with the local
 //!   blocked-key cache on (the default) and off, and the accepted count checked.
 //! - **Baseline (a)**: a trivial script (`INCR` + `PEXPIRE`) by `EVALSHA`, the ceiling of
@@ -104,11 +109,15 @@ mod run {
         rlf: Option<String>,
         out: Option<String>,
         only: Option<Algorithm>,
+        /// `RedisStore::max_batch` of the batching store (default: the store's default).
+        max_batch: Option<usize>,
+        /// Only the sweep (W3), at these in-flight counts.
+        sweep_only: Option<Vec<usize>>,
     }
 
     fn options() -> Result<Options, Error> {
         let mut o =
-            Options { quick: false, threads: 1, rlf: std::env::var("TOLLGATE_RLF_BENCH").ok(), out: None, only: None };
+            Options { quick: false, threads: 1, rlf: std::env::var("TOLLGATE_RLF_BENCH").ok(), out: None, only: None, max_batch: None, sweep_only: None };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
             match a.as_str() {
@@ -117,6 +126,11 @@ mod run {
                 "--rlf" => o.rlf = Some(args.next().ok_or("--rlf needs the path of the node script")?),
                 "--out" => o.out = Some(args.next().ok_or("--out needs a file name")?),
                 "--only" => o.only = Some(args.next().ok_or("--only needs an algorithm")?.parse()?),
+                "--max-batch" => o.max_batch = Some(args.next().ok_or("--max-batch needs a number")?.parse()?),
+                "--sweep-only" => {
+                    let list = args.next().ok_or("--sweep-only needs in-flight counts, e.g. 8,64")?;
+                    o.sweep_only = Some(list.split(',').map(str::parse).collect::<Result<_, _>>()?);
+                }
                 other => return Err(format!("unknown argument {other:?}; see the top of bench/loadtest.rs").into()),
             }
         }
@@ -269,36 +283,85 @@ mod run {
             self.decisions as f64 / self.reads.max(1) as f64
         }
 
+        /// The share of one core used during the run, %: (client, redis).
+        #[allow(clippy::cast_precision_loss)]
+        fn cpu_share(&self) -> (f64, f64) {
+            let wall = self.elapsed.as_nanos() as f64 / 100.0;
+            (self.client_cpu as f64 / wall, self.redis_cpu as f64 / wall)
+        }
+
         /// CPU µs per decision: (client, redis).
         fn cpu_us(&self) -> (f64, f64) {
             (self.per_decision(self.client_cpu) / 1000.0, self.per_decision(self.redis_cpu) / 1000.0)
         }
     }
 
-    /// Runs `seq` (indexes of keys) with `IN_FLIGHT` tasks, each taking the next index.
-    async fn drive<T: Target>(target: &T, seq: &Arc<[u32]>) -> (Duration, Vec<u64>, usize, usize) {
+    /// How the decisions in flight are driven: `tasks` tokio tasks, each with `per_task`
+    /// calls in flight (a loop each, joined inside the task).
+    #[derive(Clone, Copy)]
+    struct Shape {
+        tasks: usize,
+        per_task: usize,
+    }
+
+    impl Shape {
+        const fn in_flight(self) -> usize {
+            self.tasks * self.per_task
+        }
+
+        /// `n` in flight: one task per call up to 64; above, 4 tasks (a busy server's few
+        /// connection tasks, each with many requests in flight).
+        fn of(n: usize) -> Self {
+            if n <= IN_FLIGHT {
+                Self { tasks: n, per_task: 1 }
+            } else {
+                Self { tasks: 4, per_task: n.div_ceil(4) }
+            }
+        }
+    }
+
+    /// One caller's loop: takes the next index of `seq` until none is left.
+    async fn caller<T: Target>(
+        mut target: T,
+        seq: Arc<[u32]>,
+        next: Arc<AtomicUsize>,
+        share: usize,
+    ) -> (Vec<u64>, usize, usize) {
+        let mut lat = Vec::with_capacity(share);
+        let (mut accepted, mut failed) = (0, 0);
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&k) = seq.get(i) else { break };
+            let t = Instant::now();
+            let outcome = target.call(k as usize).await;
+            lat.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+            accepted += usize::from(outcome == Outcome::Accepted);
+            failed += usize::from(outcome == Outcome::Failed);
+            // A decision from the local cache completes without waiting: yield now
+            // and then, as a server's connection task would, or this loop would
+            // starve the task that reads Redis's replies.
+            tokio::task::consume_budget().await;
+        }
+        (lat, accepted, failed)
+    }
+
+    /// Runs `seq` (indexes of keys) with `shape`'s calls in flight, each taking the next index.
+    async fn drive<T: Target>(target: &T, seq: &Arc<[u32]>, shape: Shape) -> (Duration, Vec<u64>, usize, usize) {
         let next = Arc::new(AtomicUsize::new(0));
+        let share = seq.len() / shape.in_flight() + 1;
         let started = Instant::now();
-        let tasks: Vec<_> = (0..IN_FLIGHT)
+        let tasks: Vec<_> = (0..shape.tasks)
             .map(|_| {
-                let (mut target, seq, next) = (target.clone(), seq.clone(), next.clone());
+                let callers: Vec<_> =
+                    (0..shape.per_task).map(|_| caller(target.clone(), seq.clone(), next.clone(), share)).collect();
                 tokio::spawn(async move {
-                    let mut lat = Vec::with_capacity(seq.len() / IN_FLIGHT + 1);
-                    let (mut accepted, mut failed) = (0, 0);
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&k) = seq.get(i) else { break };
-                        let t = Instant::now();
-                        let outcome = target.call(k as usize).await;
-                        lat.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
-                        accepted += usize::from(outcome == Outcome::Accepted);
-                        failed += usize::from(outcome == Outcome::Failed);
-                        // A decision from the local cache completes without waiting: yield now
-                        // and then, as a server's connection task would, or this loop would
-                        // starve the task that reads Redis's replies.
-                        tokio::task::consume_budget().await;
+                    let mut all = (Vec::new(), 0, 0);
+                    for (lat, a, f) in futures_util::future::join_all(callers).await {
+                        all.0.extend(lat);
+                        all.1 += a;
+                        all.2 += f;
                     }
-                    (lat, accepted, failed)
+                    all
                 })
             })
             .collect();
@@ -391,10 +454,21 @@ mod run {
 
     /// Warm-up on `warm`, then an empty Redis, then `seq` measured.
     async fn measure<T: Target>(ctl: &mut Ctl, target: &T, warm: &Arc<[u32]>, seq: &Arc<[u32]>) -> Result<Run, Error> {
-        drive(target, warm).await;
+        measure_at(ctl, target, warm, seq, Shape::of(IN_FLIGHT)).await
+    }
+
+    /// [`measure`] with `shape`'s calls in flight.
+    async fn measure_at<T: Target>(
+        ctl: &mut Ctl,
+        target: &T,
+        warm: &Arc<[u32]>,
+        seq: &Arc<[u32]>,
+        shape: Shape,
+    ) -> Result<Run, Error> {
+        drive(target, warm, shape).await;
         ctl.fresh().await?;
         let cpu = ctl.cpu();
-        let (elapsed, latencies, accepted, failed) = drive(target, seq).await;
+        let (elapsed, latencies, accepted, failed) = drive(target, seq, shape).await;
         let (client_cpu, redis_cpu) = ctl.cpu();
         let (client_cpu, redis_cpu) = (client_cpu.saturating_sub(cpu.0), redis_cpu.saturating_sub(cpu.1));
         let (calls, inside) = split_stats(&ctl.commandstats().await?);
@@ -549,7 +623,26 @@ mod run {
         algorithm: Algorithm,
         script: Run,
         store: Run,
+        /// The layer on the default store (group commit on), and with batching off.
         layer: Run,
+        unbatched: Run,
+    }
+
+    /// In flight in the sweep (W3), and how many decisions each measures.
+    const SWEEP: [(usize, usize); 5] = [(2, 20_000), (4, 30_000), (8, 50_000), (64, 100_000), (1024, 200_000)];
+
+    /// One algorithm at one in-flight count of the sweep: the layer with batching off and on.
+    struct SweepRow {
+        algorithm: Algorithm,
+        in_flight: usize,
+        unbatched: Run,
+        batched: Run,
+    }
+
+    struct Sweep {
+        /// Baseline (a) at each in-flight count.
+        baseline: Vec<(usize, Run)>,
+        rows: Vec<SweepRow>,
     }
 
     struct W2Row {
@@ -628,8 +721,14 @@ mod run {
         let url = server.url();
         let conn = redis::Client::open(url.as_str())?.get_multiplexed_async_connection().await?;
         let mut ctl = Ctl { conn, url: url.clone(), redis_pid: server.pid() };
-        let store = RedisStore::from_url(&url)?;
+        let store = match opts.max_batch {
+            Some(n) => RedisStore::from_url(&url)?.max_batch(n)?,
+            None => RedisStore::from_url(&url)?,
+        };
         store.ping().await?;
+        // The same store with group commit off: one script call per decision.
+        let unbatched = RedisStore::from_url(&url)?.max_batch(1)?;
+        unbatched.ping().await?;
         let started = Instant::now();
 
         // W1: keys 0..10,000 measured, 10,000..11,000 for the warm-ups.
@@ -641,7 +740,8 @@ mod run {
         let w1_a = measure(&mut ctl, &trivial, &w1_warm, &w1_seq).await?;
         eprintln!("  baseline (a): {:.0}/s", w1_a.rate());
         let mut w1 = Vec::new();
-        for algorithm in algorithms(opts) {
+        let full = opts.sweep_only.is_none();
+        for algorithm in algorithms(opts).into_iter().filter(|_| full) {
             let script = via_script(&mut ctl, &store, &w1_names, algorithm, W1_QUOTA).await?;
             let script = measure(&mut ctl, &script, &w1_warm, &w1_seq).await?;
             let direct =
@@ -651,15 +751,38 @@ mod run {
             let cache = algorithm != Algorithm::LeakyBucket;
             let layer = via_layer(&store, &w1_names, algorithm, W1_QUOTA, cache)?;
             let layer = measure(&mut ctl, &layer, &w1_warm, &w1_seq).await?;
+            let plain = via_layer(&unbatched, &w1_names, algorithm, W1_QUOTA, cache)?;
+            let plain = measure(&mut ctl, &plain, &w1_warm, &w1_seq).await?;
             eprintln!(
-                "  {algorithm}: script {:.0}/s, store {:.0}/s, layer {:.0}/s",
+                "  {algorithm}: script {:.0}/s, store {:.0}/s, layer {:.0}/s, unbatched {:.0}/s",
                 script.rate(),
                 direct.rate(),
-                layer.rate()
+                layer.rate(),
+                plain.rate()
             );
-            w1.push(W1Row { algorithm, script, store: direct, layer });
+            w1.push(W1Row { algorithm, script, store: direct, layer, unbatched: plain });
         }
-        let rlf = match &opts.rlf {
+
+        // W3: W1's workload through the layer at several in-flight counts, batching off and on.
+        eprintln!("W3: the layer at {:?} in flight", SWEEP.map(|(n, _)| n));
+        let mut sweep_a = Vec::new();
+        let mut sweep = Vec::new();
+        for (n, decisions) in SWEEP.into_iter().filter(|(n, _)| opts.sweep_only.as_ref().is_none_or(|o| o.contains(n))) {
+            let decisions = if opts.quick { decisions / 10 } else { decisions };
+            let seq = sequence(decisions, W1_KEYS, 0, SEED + 2);
+            let shape = Shape::of(n);
+            sweep_a.push((n, measure_at(&mut ctl, &trivial, &w1_warm, &seq, shape).await?));
+            for algorithm in algorithms(opts) {
+                let cache = algorithm != Algorithm::LeakyBucket;
+                let off = via_layer(&unbatched, &w1_names, algorithm, W1_QUOTA, cache)?;
+                let off = measure_at(&mut ctl, &off, &w1_warm, &seq, shape).await?;
+                let on = via_layer(&store, &w1_names, algorithm, W1_QUOTA, cache)?;
+                let on = measure_at(&mut ctl, &on, &w1_warm, &seq, shape).await?;
+                eprintln!("  {n} in flight, {algorithm}: off {:.0}/s, on {:.0}/s", off.rate(), on.rate());
+                sweep.push(SweepRow { algorithm, in_flight: n, unbatched: off, batched: on });
+            }
+        }
+        let rlf = match opts.rlf.as_ref().filter(|_| full) {
             Some(path) => {
                 let r = rlf(&mut ctl, path, server.port(), w1_n).await?;
                 eprintln!("  rate-limiter-flexible: {:.0}/s", r.rate);
@@ -677,7 +800,7 @@ mod run {
         let w2_a = measure(&mut ctl, &trivial, &w2_warm, &w2_seq).await?;
         eprintln!("  baseline (a): {:.0}/s", w2_a.rate());
         let mut w2 = Vec::new();
-        for algorithm in algorithms(opts) {
+        for algorithm in algorithms(opts).into_iter().filter(|_| full) {
             let mut runs = Vec::new();
             for cache in [false, true] {
                 align_window(algorithm).await;
@@ -697,7 +820,8 @@ mod run {
             w2.push(W2Row { algorithm, runs, expected });
         }
         let took = started.elapsed();
-        Ok(report(opts, w1_n, w2_n, &w1_a, &w1, rlf.as_ref(), &w2_a, &w2, took))
+        let sweep = Sweep { baseline: sweep_a, rows: sweep };
+        Ok(report(opts, w1_n, w2_n, &w1_a, &w1, rlf.as_ref(), &w2_a, &w2, &sweep, took))
     }
 
     // ------------------------------------------------------------------------------
@@ -726,6 +850,7 @@ mod run {
         rlf: Option<&Rlf>,
         w2_a: &Run,
         w2: &[W2Row],
+        sweep: &Sweep,
         took: Duration,
     ) -> String {
         let mut s = String::new();
@@ -778,6 +903,12 @@ mod run {
             row(&mut s, "`Store::check_one`", alg, &w.store, Some(&w.script));
             let path = if w.algorithm == Algorithm::LeakyBucket { "layer (cache off)" } else { "layer" };
             row(&mut s, path, alg, &w.layer, Some(&w.script));
+            let path = if w.algorithm == Algorithm::LeakyBucket {
+                "layer, batching off (cache off)"
+            } else {
+                "layer, batching off"
+            };
+            row(&mut s, path, alg, &w.unbatched, Some(&w.script));
         }
         match rlf {
             Some(r) => {
@@ -845,8 +976,85 @@ mod run {
             }
         }
 
+        let _ = writeln!(
+            s,
+            "\n### W3: W1's workload through the layer by decisions in flight, group commit off and on\n\n\
+             Up to 64 in flight: one task per call; 1,024: 4 tasks of 256 calls each. CPU % is the \
+             share of one core the client process and redis-server used during the row: the side \
+             near 100% limits.\n"
+        );
+        let _ = writeln!(
+            s,
+            "| algorithm | in flight | batching | decisions/s | × (a) at this in-flight | × batching off | p50 µs | \
+             p99 µs | p999 µs | EVALSHA / decision | client CPU µs / decision | Redis CPU µs / decision | \
+             client CPU % | Redis CPU % | errors |"
+        );
+        let _ = writeln!(s, "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let sweep_row = |s: &mut String, alg: &str, n: usize, mode: &str, r: &Run, a: &Run, off: Option<&Run>| {
+            let _ = writeln!(
+                s,
+                "| {alg} | {n} | {mode} | {:.0} | {:.2} | {} | {} | {:.3} | {:.1} | {:.1} | {:.0} | {:.0} | {} |",
+                r.rate(),
+                r.rate() / a.rate(),
+                off.map_or("—".to_owned(), |o| format!("{:.2}", r.rate() / o.rate())),
+                latency_cells(r),
+                r.per_decision(r.calls),
+                r.cpu_us().0,
+                r.cpu_us().1,
+                r.cpu_share().0,
+                r.cpu_share().1,
+                r.failed
+            );
+        };
+        for (n, a) in &sweep.baseline {
+            sweep_row(&mut s, "(a) INCR+PEXPIRE script", *n, "—", a, a, None);
+            for r in sweep.rows.iter().filter(|r| r.in_flight == *n) {
+                sweep_row(&mut s, r.algorithm.name(), *n, "off", &r.unbatched, a, None);
+                sweep_row(&mut s, r.algorithm.name(), *n, "on", &r.batched, a, Some(&r.unbatched));
+            }
+        }
+
         // Targets.
         let mut t = Vec::<(String, String, bool)>::new();
+        for w in w1.iter().filter(|w| w.algorithm != Algorithm::SlidingWindowLog) {
+            let ratio = w.layer.rate() / w1_a.rate();
+            let want = if w.algorithm == Algorithm::Gcra { 0.8 } else { 0.7 };
+            t.push((
+                format!("W1 {}: layer (group commit) ≥ {want}× baseline (a)", w.algorithm),
+                format!("{:.0} / {:.0} = {ratio:.2}×", w.layer.rate(), w1_a.rate()),
+                ratio >= want,
+            ));
+        }
+        if let (Some(g), Some(r)) = (w1.iter().find(|w| w.algorithm == Algorithm::Gcra), rlf) {
+            let ratio = g.layer.rate() / r.rate;
+            t.push((
+                "W1 gcra: layer (group commit) ≥ 1.7× rate-limiter-flexible".to_owned(),
+                format!("{:.0} / {:.0} = {ratio:.2}×", g.layer.rate(), r.rate),
+                ratio >= 1.7,
+            ));
+        }
+        for r in &sweep.rows {
+            let (on, off) = (&r.batched, &r.unbatched);
+            let (p50, p99) = (on.quantile_us(0.5) / off.quantile_us(0.5), on.quantile_us(0.99) / off.quantile_us(0.99));
+            if r.in_flight <= 8 {
+                t.push((
+                    format!("W3 {} at {} in flight: p50 and p99 within 10% of batching off", r.algorithm, r.in_flight),
+                    format!("p50 {p50:.2}×, p99 {p99:.2}×"),
+                    p50 <= 1.1 && p99 <= 1.1,
+                ));
+            } else if r.in_flight == 64 {
+                t.push((
+                    format!("W3 {} at 64 in flight: p99 no worse than batching off", r.algorithm),
+                    format!("p99 {p99:.2}×"),
+                    p99 <= 1.0,
+                ));
+            }
+            t.push((
+                format!("W3 {} at {} in flight: throughput no worse than batching off", r.algorithm, r.in_flight),
+                format!("{:.2}×", on.rate() / off.rate()),
+                on.rate() >= off.rate(),
+            ));
+        }
         for w in w1 {
             let ratio = w.layer.rate() / w.script.rate();
             t.push((
@@ -911,10 +1119,12 @@ mod run {
                 ratio >= 1.5,
             ));
         }
-        let failed: usize = w1.iter().map(|w| w.script.failed + w.store.failed + w.layer.failed).sum::<usize>()
-            + w2.iter().flat_map(|w| &w.runs).map(|r| r.failed).sum::<usize>()
-            + w1_a.failed
-            + w2_a.failed;
+        let failed: usize =
+            w1.iter().map(|w| w.script.failed + w.store.failed + w.layer.failed + w.unbatched.failed).sum::<usize>()
+                + sweep.rows.iter().map(|r| r.batched.failed + r.unbatched.failed).sum::<usize>()
+                + w2.iter().flat_map(|w| &w.runs).map(|r| r.failed).sum::<usize>()
+                + w1_a.failed
+                + w2_a.failed;
         t.push(("no decision failed (timeout, store error)".to_owned(), format!("{failed} failed"), failed == 0));
 
         let _ = writeln!(s, "\n### Targets\n");
