@@ -116,8 +116,15 @@ mod run {
     }
 
     fn options() -> Result<Options, Error> {
-        let mut o =
-            Options { quick: false, threads: 1, rlf: std::env::var("TOLLGATE_RLF_BENCH").ok(), out: None, only: None, max_batch: None, sweep_only: None };
+        let mut o = Options {
+            quick: false,
+            threads: 1,
+            rlf: std::env::var("TOLLGATE_RLF_BENCH").ok(),
+            out: None,
+            only: None,
+            max_batch: None,
+            sweep_only: None,
+        };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
             match a.as_str() {
@@ -767,7 +774,8 @@ mod run {
         eprintln!("W3: the layer at {:?} in flight", SWEEP.map(|(n, _)| n));
         let mut sweep_a = Vec::new();
         let mut sweep = Vec::new();
-        for (n, decisions) in SWEEP.into_iter().filter(|(n, _)| opts.sweep_only.as_ref().is_none_or(|o| o.contains(n))) {
+        for (n, decisions) in SWEEP.into_iter().filter(|(n, _)| opts.sweep_only.as_ref().is_none_or(|o| o.contains(n)))
+        {
             let decisions = if opts.quick { decisions / 10 } else { decisions };
             let seq = sequence(decisions, W1_KEYS, 0, SEED + 2);
             let shape = Shape::of(n);

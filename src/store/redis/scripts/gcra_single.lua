@@ -8,12 +8,19 @@
 -- `decide(key, o)` decides the rule whose 8 arguments are ARGV[o + 1 .. o + 8] (lib.lua's
 -- order) on `key`, commits when it accepts in mode 'c', and returns the verdict (1/0) and
 -- the three state fields it read. single_main.lua or batch_main.lua follows.
+local rules = {}
 local function decide(key, o)
-  if ARGV[o + 1] ~= 'gcra' then
-    error('tollgate: the GCRA script got a rule of ' .. tostring(ARGV[o + 1]))
+  -- ARGV[o + 4 .. o + 6]: burst B, emission interval T (µs), cost c, converted once per
+  -- rule (a batch's decisions share their rule's arguments). `x + 0` converts like tonumber.
+  local p = rules[o]
+  if not p then
+    if ARGV[o + 1] ~= 'gcra' then
+      error('tollgate: the GCRA script got a rule of ' .. tostring(ARGV[o + 1]))
+    end
+    p = { ARGV[o + 4] + 0, ARGV[o + 5] + 0, ARGV[o + 6] + 0 }
+    rules[o] = p
   end
-  -- ARGV[o + 4 .. o + 6]: burst B, emission interval T (µs), cost c. `x + 0` converts like tonumber.
-  local B, T, c = ARGV[o + 4] + 0, ARGV[o + 5] + 0, ARGV[o + 6] + 0
+  local B, T, c = p[1], p[2], p[3]
   -- State 'tat:gap' (the latest commit `gap` µs before the TAT), or none.
   local tat, last = 0, 0
   local v = redis.call('GET', key)

@@ -6,12 +6,19 @@
 -- `decide(key, o)` decides the rule whose 8 arguments are ARGV[o + 1 .. o + 8] (lib.lua's
 -- order) on `key`, commits when it accepts in mode 'c', and returns the verdict (1/0) and
 -- the three state fields it read. single_main.lua or batch_main.lua follows.
+local rules = {}
 local function decide(key, o)
-  if ARGV[o + 1] ~= 'lb' then
-    error('tollgate: the leaky bucket script got a rule of ' .. tostring(ARGV[o + 1]))
-  end
   -- ARGV[o + 4 .. o + 7]: burst B, emission interval T (µs), cost c, max delay (µs).
-  local B, T, c, md = ARGV[o + 4] + 0, ARGV[o + 5] + 0, ARGV[o + 6] + 0, ARGV[o + 7] + 0
+  -- Converted once per rule (a batch's decisions share their rule's arguments).
+  local p = rules[o]
+  if not p then
+    if ARGV[o + 1] ~= 'lb' then
+      error('tollgate: the leaky bucket script got a rule of ' .. tostring(ARGV[o + 1]))
+    end
+    p = { ARGV[o + 4] + 0, ARGV[o + 5] + 0, ARGV[o + 6] + 0, ARGV[o + 7] + 0 }
+    rules[o] = p
+  end
+  local B, T, c, md = p[1], p[2], p[3], p[4]
   -- State 'next', the next free slot, or 0 when absent.
   local v = redis.call('GET', key)
   local nxt = v and v + 0 or 0

@@ -6,12 +6,19 @@
 -- `decide(key, o)` decides the rule whose 8 arguments are ARGV[o + 1 .. o + 8] (lib.lua's
 -- order) on `key`, commits when it accepts in mode 'c', and returns the verdict (1/0) and
 -- the three state fields it read. single_main.lua or batch_main.lua follows.
+local rules = {}
 local function decide(key, o)
-  if ARGV[o + 1] ~= 'swc' then
-    error('tollgate: the sliding window counter script got a rule of ' .. tostring(ARGV[o + 1]))
-  end
   -- ARGV[o + 2], ARGV[o + 3], ARGV[o + 6]: limit L, period W (µs), cost c.
-  local L, W, c = ARGV[o + 2] + 0, ARGV[o + 3] + 0, ARGV[o + 6] + 0
+  -- Converted once per rule (a batch's decisions share their rule's arguments).
+  local p = rules[o]
+  if not p then
+    if ARGV[o + 1] ~= 'swc' then
+      error('tollgate: the sliding window counter script got a rule of ' .. tostring(ARGV[o + 1]))
+    end
+    p = { ARGV[o + 2] + 0, ARGV[o + 3] + 0, ARGV[o + 6] + 0 }
+    rules[o] = p
+  end
+  local L, W, c = p[1], p[2], p[3]
   -- State 'window:prev:curr', or 0:0:0 when absent.
   local sw, sp, sc = 0, 0, 0
   local v = redis.call('GET', key)
