@@ -14,21 +14,16 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use std::task::Poll;
 use std::time::Duration;
 
 use proptest::prelude::*;
 use support::fake::T0;
 use support::redis::RedisServer;
+use support::{poll_once, together, Answer};
 use tollgate::algorithm::Params;
-use tollgate::store::Outcome;
 use tollgate::{Algorithm, Check, ManualClock, MemoryStore, Quota, RedisStore, Store, StoreError};
-
-type Answer<'a> = Pin<Box<dyn Future<Output = Result<Outcome, StoreError>> + Send + 'a>>;
 
 fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota, cost: u64) -> Check {
     let mut params = Params::new(quota);
@@ -38,18 +33,6 @@ fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota, cost: u64) -
         params.max_delay_us = 0;
     }
     Check { rule: rule.into(), key: key.into(), algorithm, params }
-}
-
-/// Polls `f` once: a batched check is then in the queue, and its flush task (spawned on
-/// this current-thread runtime) has not run yet.
-async fn poll_once(f: &mut Answer<'_>) -> Option<Result<Outcome, StoreError>> {
-    std::future::poll_fn(|cx| {
-        Poll::Ready(match f.as_mut().poll(cx) {
-            Poll::Ready(r) => Some(r),
-            Poll::Pending => None,
-        })
-    })
-    .await
 }
 
 fn current_thread() -> tokio::runtime::Runtime {
@@ -256,23 +239,6 @@ proptest! {
 
 // ---------------------------------------------------------------------------------------
 // Examples
-
-/// Queues `checks` together (in order) and awaits them all.
-async fn together(store: &RedisStore, checks: &[Check]) -> Vec<Result<Outcome, StoreError>> {
-    let mut futures: Vec<Answer<'_>> = checks.iter().map(|c| Box::pin(store.check_one(c)) as Answer<'_>).collect();
-    let mut early = Vec::new();
-    for f in &mut futures {
-        early.push(poll_once(f).await);
-    }
-    let mut out = Vec::new();
-    for (f, e) in futures.into_iter().zip(early) {
-        out.push(match e {
-            Some(r) => r,
-            None => f.await,
-        });
-    }
-    out
-}
 
 #[test]
 fn a_batch_is_one_script_call_and_one_time() {

@@ -294,3 +294,38 @@ fn ip_and_account(store: &RedisStore, ip: Key, account: Key) -> LimiterBuilder<R
         .algorithm(Algorithm::FixedWindow)
         .local_cache(false)
 }
+
+/// Group commit on a cluster: checks queued together go in one script call per slot
+/// (every key of a call in one slot: Redis refuses declared keys of several slots), each
+/// decided exactly.
+#[test]
+fn batched_checks_on_a_cluster_go_per_slot_and_count_exactly() {
+    let cluster = RedisCluster::start(3);
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+        let store = store_for(&cluster).await;
+        // One client key on each node; four rules each: 12 states in 3 slots.
+        let keys: Vec<String> = (0..3).map(|n| key_on(&cluster, n, "batch")).collect();
+        let checks: Vec<Check> = keys
+            .iter()
+            .flat_map(|k| (0..4).map(move |r| check(&format!("r{r}"), k, Algorithm::Gcra, Quota::per_minute(2))))
+            .collect();
+        // Loads the script on every node.
+        for c in &checks {
+            store.check_one(c).await.unwrap();
+        }
+        cluster.cmd_all(&["CONFIG", "RESETSTAT"]);
+        let mut allowed = vec![0; checks.len()];
+        for _ in 0..3 {
+            for (i, answer) in support::together(&store, &checks).await.into_iter().enumerate() {
+                let o = answer.unwrap_or_else(|e| panic!("check {i}: {e}"));
+                allowed[i] += usize::from(o.decision.allowed);
+            }
+        }
+        // 2 a minute, one taken by the warm-up: one more each.
+        assert_eq!(allowed, vec![1; checks.len()]);
+        let evalsha = calls(&cluster, "evalsha");
+        let total: u64 = evalsha.iter().sum();
+        assert!(evalsha.iter().all(|&n| n >= 3), "every node decides its slot's checks: {evalsha:?}");
+        assert!(total < 3 * 12, "36 checks in {total} calls: no batching {evalsha:?}");
+    });
+}

@@ -23,3 +23,45 @@ pub fn sf_params(value: &http::HeaderValue) -> Vec<(String, Vec<(String, i64)>)>
         })
         .collect()
 }
+
+/// Polls `f` once: a check the store batches is then in its queue, and the store's flush
+/// task (spawned on this current-thread runtime) has not run yet.
+#[cfg(test)]
+pub async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut *f).poll(cx) {
+            std::task::Poll::Ready(r) => Some(r),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+/// A check's answer, boxed so that several can be held and polled in turn.
+#[cfg(test)]
+pub type Answer<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<tollgate::store::Outcome, tollgate::StoreError>> + Send + 'a>,
+>;
+
+/// `Store::check_one` of every check, queued together in this order (each polled once
+/// before any is awaited; on a current-thread runtime, before the store's flush task
+/// runs), then awaited.
+#[cfg(test)]
+pub async fn together<S: tollgate::Store>(
+    store: &S,
+    checks: &[tollgate::Check],
+) -> Vec<Result<tollgate::store::Outcome, tollgate::StoreError>> {
+    let mut futures: Vec<Answer<'_>> = checks.iter().map(|c| Box::pin(store.check_one(c)) as Answer<'_>).collect();
+    let mut early = Vec::new();
+    for f in &mut futures {
+        early.push(poll_once(f).await);
+    }
+    let mut out = Vec::new();
+    for (f, e) in futures.into_iter().zip(early) {
+        out.push(match e {
+            Some(r) => r,
+            None => f.await,
+        });
+    }
+    out
+}
