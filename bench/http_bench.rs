@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Runs, each on a fresh server: `bare` (no layer), `memory` with a high limit (every
-//! request accepted) and with a low one (nearly every request answered 429), and, with
+//! request accepted) and with a low one (nearly every request answered 429), the same two
+//! behind tower_governor (governor's keyed GCRA, the in-memory peer, keyed by the same
+//! header, with its rate-limit headers on), and, with
 //! feature `redis` and `REDIS_URL` set, the same two on `RedisStore`. Each run has a 2 s
 //! warm-up (for the low limit, it uses up the keys' quotas, so the measured part is the
 //! steady 429 path) then `DURATION` seconds (default 10) of measurement. The runs are
@@ -46,6 +48,9 @@ const LOW: Quota = Quota::per_minute(1);
 enum Backend {
     Bare,
     Memory,
+    /// tower_governor (governor's keyed GCRA on a DashMap), the in-memory peer, keyed by
+    /// the same header, with its rate-limit headers on (`use_headers`) as the layer has.
+    TowerGovernor,
     /// A hook for the Redis benches: `REDIS_URL` with feature `redis`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Redis(String),
@@ -105,10 +110,41 @@ fn limited<St: Store>(store: St, quota: Quota, algorithm: Algorithm) -> Router {
     hello().layer(RateLimitLayer::<_, Body>::new(quota, key::header("x-api-key"), store).algorithm(algorithm))
 }
 
+/// tower_governor's key: the `x-api-key` header, as the layer's `key::header`.
+#[derive(Debug, Clone, Copy)]
+struct ApiKey;
+
+impl tower_governor::key_extractor::KeyExtractor for ApiKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &http::Request<T>) -> Result<String, tower_governor::GovernorError> {
+        req.headers()
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+/// `hello` behind tower_governor at `quota`: one unit replenished every period / limit, a
+/// burst of the limit (governor's GCRA, as the layer's default quota means).
+fn tower_governor(quota: Quota) -> Result<Router, Box<dyn std::error::Error>> {
+    let interval = u64::try_from(quota.period().as_nanos() / u128::from(quota.limit()))?;
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .per_nanosecond(interval)
+        .burst_size(u32::try_from(quota.burst_size())?)
+        .key_extractor(ApiKey)
+        .use_headers()
+        .finish()
+        .ok_or("tower_governor refused the quota")?;
+    Ok(hello().layer(tower_governor::GovernorLayer::new(config)))
+}
+
 fn router(config: &Config, algorithm: Algorithm) -> Result<Router, Box<dyn std::error::Error>> {
     let quota = config.quota.unwrap_or(HIGH);
     Ok(match &config.backend {
         Backend::Bare => hello(),
+        Backend::TowerGovernor => tower_governor(quota)?,
         Backend::Memory => limited(tollgate::MemoryStore::new(), quota, algorithm),
         #[cfg(feature = "redis")]
         Backend::Redis(url) => {
@@ -224,6 +260,11 @@ fn fmt_ms(us: u64) -> String {
     format!("{ms:.2} ms")
 }
 
+/// The median run of the configuration named `name`.
+fn find_in(pairs: &[(&Config, &Run)], name: &str) -> Option<Run> {
+    pairs.iter().find(|(c, _)| c.name == name).map(|(_, r)| **r)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = Opts {
         duration: env_or("DURATION", 10),
@@ -237,6 +278,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Config { name: "bare".into(), backend: Backend::Bare, quota: None },
         Config { name: "memory, high limit".into(), backend: Backend::Memory, quota: Some(HIGH) },
         Config { name: "memory, low limit".into(), backend: Backend::Memory, quota: Some(LOW) },
+        Config { name: "tower_governor, high limit".into(), backend: Backend::TowerGovernor, quota: Some(HIGH) },
+        Config { name: "tower_governor, low limit".into(), backend: Backend::TowerGovernor, quota: Some(LOW) },
     ];
     if let Ok(url) = std::env::var("REDIS_URL") {
         configs.push(Config {
@@ -326,6 +369,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "- {store} layer vs bare: {ratio:.2}× req/s (target ≥ 0.90: {status}); server CPU per request {:.2}× bare's",
                 high.cpu_us() / bare_cpu
             );
+        }
+        if store == "memory" {
+            if let (Some(gh), Some(gl)) =
+                (find_in(&pairs, "tower_governor, high limit"), find_in(&pairs, "tower_governor, low limit"))
+            {
+                for (path, ours, theirs) in [("200", high, gh), ("429", low, gl)] {
+                    let ratio = ours.rps() / theirs.rps();
+                    let status = if ratio >= 1.0 { "met" } else { "MISSED" };
+                    println!(
+                        "- {store} layer vs tower_governor, {path} path: {ratio:.2}× req/s (target ≥ 1.00: {status}); \
+                         server CPU per request {:.2}× tower_governor's",
+                        ours.cpu_us() / theirs.cpu_us()
+                    );
+                }
+            }
         }
         let ratio = low.rps() / high.rps();
         let status = if ratio >= 1.0 { "met" } else { "MISSED" };

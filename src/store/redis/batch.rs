@@ -15,6 +15,10 @@
 //!   script touches is declared in `KEYS`, all in one slot.
 //! - The caller's deadline and the limiter's in-flight cap cover the time in the queue;
 //!   the batch itself is bounded by the response timeout.
+//! - One flush task at a time waits to take the queue, spawned on the runtime of the check
+//!   that found none: a store shared by several runtimes has its checks wait for that
+//!   runtime to run it (a blocked runtime holds them up to their deadlines). Checks made
+//!   outside a tokio runtime are not batched.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -60,10 +64,11 @@ impl Queue {
 }
 
 impl Inner {
-    /// Whether `check` goes through the batch queue: batching is on and the check is one
-    /// that a batch script decides.
+    /// Whether `check` goes through the batch queue: batching is on, the check is one that
+    /// a batch script decides, and the caller runs on a tokio runtime (where the flush
+    /// task is spawned; elsewhere the check is sent on its own).
     pub(super) fn batches(&self, check: &Check) -> bool {
-        self.config.max_batch > 1 && SCRIPTS.batch_for(check).is_some()
+        self.config.max_batch > 1 && SCRIPTS.batch_for(check).is_some() && tokio::runtime::Handle::try_current().is_ok()
     }
 
     /// Decides `check` in the next batch.
