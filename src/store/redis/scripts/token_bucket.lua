@@ -1,5 +1,8 @@
--- Token bucket (src/algorithm/token_bucket.rs). State 'level:last', the level in µs of
--- refill (tokens × T) as of the latest commit, at `last`.
+-- Token bucket (src/algorithm/token_bucket.rs). State 'level:last:keep', the level in µs
+-- of refill (tokens × T) as of the latest commit, at `last`; `keep`: until when (µs) the
+-- key must live, the latest expiry any write asked for (a key shared by quotas of
+-- different periods, tiers, keeps the longest one's state), so that a write needs no
+-- PTTL. Values of older versions ('level:last') have no `keep`: their TTL is read.
 ALG.tb = {}
 
 local function tb_level_at(s, capacity, now)
@@ -28,16 +31,27 @@ function ALG.tb.fields(s)
   return s[1], s[2], 0
 end
 
--- A key that did not exist has no TTL to keep (as token_bucket_single.lua: no PTTL).
-local function tb_put(key, fresh, level, last, capacity, now)
-  local write = fresh and put or put_keep
-  write(key, fmt(level) .. ':' .. fmt(last), last + (capacity - min(level, capacity)), now)
+-- Writes the state, living until its own expiry or the later `keep` the key has (`s[3]`,
+-- or from PTTL for a value without it); a key that did not exist has none.
+local function tb_put(key, s, level, last, capacity, now)
+  local expires = last + (capacity - min(level, capacity))
+  if expires <= now then
+    redis.call('DEL', key)
+    return
+  end
+  local keep = expires
+  if not s.fresh then
+    -- PTTL's whole ms less the one ttl_ms adds: the TTL it had, not one ms more.
+    local held = s[3] or now + (redis.call('PTTL', key) - 1) * 1000
+    keep = max(keep, held)
+  end
+  redis.call('SET', key, fmt(level) .. ':' .. fmt(last) .. ':' .. fmt(keep), 'PX', fmt(ttl_ms(keep, now)))
 end
 
 function ALG.tb.commit(key, s, p, now)
   local capacity = p.B * p.T
   local level = tb_level_at(s, capacity, now) - p.c * p.T
-  tb_put(key, s.fresh, level, max(s[2], now), capacity, now)
+  tb_put(key, s, level, max(s[2], now), capacity, now)
 end
 
 -- As far ahead as GCRA's TAT: `last` plus the time to refill to full (TokenBucket::ahead).
@@ -63,7 +77,7 @@ function ALG.tb.force(key, s, p, now)
     last = last + (need - level)
     level = 0
   end
-  tb_put(key, s.fresh, level, last, capacity, now)
+  tb_put(key, s, level, last, capacity, now)
 end
 
 -- p.at: when the commit was made (token_bucket.rs): give back what it still holds back,
@@ -73,5 +87,5 @@ function ALG.tb.refund(key, s, p, now)
   local capacity = p.B * p.T
   local tokens = p.c * p.T
   local level = min(s[1] + min(tokens, max(p.at + tokens - s[2], 0)), capacity)
-  tb_put(key, false, level, s[2], capacity, now)
+  tb_put(key, s, level, s[2], capacity, now)
 end

@@ -19,11 +19,12 @@ local function decide(key, o)
     rules[o] = p
   end
   local B, T, c = p[1], p[2], p[3]
-  -- State 'level:last' (level in µs of refill), or 0:0 when absent.
-  local sl, st = 0, 0
+  -- State 'level:last:keep' (level in µs of refill; `keep`: until when the key must live,
+  -- see token_bucket.lua), or 0:0 when absent. A value of an older version has no `keep`.
+  local sl, st, sk = 0, 0, ''
   local v = redis.call('GET', key)
   if v then
-    sl, st = string.match(v, '([^:]+):([^:]+)')
+    sl, st, sk = string.match(v, '^([^:]+):([^:]+):?([^:]*)$')
     sl, st = sl + 0, st + 0
   end
   -- level = min(level + max(now - last, 0), B·T)
@@ -50,13 +51,29 @@ local function decide(key, o)
       elseif (q + 1) * 1000 <= a then
         q = q + 1
       end
-      -- lib.lua's ttl_keep: a longer TTL the key has (another quota's state) is kept.
-      local ms = q + 1
+      -- token_bucket.lua's tb_put: a later `keep` the key has (another quota's state) is
+      -- kept, read from the value (or, from a value of an older version, from PTTL).
+      local keep, ms = expires, q + 1
       if v then
-        local left = redis.call('PTTL', key)
-        if left > ms then ms = left end
+        local held
+        if sk ~= '' then
+          held = sk + 0
+        else
+          held = now + (redis.call('PTTL', key) - 1) * 1000
+        end
+        if held > keep then
+          keep = held
+          a = keep - now + 999
+          q = math.floor(a / 1000)
+          if q * 1000 > a then
+            q = q - 1
+          elseif (q + 1) * 1000 <= a then
+            q = q + 1
+          end
+          ms = q + 1
+        end
       end
-      redis.call('SET', key, string.format('%d:%d', level, last), 'PX', string.format('%d', ms))
+      redis.call('SET', key, string.format('%d:%d:%d', level, last, keep), 'PX', string.format('%d', ms))
     end
   end
   local r = ok and 1 or 0
