@@ -302,7 +302,9 @@ fn ip_and_account(store: &RedisStore, ip: Key, account: Key) -> LimiterBuilder<R
 fn batched_checks_on_a_cluster_go_per_slot_and_count_exactly() {
     let cluster = RedisCluster::start(3);
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-        let store = store_for(&cluster).await;
+        // Off by default on a cluster: turned on here.
+        let store = store_for(&cluster).await.max_batch(64).unwrap();
+        store.ping().await.unwrap();
         // One client key on each node; four rules each: 12 states in 3 slots.
         let keys: Vec<String> = (0..3).map(|n| key_on(&cluster, n, "batch")).collect();
         let checks: Vec<Check> = keys
@@ -327,5 +329,10 @@ fn batched_checks_on_a_cluster_go_per_slot_and_count_exactly() {
         let total: u64 = evalsha.iter().sum();
         assert!(evalsha.iter().all(|&n| n >= 3), "every node decides its slot's checks: {evalsha:?}");
         assert!(total < 3 * 12, "36 checks in {total} calls: no batching {evalsha:?}");
+        // The default on a cluster: one call per check.
+        let default = store_for(&cluster).await;
+        cluster.cmd_all(&["CONFIG", "RESETSTAT"]);
+        assert!(support::together(&default, &checks).await.iter().all(Result::is_ok));
+        assert_eq!(calls(&cluster, "evalsha").iter().sum::<u64>(), 12, "a cluster store batches by default");
     });
 }

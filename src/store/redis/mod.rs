@@ -25,8 +25,9 @@
 //!
 //! Batched are checks of one rule of the O(1) algorithms; the sliding window log, rules
 //! that block or are charged, several rules at once, refunds and charges keep one call
-//! each. On a cluster only checks whose keys share a slot go together (with keys spread
-//! over 16,384 slots that is rare: little batching there).
+//! each. On a cluster only checks whose keys share a slot could go together, which with
+//! keys spread over 16,384 slots is rare: there batching is off unless turned on with
+//! `max_batch` (measured at 0.85× the rate without it).
 //!
 //! # Keys
 //!
@@ -225,6 +226,7 @@ impl RedisStore {
     }
 
     fn config(origin: Origin, addr: String) -> Config {
+        let origin_is_cluster = origin.is_cluster();
         Config {
             origin,
             addr,
@@ -232,7 +234,9 @@ impl RedisStore {
             timeouts: Timeouts { response: RESPONSE_TIMEOUT, connect: CONNECT_TIMEOUT },
             clock: None,
             token: Arc::new(()),
-            max_batch: batch::MAX_BATCH,
+            // On a cluster, keys spread over 16,384 slots rarely share one: batching off
+            // by default there (measured: 0.85× the throughput of one call per decision).
+            max_batch: if origin_is_cluster { 1 } else { batch::MAX_BATCH },
         }
     }
 
@@ -459,7 +463,8 @@ impl RedisStore {
     }
 
     /// The most single-rule decisions that one script call to Redis may carry (group
-    /// commit; default 64). `1` turns batching off: each decision is then its own call.
+    /// commit; default 64, and 1 on a cluster). `1` turns batching off: each decision is
+    /// then its own call.
     ///
     /// Decisions that arrive while others are on their way to Redis go together as one
     /// script call (one `TIME`, one call's overhead), which decides each of them on its
@@ -468,7 +473,11 @@ impl RedisStore {
     /// type) is that request's error only. Nothing waits to fill a batch: a decision that
     /// arrives alone goes alone. Batched are the checks of one rule of the O(1) algorithms
     /// (not the sliding window log, not rules that block or are charged); on a cluster,
-    /// only decisions whose keys share a slot. The time in the queue counts against the
+    /// only decisions whose keys share a slot, which is why it is off there by default:
+    /// with 10,000 keys, or 64, spread over the slots, a cluster store batched 0.2 % or 18 %
+    /// of its calls away and ran at 0.85× or 0.90× the rate of one call per decision. Turn
+    /// it on for a cluster whose traffic concentrates on a few keys. The time in the queue
+    /// counts against the
     /// limiter's deadline. See the [module docs](self#group-commit). Call before the store
     /// is used.
     ///
