@@ -360,3 +360,106 @@ fn a_flush_task_dropped_with_its_runtime_leaves_no_check_waiting() {
         assert_eq!(o.decision.remaining, 4, "the dropped batch took nothing");
     });
 }
+
+/// A batch that meets a replica (an operator's `REPLICAOF`) fails as a whole, as a single
+/// check's call does, so that the store drops the connection: caught per check by the
+/// batch script's `pcall`, `READONLY` used to come back as each check's own error while
+/// the store stayed on the replica (and the breaker counted every one).
+#[test]
+fn a_batch_on_a_replica_fails_whole_and_drops_the_connection() {
+    let primary = RedisServer::start();
+    let other = RedisServer::start();
+    current_thread().block_on(async {
+        let store = RedisStore::from_url(&primary.url()).unwrap().response_timeout(Duration::from_secs(2));
+        store.ping().await.unwrap();
+        let checks: Vec<Check> =
+            (0..3).map(|i| check("r", &format!("k{i}"), Algorithm::Gcra, Quota::per_minute(10), 1)).collect();
+        assert!(together(&store, &checks).await.iter().all(Result::is_ok));
+        primary.cmd(&["REPLICAOF", "127.0.0.1", &other.port().to_string()]);
+        let answers = together(&store, &checks).await;
+        for a in &answers {
+            match a {
+                Err(StoreError::Unavailable(e)) => assert!(e.to_lowercase().contains("readonly"), "{e}"),
+                other => panic!("a batch on a replica answered {other:?}: {answers:?}"),
+            }
+        }
+        // The connection was dropped: the next check fails at once, not on the replica.
+        let next = store.check_one(&checks[0]).await;
+        assert!(matches!(next, Err(StoreError::NotConnected(_) | StoreError::Unavailable(_))), "{next:?}");
+    });
+}
+
+/// A runtime shutting down while checks are in flight on it: a flush task spawned by
+/// another flush (with the queue's lock held, before the fix) was dropped at once on the
+/// spawning thread, whose guard then waited for that same lock: the runtime's drop hung,
+/// and the store with it.
+#[test]
+fn a_runtime_shut_down_under_load_neither_hangs_nor_sticks_the_store() {
+    let clock = ManualClock::new(T0);
+    let store = store(&prefix(), &clock, 4);
+    for round in 0..30 {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        // The connection died with the previous runtime, whose task drove it: made again.
+        rt.block_on(async {
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while store.ping().await.is_err() {
+                assert!(std::time::Instant::now() < until, "round {round}: never reconnected");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        for t in 0..64 {
+            let (store, c) = (
+                store.clone(),
+                check("r", &format!("k{}", t % 8), Algorithm::TokenBucket, Quota::per_hour(1_000_000), 1),
+            );
+            rt.spawn(async move {
+                loop {
+                    let _ = store.check_one(&c).await;
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10 + round % 7));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(rt);
+            let _ = tx.send(());
+        });
+        assert!(rx.recv_timeout(Duration::from_secs(10)).is_ok(), "round {round}: the runtime's drop hangs");
+    }
+    // The store still decides on a new runtime.
+    let rt = current_thread();
+    let c = check("after", "k", Algorithm::Gcra, Quota::per_minute(5), 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), store.check_one(&c)).await }) {
+            Ok(Ok(o)) => {
+                assert!(o.decision.allowed);
+                break;
+            }
+            Ok(Err(_)) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            other => panic!("the store no longer decides: {other:?}"),
+        }
+    }
+}
+
+/// A check queued on a runtime that then stays idle (polled once, dropped, its flush task
+/// never run) must not hold up the checks of another runtime: they used to wait behind
+/// that task until their deadline, for as long as the idle runtime lived.
+#[test]
+fn an_idle_runtime_holding_a_flush_does_not_stall_another() {
+    let clock = ManualClock::new(T0);
+    let store = store(&prefix(), &clock, 64);
+    let busy = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    // The connection is made, and driven, on the runtime that stays busy.
+    busy.block_on(store.ping()).unwrap();
+    let c = check("r", "k", Algorithm::Gcra, Quota::per_minute(5), 1);
+    let idle = current_thread();
+    idle.block_on(async {
+        let mut f: Answer<'_> = Box::pin(store.check_one(&c));
+        assert!(poll_once(&mut f).await.is_none(), "queued");
+    });
+    let answer = busy.block_on(async { tokio::time::timeout(Duration::from_secs(2), store.check_one(&c)).await });
+    let o = answer.expect("the check waited behind the idle runtime's flush task").unwrap();
+    assert_eq!(o.decision.remaining, 4, "the dropped check took nothing");
+    drop(idle);
+}

@@ -15,12 +15,16 @@
 //!   script touches is declared in `KEYS`, all in one slot.
 //! - The caller's deadline and the limiter's in-flight cap cover the time in the queue;
 //!   the batch itself is bounded by the response timeout.
-//! - One flush task at a time waits to take the queue, spawned on the runtime of the check
-//!   that found none: a store shared by several runtimes has its checks wait for that
-//!   runtime to run it (a blocked runtime holds them up to their deadlines). Checks made
-//!   outside a tokio runtime are not batched.
+//! - Each runtime that has checks waiting has one flush task on its way to take the queue
+//!   (a store shared by several runtimes: one idle or blocked never holds up another's
+//!   checks); flush tasks take the queue in turn, safely. Tasks are spawned and entries
+//!   dropped with the queue's lock released (a runtime shutting down drops a new task on
+//!   the spot, and its guard takes the lock). Checks made outside a tokio runtime are not
+//!   batched.
 
 use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::runtime::Id as RuntimeId;
 
 use futures_util::future::join_all;
 use tokio::sync::oneshot;
@@ -45,8 +49,8 @@ pub(super) struct Queue {
 #[derive(Default)]
 struct Waiting {
     entries: Vec<Entry>,
-    /// A flush task is on its way to take the queue.
-    flushing: bool,
+    /// The runtimes that have a flush task on its way to take the queue.
+    flushing: Vec<RuntimeId>,
     /// Checks sent in batches whose answers are not back.
     sent: usize,
 }
@@ -64,25 +68,36 @@ impl Queue {
 }
 
 impl Inner {
-    /// Whether `check` goes through the batch queue: batching is on, the check is one that
-    /// a batch script decides, and the caller runs on a tokio runtime (where the flush
-    /// task is spawned; elsewhere the check is sent on its own).
-    pub(super) fn batches(&self, check: &Check) -> bool {
-        self.config.max_batch > 1 && SCRIPTS.batch_for(check).is_some() && tokio::runtime::Handle::try_current().is_ok()
+    /// The runtime `check` is batched on: `None` when it is sent on its own (batching off,
+    /// a check no batch script decides, or no tokio runtime to spawn the flush task on).
+    pub(super) fn batch_runtime(&self, check: &Check) -> Option<RuntimeId> {
+        if self.config.max_batch > 1 && SCRIPTS.batch_for(check).is_some() {
+            tokio::runtime::Handle::try_current().ok().map(|h| h.id())
+        } else {
+            None
+        }
     }
 
-    /// Decides `check` in the next batch.
-    pub(super) async fn check_batched(self: &Arc<Self>, check: &Check) -> Answer {
+    /// Decides `check` in the next batch taken by a flush task of runtime `rt`.
+    pub(super) async fn check_batched(self: &Arc<Self>, check: &Check, rt: RuntimeId) -> Answer {
         validate(check)?;
         let (tx, rx) = oneshot::channel();
         let entry = Entry { check: check.clone(), slot: self.slot_of(&check.key), answer: tx };
         let start = {
             let mut waiting = self.queue.lock();
             waiting.entries.push(entry);
-            !std::mem::replace(&mut waiting.flushing, true)
+            // Each runtime runs its own flush task: one that is idle or blocked never holds
+            // up the checks of another.
+            let pending = waiting.flushing.contains(&rt);
+            if !pending {
+                waiting.flushing.push(rt);
+            }
+            !pending
         };
+        // Spawned with the lock released: a runtime shutting down drops a new task at once,
+        // on this thread, and its guard takes the lock.
         if start {
-            start_flush(self);
+            start_flush(self, rt);
         }
         rx.await.unwrap_or_else(|_| {
             Err(StoreError::Unavailable(format!(
@@ -93,38 +108,48 @@ impl Inner {
     }
 }
 
-/// Clears the queue's `flushing` flag if the flush task is dropped before it took the
-/// queue (its runtime shut down): the next check starts another. The checks waiting are
-/// answered with an error rather than left to their deadlines.
-struct Flushing(Option<Arc<Inner>>);
+/// Takes the runtime of a flush task dropped before it took the queue (its runtime shut
+/// down) off the queue's list, so that its next check starts another. When no other
+/// runtime has a flush task on its way, the checks waiting are answered with an error
+/// rather than left to their deadlines.
+struct Flushing(Option<Arc<Inner>>, RuntimeId);
 
 impl Drop for Flushing {
     fn drop(&mut self) {
         if let Some(inner) = self.0.take() {
             let entries = {
                 let mut waiting = inner.queue.lock();
-                waiting.flushing = false;
-                std::mem::take(&mut waiting.entries)
+                waiting.flushing.retain(|&r| r != self.1);
+                if waiting.flushing.is_empty() {
+                    std::mem::take(&mut waiting.entries)
+                } else {
+                    Vec::new()
+                }
             };
+            // Answered (dropped) with the lock released.
             drop(entries);
         }
     }
 }
 
-/// Spawns a flush task (boxed: a flush that leaves checks waiting starts the next).
-fn start_flush(inner: &Arc<Inner>) {
+/// Spawns a flush task on runtime `rt`, the current one (boxed: a flush that leaves checks
+/// waiting starts the next).
+fn start_flush(inner: &Arc<Inner>, rt: RuntimeId) {
     let task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-        Box::pin(flush(inner.clone(), Flushing(Some(inner.clone()))));
+        Box::pin(flush(inner.clone(), Flushing(Some(inner.clone()), rt)));
     tokio::spawn(task);
 }
 
 /// Takes up to `max_batch` waiting checks (another task takes the rest) and sends them.
 async fn flush(inner: Arc<Inner>, mut flushing: Flushing) {
     tokio::task::yield_now().await;
-    let taken = {
+    let (taken, left, more) = {
         let mut waiting = inner.queue.lock();
-        // A caller that left before its batch was taken takes nothing.
-        waiting.entries.retain(|e| !e.answer.is_closed());
+        // A caller that left before its batch was taken takes nothing (dropped below, with
+        // the lock released).
+        let (live, left): (Vec<Entry>, Vec<Entry>) =
+            std::mem::take(&mut waiting.entries).into_iter().partition(|e| !e.answer.is_closed());
+        waiting.entries = live;
         // At most half of the checks outstanding (waiting, or sent and not yet answered):
         // with two batches out, the client reads one's answers while Redis runs the other.
         // One batch of everything in flight would leave each side idle while the other
@@ -133,14 +158,19 @@ async fn flush(inner: Arc<Inner>, mut flushing: Flushing) {
         let n = outstanding.div_ceil(2).clamp(1, inner.config.max_batch).min(waiting.entries.len());
         let taken: Vec<Entry> = waiting.entries.drain(..n).collect();
         waiting.sent += taken.len();
-        if waiting.entries.is_empty() {
-            waiting.flushing = false;
-        } else {
-            start_flush(&inner);
+        // The rest is taken by another task of this runtime, which stays on the list.
+        let more = !waiting.entries.is_empty();
+        if !more {
+            waiting.flushing.retain(|&r| r != flushing.1);
         }
         flushing.0 = None;
-        taken
+        (taken, left, more)
     };
+    drop(left);
+    // Spawned with the lock released (see `check_batched`).
+    if more {
+        start_flush(&inner, flushing.1);
+    }
     let _sent = Sent(&inner, taken.len());
     send(&inner, taken).await;
 }

@@ -203,8 +203,8 @@ impl Inner {
     }
 
     pub(super) async fn check_one(self: &Arc<Self>, check: &Check) -> Result<Outcome, StoreError> {
-        if self.batches(check) {
-            return self.check_batched(check).await;
+        if let Some(rt) = self.batch_runtime(check) {
+            return self.check_batched(check, rt).await;
         }
         let reply = self.run_check(&[check], MODE_CHECK).await?;
         reply.outcomes.into_iter().next().flatten().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))

@@ -9,7 +9,7 @@
 -- Reply: { now, then 4 per decision: accepted (1/0), f1, f2, f3 }, or for a decision that
 -- failed (a key of another type, a state that does not parse, OOM): 2 and the error. A
 -- decision fails before its one write, so a failed decision takes nothing, and the
--- others are decided as if it had not been there.
+-- others are decided as if it had not been there. READONLY and MASTERDOWN fail the call.
 local out = { now }
 for i = 1, #KEYS do
   local ok, r, f1, f2, f3 = pcall(decide, KEYS[i], ARGV[2 + i] + 0)
@@ -18,8 +18,14 @@ for i = 1, #KEYS do
     out[at], out[at + 1], out[at + 2], out[at + 3] = r, f1, f2, f3
   else
     -- redis.call raises a table { err = … }; Lua errors are strings.
-    if type(r) == 'table' then r = r.err end
-    out[at], out[at + 1], out[at + 2], out[at + 3] = 2, tostring(r), 0, 0
+    local e = type(r) == 'table' and r.err or tostring(r)
+    -- The server is a replica (an operator's REPLICAOF, a failover): the whole call fails
+    -- as a single check's would, so that the store drops the connection and finds the
+    -- primary. No check of this call has written: a replica refuses every write.
+    if string.sub(e, 1, 8) == 'READONLY' or string.sub(e, 1, 10) == 'MASTERDOWN' then
+      return redis.error_reply(e)
+    end
+    out[at], out[at + 1], out[at + 2], out[at + 3] = 2, e, 0, 0
   end
 end
 return out
