@@ -61,19 +61,6 @@ fn store(prefix: &str, clock: &ManualClock, max_batch: usize) -> RedisStore {
         .unwrap()
 }
 
-/// `INFO commandstats` as command → calls.
-fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
-    server
-        .cmd(&["INFO", "commandstats"])
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
-
 // ---------------------------------------------------------------------------------------
 // The model
 
@@ -256,7 +243,7 @@ fn a_batch_is_one_script_call_and_one_time() {
         server.cmd(&["CONFIG", "RESETSTAT"]);
         let answers = together(&store, &checks).await;
         assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|o| o.decision.allowed)), "{answers:?}");
-        let stats = commandstats(&server);
+        let stats = server.commandstats();
         // 40 checks, at most 16 a call: 16 + 16 + 8.
         assert_eq!(stats.get("evalsha"), Some(&3), "{stats:?}");
         assert_eq!(stats.get("time"), Some(&3), "{stats:?}");
@@ -267,7 +254,7 @@ fn a_batch_is_one_script_call_and_one_time() {
         server.cmd(&["CONFIG", "RESETSTAT"]);
         let answers = together(&off, &checks).await;
         assert!(answers.iter().all(Result::is_ok), "{answers:?}");
-        assert_eq!(commandstats(&server).get("evalsha"), Some(&40));
+        assert_eq!(server.commandstats().get("evalsha"), Some(&40));
     });
 }
 

@@ -25,19 +25,6 @@ async fn store_for(server: &RedisServer) -> RedisStore {
     store
 }
 
-/// `INFO commandstats` as command → calls.
-fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
-    server
-        .cmd(&["INFO", "commandstats"])
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
-
 /// The commands the test itself sends through redis-cli (not the store's).
 const OWN: [&str; 3] = ["info", "config|resetstat", "config"];
 
@@ -64,7 +51,7 @@ async fn one_round_trip_per_decision() {
             }
         }
         assert_eq!(allowed, N, "{algorithm}");
-        let stats = commandstats(&server);
+        let stats = server.commandstats();
         let calls = |name: &str| stats.get(name).copied().unwrap_or(0);
         let evalsha = calls("evalsha");
         assert!((N..=N + 3).contains(&evalsha), "{algorithm}: {evalsha} EVALSHA for {N} decisions: {stats:?}");
@@ -107,7 +94,7 @@ async fn script_flush_is_invisible_to_requests() {
         store.refund(&[Refund { check: multi[1].clone(), taken: Taken { at: 0 } }]).await.unwrap();
     }
     assert_eq!(allowed, 30, "the fixed window admitted exactly its limit across flushes");
-    let stats = commandstats(&server);
+    let stats = server.commandstats();
     // Three scripts (fixed window, multi-rule, refund), each sent once by EVAL at first
     // use and once after each of the 4 flushes, EVALSHA otherwise; no SCRIPT LOAD.
     assert_eq!(stats.get("eval"), Some(&15), "EVAL after NOSCRIPT: {stats:?}");
@@ -324,7 +311,7 @@ async fn an_application_pool_is_used_without_per_request_checkouts() {
         allowed += usize::from(t.await.unwrap());
     }
     assert_eq!(allowed, 100, "200 concurrent requests over clones of one store");
-    let stats = commandstats(&server);
+    let stats = server.commandstats();
     // One script call per decision, or fewer: concurrent checks go in batches.
     let calls = stats.get("evalsha").copied().unwrap_or(0) + stats.get("eval").copied().unwrap_or(0);
     assert!((1..=200).contains(&calls), "{stats:?}");

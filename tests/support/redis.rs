@@ -262,6 +262,18 @@ impl RedisServer {
     /// and returns its stdout, trimmed. Error replies come back as text
     /// (`ERR …`); a failure to run or connect (or 30 s without an answer)
     /// panics with the server log.
+    /// `INFO commandstats` as command → calls.
+    pub fn commandstats(&self) -> std::collections::BTreeMap<String, u64> {
+        self.cmd(&["INFO", "commandstats"])
+            .lines()
+            .filter_map(|l| {
+                let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect()
+    }
+
     pub fn cmd(&self, args: &[&str]) -> String {
         self.try_cmd(args).unwrap_or_else(|err| {
             panic!(

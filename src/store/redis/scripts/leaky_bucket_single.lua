@@ -6,18 +6,9 @@
 -- `decide(key, o)` decides the rule whose 8 arguments are ARGV[o + 1 .. o + 8] (lib.lua's
 -- order) on `key`, commits when it accepts in mode 'c', and returns the verdict (1/0) and
 -- the three state fields it read. single_main.lua or batch_main.lua follows.
-local rules = {}
 local function decide(key, o)
   -- ARGV[o + 4 .. o + 7]: burst B, emission interval T (µs), cost c, max delay (µs).
-  -- Converted once per rule (a batch's decisions share their rule's arguments).
-  local p = rules[o]
-  if not p then
-    if ARGV[o + 1] ~= 'lb' then
-      error('tollgate: the leaky bucket script got a rule of ' .. tostring(ARGV[o + 1]))
-    end
-    p = { ARGV[o + 4] + 0, ARGV[o + 5] + 0, ARGV[o + 6] + 0, ARGV[o + 7] + 0 }
-    rules[o] = p
-  end
+  local p = rule(o, 'lb', 'leaky bucket', 4, 5, 6, 7)
   local B, T, c, md = p[1], p[2], p[3], p[4]
   -- State 'next', the next free slot, or 0 when absent.
   local v = redis.call('GET', key)
@@ -31,14 +22,7 @@ local function decide(key, o)
     if new <= now then
       redis.call('DEL', key)
     else
-      local a = new - now + 999
-      local q = math.floor(a / 1000)
-      if q * 1000 > a then
-        q = q - 1
-      elseif (q + 1) * 1000 <= a then
-        q = q + 1
-      end
-      redis.call('SET', key, string.format('%d', new), 'PX', string.format('%d', q + 1))
+      redis.call('SET', key, string.format('%d', new), 'PX', px(new))
     end
   end
   local r = ok and 1 or 0

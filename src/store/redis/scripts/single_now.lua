@@ -10,3 +10,37 @@ else
   now = t[1] * 1000000 + t[2]
 end
 local commit = ARGV[2] == 'c'
+
+-- floor(a / b) for integers a >= 0, b >= 1, corrected for the rounding of a / b (lib.lua's
+-- floordiv).
+local function floordiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- lib.lua's ttl_ms(expires, now) for `expires` after now: whole ms rounded up, plus one,
+-- printed exactly (integers print exactly with %d).
+local function px(expires)
+  return string.format('%d', floordiv(expires - now + 999, 1000) + 1)
+end
+
+-- The numbers of the rule whose 8 arguments follow ARGV[o] (lib.lua's order), at
+-- positions a, b, c (and d) among them, converted once per call (a batch's decisions
+-- share their rule's arguments); the rule's algorithm tag must be `tag`.
+local rules = {}
+local function rule(o, tag, name, a, b, c, d)
+  local p = rules[o]
+  if not p then
+    if ARGV[o + 1] ~= tag then
+      error('tollgate: the ' .. name .. ' script got a rule of ' .. tostring(ARGV[o + 1]))
+    end
+    p = { ARGV[o + a] + 0, ARGV[o + b] + 0, ARGV[o + c] + 0, d and ARGV[o + d] + 0 }
+    rules[o] = p
+  end
+  return p
+end

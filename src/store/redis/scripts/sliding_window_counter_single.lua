@@ -6,18 +6,9 @@
 -- `decide(key, o)` decides the rule whose 8 arguments are ARGV[o + 1 .. o + 8] (lib.lua's
 -- order) on `key`, commits when it accepts in mode 'c', and returns the verdict (1/0) and
 -- the three state fields it read. single_main.lua or batch_main.lua follows.
-local rules = {}
 local function decide(key, o)
   -- ARGV[o + 2], ARGV[o + 3], ARGV[o + 6]: limit L, period W (µs), cost c.
-  -- Converted once per rule (a batch's decisions share their rule's arguments).
-  local p = rules[o]
-  if not p then
-    if ARGV[o + 1] ~= 'swc' then
-      error('tollgate: the sliding window counter script got a rule of ' .. tostring(ARGV[o + 1]))
-    end
-    p = { ARGV[o + 2] + 0, ARGV[o + 3] + 0, ARGV[o + 6] + 0 }
-    rules[o] = p
-  end
+  local p = rule(o, 'swc', 'sliding window counter', 2, 3, 6)
   local L, W, c = p[1], p[2], p[3]
   -- State 'window:prev:curr', or 0:0:0 when absent.
   local sw, sp, sc = 0, 0, 0
@@ -26,13 +17,7 @@ local function decide(key, o)
     sw, sp, sc = string.match(v, '([^:]+):([^:]+):([^:]+)')
     sw, sp, sc = sw + 0, sp + 0, sc + 0
   end
-  -- w = floor(now / W), corrected for the rounding of the division (lib.lua's floordiv).
-  local w = math.floor(now / W)
-  if w * W > now then
-    w = w - 1
-  elseif (w + 1) * W <= now then
-    w = w + 1
-  end
+  local w = floordiv(now, W)
   -- The stored window when it is the next (the clock stepped back across its start).
   if sw == w + 1 then w = sw end
   local e = now - w * W
@@ -48,14 +33,7 @@ local function decide(key, o)
   local ok = estimate + c <= L
   if ok and commit then
     -- put(..., (w + 2)·W, now): always after now, so always a SET with ttl_ms.
-    local a = (w + 2) * W - now + 999
-    local q = math.floor(a / 1000)
-    if q * 1000 > a then
-      q = q - 1
-    elseif (q + 1) * 1000 <= a then
-      q = q + 1
-    end
-    redis.call('SET', key, string.format('%d:%d:%d', w, prev, curr + c), 'PX', string.format('%d', q + 1))
+    redis.call('SET', key, string.format('%d:%d:%d', w, prev, curr + c), 'PX', px((w + 2) * W))
   end
   local r = ok and 1 or 0
   return r, sw, sp, sc

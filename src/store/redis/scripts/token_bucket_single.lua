@@ -6,18 +6,9 @@
 -- `decide(key, o)` decides the rule whose 8 arguments are ARGV[o + 1 .. o + 8] (lib.lua's
 -- order) on `key`, commits when it accepts in mode 'c', and returns the verdict (1/0) and
 -- the three state fields it read. single_main.lua or batch_main.lua follows.
-local rules = {}
 local function decide(key, o)
   -- ARGV[o + 4 .. o + 6]: burst B, emission interval T (µs), cost c.
-  -- Converted once per rule (a batch's decisions share their rule's arguments).
-  local p = rules[o]
-  if not p then
-    if ARGV[o + 1] ~= 'tb' then
-      error('tollgate: the token bucket script got a rule of ' .. tostring(ARGV[o + 1]))
-    end
-    p = { ARGV[o + 4] + 0, ARGV[o + 5] + 0, ARGV[o + 6] + 0 }
-    rules[o] = p
-  end
+  local p = rule(o, 'tb', 'token bucket', 4, 5, 6)
   local B, T, c = p[1], p[2], p[3]
   -- State 'level:last:keep' (level in µs of refill; `keep`: until when the key must live,
   -- see token_bucket.lua), or 0:0 when absent. A value of an older version has no `keep`.
@@ -44,16 +35,9 @@ local function decide(key, o)
     if expires <= now then
       redis.call('DEL', key)
     else
-      local a = expires - now + 999
-      local q = math.floor(a / 1000)
-      if q * 1000 > a then
-        q = q - 1
-      elseif (q + 1) * 1000 <= a then
-        q = q + 1
-      end
       -- token_bucket.lua's tb_put: a later `keep` the key has (another quota's state) is
       -- kept, read from the value (or, from a value of an older version, from PTTL).
-      local keep, ms = expires, q + 1
+      local keep = expires
       if v then
         local held
         if sk ~= '' then
@@ -61,19 +45,9 @@ local function decide(key, o)
         else
           held = now + (redis.call('PTTL', key) - 1) * 1000
         end
-        if held > keep then
-          keep = held
-          a = keep - now + 999
-          q = math.floor(a / 1000)
-          if q * 1000 > a then
-            q = q - 1
-          elseif (q + 1) * 1000 <= a then
-            q = q + 1
-          end
-          ms = q + 1
-        end
+        if held > keep then keep = held end
       end
-      redis.call('SET', key, string.format('%d:%d:%d', level, last, keep), 'PX', string.format('%d', ms))
+      redis.call('SET', key, string.format('%d:%d:%d', level, last, keep), 'PX', px(keep))
     end
   end
   local r = ok and 1 or 0
