@@ -67,24 +67,24 @@ impl Queue {
     }
 }
 
-impl Inner {
+impl Queue {
     /// The runtime `check` is batched on: `None` when it is sent on its own (batching off,
     /// a check no batch script decides, or no tokio runtime to spawn the flush task on).
-    pub(super) fn batch_runtime(&self, check: &Check) -> Option<RuntimeId> {
-        if self.config.max_batch > 1 && SCRIPTS.batch_for(check).is_some() {
+    pub(super) fn runtime_for(inner: &Inner, check: &Check) -> Option<RuntimeId> {
+        if inner.config.max_batch > 1 && SCRIPTS.batch_for(check).is_some() {
             tokio::runtime::Handle::try_current().ok().map(|h| h.id())
         } else {
             None
         }
     }
 
-    /// Decides `check` in the next batch taken by a flush task of runtime `rt`.
-    pub(super) async fn check_batched(self: &Arc<Self>, check: &Check, rt: RuntimeId) -> Answer {
+    /// Decides `check` on `inner` in the next batch taken by a flush task of runtime `rt`.
+    pub(super) async fn check(self: &Arc<Self>, inner: &Arc<Inner>, check: &Check, rt: RuntimeId) -> Answer {
         validate(check)?;
         let (tx, rx) = oneshot::channel();
-        let entry = Entry { check: check.clone(), slot: self.slot_of(&check.key), answer: tx };
+        let entry = Entry { check: check.clone(), slot: inner.slot_of(&check.key), answer: tx };
         let start = {
-            let mut waiting = self.queue.lock();
+            let mut waiting = self.lock();
             waiting.entries.push(entry);
             // Each runtime runs its own flush task: one that is idle or blocked never holds
             // up the checks of another.
@@ -97,12 +97,12 @@ impl Inner {
         // Spawned with the lock released: a runtime shutting down drops a new task at once,
         // on this thread, and its guard takes the lock.
         if start {
-            start_flush(self, rt);
+            start_flush(inner, self, rt);
         }
         rx.await.unwrap_or_else(|_| {
             Err(StoreError::Unavailable(format!(
                 "redis at {}: the batch of this check was dropped (its runtime shut down)",
-                self.config.addr
+                inner.config.addr
             )))
         })
     }
@@ -112,13 +112,13 @@ impl Inner {
 /// down) off the queue's list, so that its next check starts another. When no other
 /// runtime has a flush task on its way, the checks waiting are answered with an error
 /// rather than left to their deadlines.
-struct Flushing(Option<Arc<Inner>>, RuntimeId);
+struct Flushing(Option<Arc<Queue>>, RuntimeId);
 
 impl Drop for Flushing {
     fn drop(&mut self) {
-        if let Some(inner) = self.0.take() {
+        if let Some(queue) = self.0.take() {
             let entries = {
-                let mut waiting = inner.queue.lock();
+                let mut waiting = queue.lock();
                 waiting.flushing.retain(|&r| r != self.1);
                 if waiting.flushing.is_empty() {
                     std::mem::take(&mut waiting.entries)
@@ -134,17 +134,18 @@ impl Drop for Flushing {
 
 /// Spawns a flush task on runtime `rt`, the current one (boxed: a flush that leaves checks
 /// waiting starts the next).
-fn start_flush(inner: &Arc<Inner>, rt: RuntimeId) {
+fn start_flush(inner: &Arc<Inner>, queue: &Arc<Queue>, rt: RuntimeId) {
     let task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-        Box::pin(flush(inner.clone(), Flushing(Some(inner.clone()), rt)));
+        Box::pin(flush(inner.clone(), Flushing(Some(queue.clone()), rt)));
     tokio::spawn(task);
 }
 
 /// Takes up to `max_batch` waiting checks (another task takes the rest) and sends them.
 async fn flush(inner: Arc<Inner>, mut flushing: Flushing) {
     tokio::task::yield_now().await;
+    let Some(queue) = flushing.0.clone() else { return };
     let (taken, left, more) = {
-        let mut waiting = inner.queue.lock();
+        let mut waiting = queue.lock();
         // A caller that left before its batch was taken takes nothing (dropped below, with
         // the lock released).
         let (live, left): (Vec<Entry>, Vec<Entry>) =
@@ -169,18 +170,18 @@ async fn flush(inner: Arc<Inner>, mut flushing: Flushing) {
     drop(left);
     // Spawned with the lock released (see `check_batched`).
     if more {
-        start_flush(&inner, flushing.1);
+        start_flush(&inner, &queue, flushing.1);
     }
-    let _sent = Sent(&inner, taken.len());
+    let _sent = Sent(&queue, taken.len());
     send(&inner, taken).await;
 }
 
 /// Takes its checks off the queue's `sent` count when their batch is answered, or dropped.
-struct Sent<'a>(&'a Inner, usize);
+struct Sent<'a>(&'a Queue, usize);
 
 impl Drop for Sent<'_> {
     fn drop(&mut self) {
-        self.0.queue.lock().sent -= self.1;
+        self.0.lock().sent -= self.1;
     }
 }
 

@@ -33,8 +33,6 @@ pub(super) struct Config {
 pub(super) struct Inner {
     pub(super) config: Config,
     pub(super) link: Arc<Link>,
-    /// Checks waiting for their batch (group commit, `batch.rs`).
-    pub(super) queue: super::batch::Queue,
 }
 
 impl Inner {
@@ -202,10 +200,7 @@ impl Inner {
         }
     }
 
-    pub(super) async fn check_one(self: &Arc<Self>, check: &Check) -> Result<Outcome, StoreError> {
-        if let Some(rt) = self.batch_runtime(check) {
-            return self.check_batched(check, rt).await;
-        }
+    pub(super) async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
         let reply = self.run_check(&[check], MODE_CHECK).await?;
         reply.outcomes.into_iter().next().flatten().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))
     }

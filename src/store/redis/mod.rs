@@ -181,6 +181,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
+    /// Checks waiting for their batch (group commit, `batch.rs`).
+    queue: Arc<batch::Queue>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -210,7 +212,7 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     fn build(config: Config) -> Self {
         let link = Link::new(config.origin.clone(), config.timeouts);
-        Self { inner: Arc::new(Inner { config, link, queue: batch::Queue::default() }) }
+        Self { inner: Arc::new(Inner { config, link }), queue: Arc::default() }
     }
 
     fn with_config(config: Config) -> Result<Self, BuildError> {
@@ -557,7 +559,13 @@ impl RedisStore {
 
 impl Store for RedisStore {
     fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        self.inner.check_one(check)
+        let batched = batch::Queue::runtime_for(&self.inner, check);
+        async move {
+            match batched {
+                Some(rt) => self.queue.check(&self.inner, check, rt).await,
+                None => self.inner.check_one(check).await,
+            }
+        }
     }
 
     fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
