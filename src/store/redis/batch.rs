@@ -2,15 +2,18 @@
 //! together, as one script call that decides each of them on its own, in arrival order.
 //!
 //! - A request's check waits in the store's queue; a task of the store (never the
-//!   request's future) takes what has queued, up to `RedisStore::max_batch`, and sends it.
-//!   Several batches may be out at once: batching comes from requests arriving together,
-//!   never from holding one back. The task yields once before it takes the queue, so that
-//!   the requests woken with the one that started it join it.
+//!   request's future) takes at most half of the checks outstanding (waiting, or sent and
+//!   not answered), up to `RedisStore::max_batch`, and sends them: with two batches out,
+//!   the client reads one's answers while Redis runs the other. Batching comes from
+//!   requests arriving together, never from holding one back. The task yields once before
+//!   it takes the queue, so that the requests woken with the one that started it join it.
 //! - A check whose caller left before its batch was taken is skipped: it takes nothing.
 //!   After that it is decided like a dropped unbatched call (units taken, answer lost).
 //! - Each decision in a batch is checked and committed on its own (`scripts/batch_main.lua`):
 //!   one that fails (a key of another type, OOM) is that request's error only, and takes
-//!   nothing. One `TIME` serves the whole batch.
+//!   nothing; `READONLY` or `MASTERDOWN` (the server is a replica) fails the whole call,
+//!   as a single check's would, so that the connection is dropped. One `TIME` serves the
+//!   whole batch.
 //! - Batches are per algorithm (one script each) and, on a cluster, per slot: every key a
 //!   script touches is declared in `KEYS`, all in one slot.
 //! - The caller's deadline and the limiter's in-flight cap cover the time in the queue;
@@ -24,9 +27,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::runtime::Id as RuntimeId;
-
 use futures_util::future::join_all;
+use tokio::runtime::Id as RuntimeId;
 use tokio::sync::oneshot;
 
 use super::call::Inner;
