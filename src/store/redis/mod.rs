@@ -558,13 +558,11 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        let batched = batch::Queue::runtime_for(&self.inner, check);
-        async move {
-            match batched {
-                Some(rt) => self.queue.check(&self.inner, check, rt).await,
-                None => self.inner.check_one(check).await,
-            }
+    async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
+        // On the runtime that polls the check (where its flush task is spawned).
+        match batch::Queue::runtime_for(&self.inner, check) {
+            Some(rt) => self.queue.check(&self.inner, check, rt).await,
+            None => self.inner.check_one(check).await,
         }
     }
 
