@@ -137,11 +137,30 @@ async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
     let clock = ManualClock::new(T0);
     let redis_store = store(&prefix, &clock, max_batch);
     redis_store.ping().await.map_err(|e| e.to_string())?;
+    // Scripts loaded first: a batch retried after NOSCRIPT (a fresh server) goes after the
+    // batches sent meanwhile, and the model takes the checks of a round in order.
+    for (i, &algorithm) in ALGORITHMS.iter().enumerate() {
+        let warm = check("warm", &format!("w{i}"), algorithm, quota(0), 1);
+        redis_store.check_one(&warm).await.map_err(|e| e.to_string())?;
+        redis_store.check(std::slice::from_ref(&warm)).await.map_err(|e| e.to_string())?;
+    }
+    // Keys' TTLs run on Redis's real clock while this test's clock jumps: a window that
+    // the test clock puts a few ms from its end would vanish in real time. Every key is
+    // made persistent after each step; stale states decide as fresh ones by themselves.
+    let mut raw = redis::Client::open(redis().url())
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let persist = redis::Script::new(
+        "for _, k in ipairs(redis.call('KEYS', ARGV[1] .. ':*')) do redis.call('PERSIST', k) end return 0",
+    );
     // The same clock: `peek` reads it.
     let model = MemoryStore::with_clock(clock.clone());
     let mut corrupt = std::collections::HashSet::new();
     let mut touched = BTreeMap::new();
     for (step, op) in ops.iter().enumerate() {
+        let _: i64 = persist.arg(&prefix).invoke_async(&mut raw).await.map_err(|e| e.to_string())?;
         let now = clock_now(&clock);
         match op {
             Op::Advance(us) => clock.advance(Duration::from_micros(*us)),
@@ -194,6 +213,7 @@ async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
         }
     }
     // Nothing a dropped check did, nor anything else, is left unaccounted for.
+    let _: i64 = persist.arg(&prefix).invoke_async(&mut raw).await.map_err(|e| e.to_string())?;
     for (id, c) in &touched {
         if corrupt.contains(id) {
             continue;
@@ -448,5 +468,62 @@ fn an_idle_runtime_holding_a_flush_does_not_stall_another() {
     let answer = busy.block_on(async { tokio::time::timeout(Duration::from_secs(2), store.check_one(&c)).await });
     let o = answer.expect("the check waited behind the idle runtime's flush task").unwrap();
     assert_eq!(o.decision.remaining, 4, "the dropped check took nothing");
+    drop(idle);
+}
+
+/// Runs `n` turns of a current-thread runtime: each runs every task that is ready once.
+fn turns(rt: &tokio::runtime::Runtime, n: usize) {
+    for _ in 0..n {
+        rt.block_on(tokio::task::yield_now());
+    }
+}
+
+/// A flush task takes only its own runtime's checks: one runtime's task used to take
+/// another's check, and when its runtime then went idle (alive, not polled) that check
+/// waited for it however busy its own runtime was.
+#[test]
+fn a_check_is_never_sent_by_another_runtimes_flush_task() {
+    let clock = ManualClock::new(T0);
+    let store = store(&prefix(), &clock, 64);
+    let driver = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    driver.block_on(store.ping()).unwrap();
+    let (a, b) = (current_thread(), current_thread());
+    let (ca, cb) = (
+        check("r", "a", Algorithm::Gcra, Quota::per_minute(5), 1),
+        check("r", "b", Algorithm::Gcra, Quota::per_minute(5), 1),
+    );
+    let mut fa: Answer<'_> = Box::pin(store.check_one(&ca));
+    assert!(a.block_on(poll_once(&mut fa)).is_none(), "queued on A");
+    let mut fb: Answer<'_> = Box::pin(store.check_one(&cb));
+    assert!(b.block_on(poll_once(&mut fb)).is_none(), "queued on B");
+    // B's flush task runs (and used to take A's check, the first queued); B then idles.
+    turns(&b, 3);
+    let answer = a.block_on(async { tokio::time::timeout(Duration::from_secs(2), &mut fa).await });
+    let o = answer.expect("A's check waited for B's idle runtime").unwrap();
+    assert_eq!(o.decision.remaining, 4);
+    let o = b.block_on(async { tokio::time::timeout(Duration::from_secs(2), &mut fb).await }).unwrap().unwrap();
+    assert_eq!(o.decision.remaining, 4);
+}
+
+/// A check queued on a runtime that shuts down before its flush task runs is answered at
+/// once wherever it is awaited, whatever other runtime has a flush task pending (it used
+/// to be kept for that runtime, idle here, and wait until its caller's deadline).
+#[test]
+fn a_check_of_a_runtime_shut_down_is_answered_even_with_another_runtime_pending() {
+    let clock = ManualClock::new(T0);
+    let store = store(&prefix(), &clock, 64);
+    let driver = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    driver.block_on(store.ping()).unwrap();
+    let c = check("r", "k", Algorithm::FixedWindow, Quota::per_minute(5), 1);
+    let idle = current_thread();
+    let mut parked: Answer<'_> = Box::pin(store.check_one(&c));
+    assert!(idle.block_on(poll_once(&mut parked)).is_none(), "queued on the idle runtime");
+    let gone = current_thread();
+    let mut queued: Answer<'_> = Box::pin(store.check_one(&c));
+    assert!(gone.block_on(poll_once(&mut queued)).is_none(), "queued on the runtime that goes");
+    drop(gone);
+    let answer = current_thread().block_on(async { tokio::time::timeout(Duration::from_secs(2), queued).await });
+    assert!(matches!(answer, Ok(Err(StoreError::Unavailable(_)))), "{answer:?}");
+    drop(parked);
     drop(idle);
 }
