@@ -76,9 +76,7 @@ impl Queue {
     fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
 
-impl Queue {
     /// The runtime `check` is batched on: `None` when it is sent on its own (batching off,
     /// a check no batch script decides, or no tokio runtime to spawn the flush task on).
     pub(super) fn runtime_for(inner: &Inner, check: &Check) -> Option<RuntimeId> {
@@ -150,7 +148,7 @@ fn start_flush(inner: &Arc<Inner>, queue: &Arc<Queue>, rt: RuntimeId) {
     tokio::spawn(task);
 }
 
-/// Takes up to `max_batch` waiting checks (another task takes the rest) and sends them.
+/// Takes a batch of this runtime's waiting checks (its next task takes the rest) and sends it.
 async fn flush(inner: Arc<Inner>, mut flushing: Flushing) {
     tokio::task::yield_now().await;
     let Some(queue) = flushing.0.clone() else { return };
@@ -192,7 +190,7 @@ async fn flush(inner: Arc<Inner>, mut flushing: Flushing) {
         (taken, left, more)
     };
     drop(left);
-    // Spawned with the lock released (see `check_batched`).
+    // Spawned with the lock released (see `Queue::check`).
     if more {
         start_flush(&inner, &queue, flushing.1);
     }

@@ -109,25 +109,22 @@ impl Scripts {
     /// The check script for these rules: the algorithm's own for one rule, else `multi`.
     pub(crate) fn check_for(&self, checks: &[&Check]) -> &Script {
         match checks {
-            // The straight-line scripts know nothing of blocks.
-            // Nor of probes (cost 0), which are decided and never written.
-            [one] if one.params.block_us == 0 && one.params.cost > 0 => &self.single[index(one.algorithm)],
+            [one] if straight_line(one) => &self.single[index(one.algorithm)],
             _ => &self.multi,
         }
     }
+
+    /// The batch script that can decide `check` together with others of its algorithm: a
+    /// straight-line check of an O(1) algorithm.
+    pub(crate) fn batch_for(&self, check: &Check) -> Option<&Script> {
+        straight_line(check).then(|| self.batch[index(check.algorithm)].as_ref()).flatten()
+    }
 }
 
-impl Scripts {
-    /// The batch script that can decide `check` together with others of its algorithm: a
-    /// check of the straight-line script's kind (cost above 0, no block), of an O(1)
-    /// algorithm.
-    pub(crate) fn batch_for(&self, check: &Check) -> Option<&Script> {
-        if check.params.block_us == 0 && check.params.cost > 0 {
-            self.batch[index(check.algorithm)].as_ref()
-        } else {
-            None
-        }
-    }
+/// Whether the straight-line scripts (`scripts/<alg>_single.lua`) decide `check`: they know
+/// nothing of blocks, nor of probes (cost 0), which are decided and never written.
+fn straight_line(check: &Check) -> bool {
+    check.params.block_us == 0 && check.params.cost > 0
 }
 
 /// The algorithm's place in [`Scripts`]' tables.
@@ -238,8 +235,7 @@ pub(crate) fn batch_cmd(
     // only longer).
     let mut sets: smallvec::SmallVec<[&Check; 4]> = smallvec::SmallVec::new();
     for c in checks {
-        let same = |s: &&&Check| s.algorithm == c.algorithm && s.params == c.params;
-        let j = match sets.iter().take(16).position(|s| same(&s)) {
+        let j = match sets.iter().take(16).position(|s| s.algorithm == c.algorithm && s.params == c.params) {
             Some(j) => j,
             None => {
                 sets.push(c);
