@@ -1,16 +1,17 @@
 //! Rate-limit response headers: which ones ([`HeaderStyle`]) and how a [`Decision`](crate::Decision)
 //! becomes them.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::str::FromStr;
 use std::sync::LazyLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::ceil_secs;
 use crate::verdict::RuleDecision;
-use crate::{BuildError, Quota};
+use crate::{BuildError, Clock, Quota, SystemClock};
 
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -93,6 +94,22 @@ pub(crate) fn number(n: u64) -> HeaderValue {
     HeaderValue::from_static(&DIGITS[from..to])
 }
 
+/// A Unix time in seconds as a header value (`X-RateLimit-Reset`). Consecutive responses
+/// mostly send the same second: the last value made on this thread is kept and shared
+/// (a reference count), not formatted and allocated again.
+fn unix_secs(n: u64) -> HeaderValue {
+    thread_local! {
+        static LAST: RefCell<(u64, HeaderValue)> = const { RefCell::new((0, HeaderValue::from_static("0"))) };
+    }
+    LAST.with_borrow_mut(|(last, value)| {
+        if *last != n {
+            *value = number(n);
+            *last = n;
+        }
+        value.clone()
+    })
+}
+
 /// `Retry-After` in delta seconds, rounded up, at least 1.
 pub(crate) fn retry_after(headers: &mut HeaderMap, d: Duration) {
     headers.insert(RETRY_AFTER, number(ceil_secs(d).max(1)));
@@ -137,10 +154,11 @@ pub(crate) fn apply(
 ) {
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let d = most.decision;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        // The wall clock as the crate's clock reads it: a counter read, no system call.
+        let now = SystemClock.now_micros() / 1_000_000;
         headers.insert(X_RATELIMIT_LIMIT, number(d.limit));
         headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
-        headers.insert(X_RATELIMIT_RESET, number(now + d.reset_secs()));
+        headers.insert(X_RATELIMIT_RESET, unix_secs(now + d.reset_secs()));
         if name_rule && !most.rule.is_empty() {
             if let Ok(v) = HeaderValue::from_str(most.rule) {
                 headers.insert(X_RATELIMIT_RULE, v);
@@ -224,10 +242,19 @@ mod tests {
         assert_eq!(h[&X_RATELIMIT_LIMIT], "100");
         assert_eq!(h[&X_RATELIMIT_REMAINING], "7");
         let reset: u64 = h[&X_RATELIMIT_RESET].to_str().unwrap().parse().unwrap();
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         assert!((now + 1..=now + 3).contains(&reset), "{reset} vs {now}");
         assert!(h.get(X_RATELIMIT_RULE).is_none());
         assert!(h.get(RATELIMIT).is_none());
+    }
+
+    /// The reset value is cached per thread: a new second gets a new value, and going back
+    /// to an earlier one is no stale hit either.
+    #[test]
+    fn unix_seconds_are_cached_but_never_stale() {
+        for n in [1_700_000_000, 1_700_000_000, 1_700_000_001, 1_700_000_000, 5, 5, 12_345] {
+            assert_eq!(unix_secs(n), n.to_string().as_str());
+        }
     }
 
     #[test]

@@ -350,7 +350,7 @@ impl<S, St, B: 'static, R, U> Layer<S> for RateLimitLayer<St, B, R, U> {
             on_rejected: self.on_rejected.clone(),
             on_unavailable: self.on_unavailable.clone(),
         };
-        RateLimit::new(inner, self.limiter.clone(), Arc::new(responder))
+        RateLimit::new(inner, self.limiter.clone(), responder)
     }
 }
 

@@ -15,18 +15,20 @@
 
 #![allow(unused_variables)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::StoreError;
 
-pub(crate) fn decision(rule: &str, outcome: &'static str) {
+/// The rule's name is shared into the label, not copied: a decision allocates nothing here.
+pub(crate) fn decision(rule: &Arc<str>, outcome: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("tollgate_decisions_total", "rule" => rule.to_owned(), "outcome" => outcome).increment(1);
+    metrics::counter!("tollgate_decisions_total", "rule" => rule.clone(), "outcome" => outcome).increment(1);
 }
 
-pub(crate) fn near_limit(rule: &str) {
+pub(crate) fn near_limit(rule: &Arc<str>) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("tollgate_near_limit_total", "rule" => rule.to_owned()).increment(1);
+    metrics::counter!("tollgate_near_limit_total", "rule" => rule.clone()).increment(1);
 }
 
 pub(crate) fn store_error(err: &StoreError) {

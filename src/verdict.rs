@@ -38,7 +38,7 @@ pub struct Verdict {
     pub(crate) generation: u64,
     /// The probes of its charged rules (enforced and shadow, cost 0): what a charge
     /// after the work takes from.
-    pub(crate) charged: SmallVec<[Check; 1]>,
+    pub(crate) charged: Vec<Check>,
 }
 
 /// Units one commit took, for a refund: the check, its rule, and who holds the units.
@@ -115,7 +115,7 @@ impl Verdict {
     pub(crate) fn empty(state: State, generation: u64) -> Self {
         Self {
             generation,
-            charged: SmallVec::new(),
+            charged: Vec::new(),
             state,
             checks: SmallVec::new(),
             rules: SmallVec::new(),

@@ -1,5 +1,5 @@
 //! A request's future may be dropped at any `.await` (the client is gone, an outer
-//! timeout, a `select!`). For each one on the layer's path — the store call (under its
+//! timeout, a `select!`), or before it is ever polled. For each one on the layer's path — the store call (under its
 //! deadline), the half-open probe, the leaky bucket's delay, the inner service's
 //! readiness after it, the inner call — a test drops the future right there and shows
 //! that nothing is left behind: no call counted in flight, no probe held, no unit or slot
@@ -153,6 +153,42 @@ async fn dropped_during_the_inner_call_keeps_what_a_forwarded_request_took_but_c
     assert_eq!(svc.clone().oneshot(get("/fail", "a")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
     settle().await;
     assert_eq!(layer.peek("login", "a").await.unwrap().unwrap().remaining, 1);
+}
+
+/// An in-process store decides within `call`, before the response future exists: a
+/// future dropped before its first poll never reached the handler, and gives back all it
+/// took — each rule's unit exactly once (the count-by-outcome rule's too, not twice).
+#[tokio::test(start_paused = true)]
+async fn a_response_future_dropped_before_its_first_poll_gives_back_everything_once() {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let layer = RateLimitLayer::<_, Body>::builder(store)
+        .rule("count", Quota::per_minute(3), key::header("x-key"))
+        .add_rule(
+            Rule::new("login", Quota::per_minute(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap();
+    let mut svc = layer.clone().layer(inner());
+    // One failed login, kept by both rules.
+    assert_eq!(svc.clone().oneshot(get("/fail", "a")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    settle().await;
+    let left = || async {
+        let count = layer.peek("count", "a").await.unwrap().unwrap();
+        let login = layer.peek("login", "a").await.unwrap().unwrap();
+        (count.allowed, count.remaining, login.remaining)
+    };
+    // `remaining` counts what a peek's own unit would leave: 3 - 1 taken - 1.
+    assert_eq!(left().await, (true, 1, 1));
+    for _ in 0..5 {
+        std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+        drop(svc.call(get("/", "a")));
+        settle().await;
+        // Nothing kept (else the count rule runs out by the third round); the login rule
+        // given back once, not twice (twice would also erase the failed login's unit).
+        assert_eq!(left().await, (true, 1, 1));
+    }
+    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    assert_eq!((res.status(), remaining(&res)), (StatusCode::OK, 1), "two units were there to take");
 }
 
 #[tokio::test(start_paused = true)]

@@ -140,6 +140,14 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
     }
 }
 
+/// What [`Limiter::decide_now`] gives.
+pub(crate) enum Now<I: ?Sized> {
+    /// Decided, under this rule set.
+    Decided(Verdict, Arc<RuleSet<I>>),
+    /// The store decides only through a future: the plan back, for [`Limiter::decide`].
+    Later(Plan<I>),
+}
+
 impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Decides `input`: every rule that applies, in one store call (a rejected input
     /// consumes nothing from any rule). A leaky bucket rule's [`Verdict::delay`] is for
@@ -309,26 +317,78 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// beside it), the fail mode when the store cannot decide. A refused input keeps
     /// nothing its shadow rules took.
     pub(crate) async fn decide(&self, plan: Plan<I>) -> Verdict {
-        let Plan { enforced, shadow, set } = plan;
-        // A charged rule's probe (cost 0): what a charge after the work takes from.
-        let charged: smallvec::SmallVec<[Check; 1]> =
-            enforced.checks.iter().chain(&shadow.checks).filter(|c| c.params.cost == 0).cloned().collect();
-        let remote = !self.store.is_local();
-        if remote && self.runtime.settings.cache_enabled {
-            if let Some(verdict) = self.blocked(&set, &enforced) {
+        let plan = match self.decide_now(plan) {
+            Now::Decided(verdict, _) => return verdict,
+            Now::Later(plan) => plan,
+        };
+        if !self.store.is_local() && self.runtime.settings.cache_enabled {
+            if let Some(verdict) = self.blocked(&plan.set, &plan.enforced) {
                 return verdict;
             }
         }
-        let started = Instant::now();
+        // Timed only for the debug event that reports it (two clock reads a decision).
+        let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
+        let (enforced, shadow, deadline) = (&plan.enforced, &plan.shadow, plan.set.deadline);
         let (result, shadow_result) = if shadow.is_empty() {
-            (self.ask(&enforced.checks, set.deadline).await, Ok((Outcomes::new(), DecidedBy::Store)))
+            (self.ask(&enforced.checks, deadline).await, Ok((Outcomes::new(), DecidedBy::Store)))
         } else if enforced.is_empty() {
-            (Ok((Outcomes::new(), DecidedBy::Store)), self.ask(&shadow.checks, set.deadline).await)
+            (Ok((Outcomes::new(), DecidedBy::Store)), self.ask(&shadow.checks, deadline).await)
         } else {
             // The shadow call boxed: both calls inline would double the request's future.
-            tokio::join!(self.ask(&enforced.checks, set.deadline), Box::pin(self.ask(&shadow.checks, set.deadline)))
+            tokio::join!(self.ask(&enforced.checks, deadline), Box::pin(self.ask(&shadow.checks, deadline)))
         };
-        let store_latency = started.elapsed();
+        self.conclude(plan, result, shadow_result, started).0
+    }
+
+    /// [`Limiter::decide`] at once, with no future, for an in-process store that decides
+    /// that way ([`Store::check_one_now`]).
+    pub(crate) fn decide_now(&self, plan: Plan<I>) -> Now<I> {
+        if !self.store.is_local() {
+            return Now::Later(plan);
+        }
+        let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
+        let now = |checks: &[Check]| {
+            let answer = crate::runtime::ask_now(&*self.store, checks)?;
+            Some(answer.map(|outcomes| (outcomes, DecidedBy::Store)))
+        };
+        let none = || Ok((Outcomes::new(), DecidedBy::Store));
+        let result = if plan.enforced.is_empty() {
+            none()
+        } else {
+            match now(&plan.enforced.checks) {
+                Some(result) => result,
+                None => return Now::Later(plan),
+            }
+        };
+        let shadow_result = if plan.shadow.is_empty() {
+            none()
+        } else {
+            match now(&plan.shadow.checks) {
+                Some(result) => result,
+                None if plan.enforced.is_empty() => return Now::Later(plan),
+                // A store breaking its word (`check_now` answers every call or none):
+                // the shadow rules are left undecided, as when their store call fails.
+                None => Err(StoreError::Backend("the store decided some rules at once but not the others".into())),
+            }
+        };
+        let (verdict, set) = self.conclude(plan, result, shadow_result, started);
+        Now::Decided(verdict, set)
+    }
+
+    /// The verdict of a plan's store answers: the fail mode for an error, metrics and
+    /// events, the blocked-key cache, and the shadow rules' give-back on a refusal.
+    fn conclude(
+        &self,
+        plan: Plan<I>,
+        result: Result<(Outcomes, DecidedBy), StoreError>,
+        shadow_result: Result<(Outcomes, DecidedBy), StoreError>,
+        started: Option<Instant>,
+    ) -> (Verdict, Arc<RuleSet<I>>) {
+        let Plan { enforced, shadow, set } = plan;
+        let remote = !self.store.is_local();
+        // A charged rule's probe (cost 0): what a charge after the work takes from.
+        let charged: Vec<Check> =
+            enforced.checks.iter().chain(&shadow.checks).filter(|c| c.params.cost == 0).cloned().collect();
         let shadow_commits = match &shadow_result {
             Ok((outcomes, by)) => record_shadow(&shadow, outcomes, *by),
             Err(_) => Vec::new(),
@@ -350,7 +410,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 if closed {
                     self.give_back_shadow(&mut verdict);
                 }
-                return verdict;
+                return (verdict, set);
             }
         };
         for (c, o) in enforced.checks.iter().zip(&outcomes) {
@@ -359,7 +419,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 rule = %c.rule,
                 allowed = d.allowed,
                 remaining = d.remaining,
-                store_latency_us = u64::try_from(store_latency.as_micros()).unwrap_or(u64::MAX),
+                store_latency_us = started.map_or(0, |t| u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)),
                 "tollgate decision"
             );
             crate::metrics::decision(&c.rule, if d.allowed { "allowed" } else { "rejected" });
@@ -384,7 +444,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         if verdict.is_rejected() {
             self.give_back_shadow(&mut verdict);
         }
-        verdict
+        (verdict, set)
     }
 
     /// One store call: direct for an in-process store; else guarded, with the fallback

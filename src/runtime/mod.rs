@@ -174,6 +174,14 @@ pub(crate) async fn ask<St: Store>(store: &St, checks: &[Check]) -> Result<Outco
     }
 }
 
+/// [`ask`] at once, for a store that decides with no future ([`Store::check_one_now`]).
+pub(crate) fn ask_now<St: Store>(store: &St, checks: &[Check]) -> Option<Result<Outcomes, StoreError>> {
+    match checks {
+        [one] => store.check_one_now(one).map(|r| r.map(|o| smallvec::smallvec![Some(o)])),
+        _ => store.check_now(checks).map(|r| r.map(Outcomes::from_vec)),
+    }
+}
+
 /// Counts store calls in flight; `None` when the cap is reached.
 struct InFlight<'a>(&'a AtomicUsize);
 

@@ -129,6 +129,23 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Decides one rule at once, with no future to build and poll: exactly what
+    /// [`Store::check_one`] would decide, from a store that needs no I/O. The layer then
+    /// answers a request without allocating for its decision. `None` (the default): this
+    /// store cannot, and callers use `check_one`. A store answers every call here or none
+    /// (so does [`Store::check_now`]).
+    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
+        let _ = check;
+        None
+    }
+
+    /// Decides `checks` together at once: what [`Store::check`] would decide, as
+    /// [`Store::check_one_now`] is to `check_one`. `None` (the default): this store cannot.
+    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
+        let _ = checks;
+        None
+    }
+
     /// An identity that clones of this store share and no other live store has: two
     /// limiters over stores of one identity share state, so a rule name may be used by one
     /// of them only. Default `None`: not checked.
@@ -186,6 +203,12 @@ impl<S: Store> Store for Arc<S> {
     }
     fn is_local(&self) -> bool {
         (**self).is_local()
+    }
+    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
+        (**self).check_one_now(check)
+    }
+    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
+        (**self).check_now(checks)
     }
     fn identity(&self) -> Option<usize> {
         (**self).identity()

@@ -1,0 +1,127 @@
+//! Nanoseconds per request through the layer's service, with no network: what
+//! `RateLimitLayer` adds to a request, against the bare service and tower_governor in the
+//! same run.
+//!
+//! ```text
+//! cargo bench -p tollgate-bench --bench layer
+//! cargo bench -p tollgate-bench --bench layer -- --warm-up-time 1 --measurement-time 3 'allowed'
+//! ```
+//!
+//! Each iteration builds a request carrying one of 10,000 `x-api-key` values (round
+//! robin), calls the service and polls its future once: the inner service answers at once,
+//! and so does `MemoryStore`, so the future must be ready (the benchmark panics if not).
+//! The service is `http_bench`'s axum router (one route answering "hello"), bare or with
+//! the layer; `http_bench` measures the same over real TCP, where the kernel's share
+//! dilutes the layer's, and this one shows the layer's own cost.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use http::{HeaderValue, Request, Response};
+use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer};
+use tower::Service;
+
+const KEYS: usize = 10_000;
+
+fn keys() -> Vec<HeaderValue> {
+    (0..KEYS).map(|i| HeaderValue::try_from(format!("ak_{i:016x}")).expect("ascii")).collect()
+}
+
+/// The server of `http_bench`: one axum route answering "hello".
+fn hello() -> Router {
+    Router::new().route("/", get(|| async { "hello" }))
+}
+
+/// Calls `svc` once with key `i` and returns the status; the future must be ready.
+fn once<S>(svc: &mut S, keys: &[HeaderValue], i: usize) -> u16
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut req = Request::new(Body::empty());
+    req.headers_mut().insert("x-api-key", keys[i % KEYS].clone());
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(svc.poll_ready(&mut cx).is_ready(), "the service is always ready");
+    let mut fut = pin!(svc.call(req));
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(res) => res.expect("infallible").status().as_u16(),
+        Poll::Pending => panic!("the in-process path must answer at once"),
+    }
+}
+
+fn run<S>(c: &mut Criterion, group: &str, name: &str, mut svc: S, expect: u16)
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    let keys = keys();
+    let mut g = c.benchmark_group(group);
+    g.throughput(Throughput::Elements(1));
+    let mut i = 0;
+    // Warm every key (the low quota's keys are then rejected throughout).
+    for k in 0..KEYS {
+        once(&mut svc, &keys, k);
+    }
+    assert_eq!(once(&mut svc, &keys, 0), expect, "{group}/{name}");
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            i += 1;
+            black_box(once(&mut svc, &keys, i))
+        });
+    });
+    g.finish();
+}
+
+fn tower_governor(
+    quota: Quota,
+) -> tower_governor::GovernorLayer<ApiKey, governor::middleware::StateInformationMiddleware, Body> {
+    let interval = u64::try_from(quota.period().as_nanos() / u128::from(quota.limit())).expect("fits");
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .per_nanosecond(interval)
+        .burst_size(u32::try_from(quota.burst_size()).expect("fits"))
+        .key_extractor(ApiKey)
+        .use_headers()
+        .finish()
+        .expect("a valid quota");
+    tower_governor::GovernorLayer::new(config)
+}
+
+/// tower_governor's key: the `x-api-key` header, as the layer's `key::header`.
+#[derive(Debug, Clone, Copy)]
+struct ApiKey;
+
+impl tower_governor::key_extractor::KeyExtractor for ApiKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, tower_governor::GovernorError> {
+        req.headers()
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let paths = [("allowed", Quota::per_minute(1_000_000_000), 200), ("rejected", Quota::per_minute(1), 429)];
+    for (group, quota, status) in paths {
+        if status == 200 {
+            run(c, group, "bare", hello(), 200);
+        }
+        for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::Gcra] {
+            let layer = RateLimitLayer::<_, Body>::new(quota, key::header("x-api-key"), MemoryStore::new())
+                .algorithm(algorithm);
+            run(c, group, &format!("tollgate/{algorithm}"), hello().layer(layer), status);
+        }
+        run(c, group, "tower_governor", hello().layer(tower_governor(quota)), status);
+    }
+}
+
+criterion_group!(layer, benches);
+criterion_main!(layer);
