@@ -409,7 +409,7 @@ return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
         ("gcra", "gcra"),
     ] {
         let script = redis::Script::new(&wrapper(alg));
-        let mut committed = 0;
+        let (mut committed, mut kept) = (0, 0);
         for round in 0..20 {
             let l = 1 + below(12);
             let w = match below(4) {
@@ -422,6 +422,7 @@ return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
             let md = [0, t * below(5), 1 << 53][usize::try_from(below(3)).unwrap()];
             let mut now = 1_700_000_000_000_000 + below(1_000_000_000);
             let (ka, kb) = (format!("eq:g:{tag}:{round}"), format!("eq:s:{tag}:{round}"));
+            let (mut generic_expiry, mut single_expiry): (Option<u64>, Option<u64>) = (None, None);
             for _ in 0..60 {
                 let to_boundary = w - now % w;
                 now += match below(10) {
@@ -463,15 +464,64 @@ return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
                     // Two reads of TIME: the same fields; then both keys start afresh.
                     assert_eq!(r[0].split_once(',').map(|x| x.1), r[4].split_once(',').map(|x| x.1), "{ctx}");
                     let () = redis::cmd("DEL").arg(&ka).arg(&kb).query_async(&mut con).await.unwrap();
+                    (generic_expiry, single_expiry) = (None, None);
                 } else {
-                    assert_eq!(r[..3], r[4..7], "{ctx}");
-                    let (pa, pb): (i64, i64) = (r[3].parse().unwrap(), r[7].parse().unwrap());
-                    assert!((pa - pb).abs() <= 50, "{ctx}");
+                    assert_eq!(r[0], r[4], "{ctx}");
+                    generic_expiry = expiry_after(&r[1], generic_expiry, now, &ctx);
+                    single_expiry = expiry_after(&r[5], single_expiry, now, &ctx);
+                    same_state(tag, &r[2], &r[6], &ctx);
+                    // The single script's key lives at least as long as the generic one's; the
+                    // window scripts keep exactly its TTL, GCRA and the token bucket at most
+                    // 10 s longer (they set a TTL with room, and then keep it).
+                    let slack = if matches!(tag, "gcra" | "tb") { 10_000_000 } else { 0 };
+                    match (generic_expiry, single_expiry) {
+                        (None, None) => {}
+                        (Some(g), Some(s)) => {
+                            assert!(s + 2_000 >= g && s <= g + slack + 2_000, "expiry {s} vs {g}: {ctx}");
+                        }
+                        other => panic!("one key exists and not the other ({other:?}): {ctx}"),
+                    }
                     committed += usize::from(r[1].split(';').any(|c| c.starts_with("SET")));
+                    kept += usize::from(r[5].split(';').any(|c| c.ends_with("KEEPTTL")));
                 }
             }
         }
         assert!(committed > 400, "{alg}: {committed} commits");
+        if tag != "lb" {
+            assert!(kept > 40, "{alg}: {kept} of {committed} commits kept the key's TTL");
+        }
+    }
+}
+
+/// The expiry (µs) a key has after `writes` (the wrapper's log: `SET value PX ms`,
+/// `SET value KEEPTTL`, `DEL`) made at `now`; `None`: no key.
+fn expiry_after(writes: &str, mut expiry: Option<u64>, now: u64, ctx: &str) -> Option<u64> {
+    for w in writes.split(';').filter(|w| !w.is_empty()) {
+        let parts: Vec<&str> = w.split(' ').collect();
+        expiry = match parts[..] {
+            ["DEL"] => None,
+            ["SET", _, "PX", ms] => Some(now + ms.parse::<u64>().unwrap() * 1000),
+            ["SET", _, "KEEPTTL"] => Some(expiry.unwrap_or_else(|| panic!("KEEPTTL on a key with no TTL: {ctx}"))),
+            _ => panic!("unexpected write {w:?}: {ctx}"),
+        };
+    }
+    expiry
+}
+
+/// The generic and the single-rule script stored the same state: the same value, but for
+/// the field GCRA and the token bucket add or lengthen to keep the key's TTL (GCRA's third,
+/// the token bucket's `keep`, never shorter).
+fn same_state(tag: &str, generic: &str, single: &str, ctx: &str) {
+    let (g, s): (Vec<&str>, Vec<&str>) = (generic.split(':').collect(), single.split(':').collect());
+    match tag {
+        _ if generic == "false" || single == "false" => assert_eq!(generic, single, "{ctx}"),
+        "gcra" => assert_eq!((&g[..2], s.len()), (&s[..2], 3), "{ctx}"),
+        "tb" => {
+            assert!(g.len() == 3 && s.len() == 3, "{generic} vs {single}: {ctx}");
+            assert_eq!(g[..2], s[..2], "{ctx}");
+            assert!(s[2].parse::<u64>().unwrap() >= g[2].parse::<u64>().unwrap(), "{ctx}");
+        }
+        _ => assert_eq!(generic, single, "{ctx}"),
     }
 }
 

@@ -25,8 +25,15 @@ local function decide(key, o)
   -- accept iff count + c <= L
   local ok = count + c <= L
   if ok and commit then
-    -- put(..., (w + 1)·W, now): always after now, so always a SET with ttl_ms.
-    redis.call('SET', key, string.format('%d:%d', w, count + c), 'PX', px((w + 1) * W))
+    -- put(..., (w + 1)·W, now): always after now, so always a SET with ttl_ms. A state
+    -- of this window was written with that very TTL (by every script's commit, and kept
+    -- or lengthened by a refund's): it is kept (`KEEPTTL` costs Redis less than `PX`).
+    local value = string.format('%d:%d', w, count + c)
+    if sw == w then
+      redis.call('SET', key, value, 'KEEPTTL')
+    else
+      redis.call('SET', key, value, 'PX', px((w + 1) * W))
+    end
   end
   local r = ok and 1 or 0
   return r, sw, sn, 0

@@ -32,8 +32,15 @@ local function decide(key, o)
   local estimate = prev * (W - e) / W + curr
   local ok = estimate + c <= L
   if ok and commit then
-    -- put(..., (w + 2)·W, now): always after now, so always a SET with ttl_ms.
-    redis.call('SET', key, string.format('%d:%d:%d', w, prev, curr + c), 'PX', px((w + 2) * W))
+    -- put(..., (w + 2)·W, now): always after now, so always a SET with ttl_ms. A state
+    -- of this window was written with that very TTL (by every script's commit, and kept
+    -- or lengthened by a refund's): it is kept (`KEEPTTL` costs Redis less than `PX`).
+    local value = string.format('%d:%d:%d', w, prev, curr + c)
+    if sw == w then
+      redis.call('SET', key, value, 'KEEPTTL')
+    else
+      redis.call('SET', key, value, 'PX', px((w + 2) * W))
+    end
   end
   local r = ok and 1 or 0
   return r, sw, sp, sc

@@ -37,17 +37,27 @@ local function decide(key, o)
     else
       -- token_bucket.lua's tb_put: a later `keep` the key has (another quota's state) is
       -- kept, read from the value (or, from a value of an older version, from PTTL).
-      local keep = expires
+      local held
       if v then
-        local held
         if sk ~= '' then
           held = sk + 0
         else
           held = now + (redis.call('PTTL', key) - 1) * 1000
         end
-        if held > keep then keep = held end
       end
-      redis.call('SET', key, string.format('%d:%d:%d', level, last, keep), 'PX', px(keep))
+      if held and expires <= held then
+        -- The key already lives long enough: its TTL is kept (`KEEPTTL` costs Redis
+        -- less than `PX`).
+        redis.call('SET', key, string.format('%d:%d:%d', level, last, held), 'KEEPTTL')
+      else
+        -- Else it lives until `expires` plus the state's remaining life, at most 10 s: a
+        -- key outlives its state by at most that, and a busy key's TTL is set again only
+        -- once its expiry has moved on by as much.
+        local slack = expires - now
+        if slack > 10000000 then slack = 10000000 end
+        local keep = expires + slack
+        redis.call('SET', key, string.format('%d:%d:%d', level, last, keep), 'PX', px(keep))
+      end
     end
   end
   local r = ok and 1 or 0
