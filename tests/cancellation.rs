@@ -9,6 +9,9 @@
 mod support;
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -42,6 +45,17 @@ where
     let r = tokio::time::timeout(after, svc.clone().oneshot(req)).await;
     assert!(r.is_err(), "the request finished before it could be dropped: {r:?}");
     settle().await;
+}
+
+/// Two rules of 3 a minute on `x-key`: `count` counts every request, `login` only 401s.
+fn count_and_login() -> RateLimitLayer<MemoryStore, Body> {
+    RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(TokioClock::new()))
+        .rule("count", Quota::per_minute(3), key::header("x-key"))
+        .add_rule(
+            Rule::new("login", Quota::per_minute(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap()
 }
 
 fn remaining(res: &Response<Body>) -> u64 {
@@ -136,14 +150,7 @@ async fn dropped_while_waiting_for_readiness_after_its_slot_gives_back_its_units
 
 #[tokio::test(start_paused = true)]
 async fn dropped_during_the_inner_call_keeps_what_a_forwarded_request_took_but_count_if_units() {
-    let store = MemoryStore::with_clock(TokioClock::new());
-    let layer = RateLimitLayer::<_, Body>::builder(store)
-        .rule("count", Quota::per_minute(3), key::header("x-key"))
-        .add_rule(
-            Rule::new("login", Quota::per_minute(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
-        )
-        .build()
-        .unwrap();
+    let layer = count_and_login();
     let svc = layer.clone().layer(inner());
     dropped(&svc, get("/hang", "a"), Duration::from_millis(10)).await;
     // Forwarded: the request counts. Its status never came: the count-by-outcome unit is
@@ -160,14 +167,7 @@ async fn dropped_during_the_inner_call_keeps_what_a_forwarded_request_took_but_c
 /// took — each rule's unit exactly once (the count-by-outcome rule's too, not twice).
 #[tokio::test(start_paused = true)]
 async fn a_response_future_dropped_before_its_first_poll_gives_back_everything_once() {
-    let store = MemoryStore::with_clock(TokioClock::new());
-    let layer = RateLimitLayer::<_, Body>::builder(store)
-        .rule("count", Quota::per_minute(3), key::header("x-key"))
-        .add_rule(
-            Rule::new("login", Quota::per_minute(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
-        )
-        .build()
-        .unwrap();
+    let layer = count_and_login();
     let mut svc = layer.clone().layer(inner());
     // One failed login, kept by both rules.
     assert_eq!(svc.clone().oneshot(get("/fail", "a")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
@@ -189,6 +189,58 @@ async fn a_response_future_dropped_before_its_first_poll_gives_back_everything_o
     }
     let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
     assert_eq!((res.status(), remaining(&res)), (StatusCode::OK, 1), "two units were there to take");
+}
+
+/// An inner service that starts its work in `call` (a proxy that sends the request there,
+/// a queue that takes it): `calls` counts what reached it; `/panic` panics in `call`.
+#[derive(Clone)]
+struct Eager(Arc<AtomicUsize>);
+
+impl Service<Request<Body>> for Eager {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        assert!(req.uri().path() != "/panic", "the handler panicked in call");
+        self.0.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(Response::new(Body::empty())))
+    }
+}
+
+/// The decision is made in `call`, but the inner service is called only when the response
+/// future is first polled: one dropped before that never reached it (its `call` may start
+/// work) and takes nothing.
+#[tokio::test(start_paused = true)]
+async fn an_unpolled_response_future_never_reaches_the_inner_service() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::header("x-key"), MemoryStore::new());
+    let mut svc = layer.clone().layer(Eager(calls.clone()));
+    for _ in 0..10 {
+        std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+        drop(svc.call(get("/", "a")));
+        settle().await;
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(layer.peek("default", "a").await.unwrap().unwrap().remaining, 2, "nothing taken");
+}
+
+/// A handler that panics in `call` was forwarded: its request counts, as it did when the
+/// whole request ran in the response future (only count-by-outcome units go back).
+#[tokio::test(start_paused = true)]
+async fn a_handler_that_panics_in_call_still_counts() {
+    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::header("x-key"), MemoryStore::new());
+    let svc = layer.clone().layer(Eager(Arc::default()));
+    for _ in 0..3 {
+        assert!(tokio::spawn(svc.clone().oneshot(get("/panic", "a"))).await.is_err());
+        settle().await;
+    }
+    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
 #[tokio::test(start_paused = true)]

@@ -4,13 +4,17 @@
 
 mod support;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use support::fake::{Mode, Remote, TokioClock, T0};
 use tokio::time::Instant;
 use tollgate::key::Key;
-use tollgate::{Algorithm, FailMode, Limiter, ManualClock, MemoryStore, Quota, Rule, Store, StoreError};
+use tollgate::store::{Outcome, Refund};
+use tollgate::{
+    Algorithm, Check, Decision, FailMode, Limiter, ManualClock, MemoryStore, Quota, Rule, Store, StoreError,
+};
 
 /// A chat message: limited per user by count, and by bytes.
 #[derive(Debug)]
@@ -243,4 +247,74 @@ async fn wait_takes_turns_among_concurrent_waiters_and_waits_a_leaky_buckets_del
     // A slot every 200 ms; the queue holds 3 besides the one leaving: the last two wait
     // for room in the queue (their retry) and then for their slot.
     assert_eq!(times, [0, 200, 400, 600, 800, 1000], "{got:?}");
+}
+
+/// An in-process store that decides at once through `check_one_now` and/or `check_now`
+/// as told (or neither), else through its futures.
+#[derive(Clone)]
+struct AtOnce {
+    inner: MemoryStore,
+    one: bool,
+    many: bool,
+}
+
+impl Store for AtOnce {
+    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        self.inner.check_one(check)
+    }
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
+        self.inner.check(checks)
+    }
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.refund(refunds)
+    }
+    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.inner.peek(check)
+    }
+    fn reset(
+        &self,
+        rule: &str,
+        key: &Key,
+        algorithm: Algorithm,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.reset(rule, key, algorithm)
+    }
+    fn is_local(&self) -> bool {
+        true
+    }
+    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
+        if self.one {
+            self.inner.check_one_now(check)
+        } else if self.many {
+            // The default: through check_now.
+            self.check_now(std::slice::from_ref(check)).map(|r| r.map(|o| o[0].clone().unwrap()))
+        } else {
+            None
+        }
+    }
+    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
+        self.many.then(|| self.inner.check_now(checks)).flatten()
+    }
+}
+
+/// Whatever a local store decides at once (one rule, several, or neither), every rule of
+/// a request is decided: one enforced rule and two shadow rules each take their unit. (A
+/// store answering one rule at once but not several decided the enforced rule and dropped
+/// the shadow ones.)
+#[tokio::test]
+async fn every_rule_is_decided_whichever_calls_a_local_store_answers_at_once() {
+    let user = |u: &str| Some(Key::from(u));
+    for (one, many) in [(true, false), (false, true), (true, true), (false, false)] {
+        let limiter = Limiter::builder(AtOnce { inner: MemoryStore::new(), one, many })
+            .rule("enforced", Quota::per_minute(10), user)
+            .add_rule(Rule::new("s1", Quota::per_minute(10), user).shadow(true))
+            .add_rule(Rule::new("s2", Quota::per_minute(10), user).shadow(true))
+            .build()
+            .unwrap();
+        assert!(limiter.check("ada").await.is_allowed());
+        for rule in ["enforced", "s1", "s2"] {
+            // 10 - 1 taken - the peek's own unit.
+            assert_eq!(limiter.peek(rule, "ada").await.unwrap().unwrap().remaining, 8, "{rule}: one {one} many {many}");
+        }
+    }
 }

@@ -347,8 +347,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             return Now::Later(plan);
         }
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
+        // One check in all: `check_one_now`; else `check_now` for each set, so that a store
+        // answering one of them answers the other (nothing is decided before a `None`).
+        let one = plan.enforced.checks.len() + plan.shadow.checks.len() == 1;
         let now = |checks: &[Check]| {
-            let answer = crate::runtime::ask_now(&*self.store, checks)?;
+            let answer = crate::runtime::ask_now(&*self.store, checks, one)?;
             Some(answer.map(|outcomes| (outcomes, DecidedBy::Store)))
         };
         let none = || Ok((Outcomes::new(), DecidedBy::Store));
@@ -366,9 +369,13 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             match now(&plan.shadow.checks) {
                 Some(result) => result,
                 None if plan.enforced.is_empty() => return Now::Later(plan),
-                // A store breaking its word (`check_now` answers every call or none):
-                // the shadow rules are left undecided, as when their store call fails.
-                None => Err(StoreError::Backend("the store decided some rules at once but not the others".into())),
+                // A store breaking its word (`check_now` answers every call or none),
+                // after the enforced rules were decided: the shadow rules are left
+                // undecided, as when their store call fails, and it is logged.
+                None => {
+                    tracing::warn!("tollgate: the store decided some rules at once (check_now) but not the others");
+                    Err(StoreError::Backend("the store decided some rules at once but not the others".into()))
+                }
             }
         };
         let (verdict, set) = self.conclude(plan, result, shadow_result, started);

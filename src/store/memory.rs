@@ -437,12 +437,12 @@ impl Store for MemoryStore {
         true
     }
 
-    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
-        Some(self.check_one_at(check, self.inner.clock.now()))
-    }
-
     fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
         Some(self.check_at(checks, self.inner.clock.now()).map(|os| os.into_iter().map(Some).collect()))
+    }
+
+    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
+        Some(self.check_one_at(check, self.inner.clock.now()))
     }
 
     fn identity(&self) -> Option<usize> {

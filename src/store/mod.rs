@@ -129,21 +129,24 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
-    /// Decides one rule at once, with no future to build and poll: exactly what
-    /// [`Store::check_one`] would decide, from a store that needs no I/O. The layer then
+    /// Decides `checks` together at once, with no future to build and poll: exactly what
+    /// [`Store::check`] would decide, from a store that needs no I/O. The layer then
     /// answers a request without allocating for its decision. `None` (the default): this
-    /// store cannot, and callers use `check_one`. A store answers every call here or none
-    /// (so does [`Store::check_now`]).
-    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
-        let _ = check;
-        None
-    }
-
-    /// Decides `checks` together at once: what [`Store::check`] would decide, as
-    /// [`Store::check_one_now`] is to `check_one`. `None` (the default): this store cannot.
+    /// store cannot, and callers use `check`. A store answers every call here or none.
     fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
         let _ = checks;
         None
+    }
+
+    /// [`Store::check_now`] for one rule, without a `Vec`, as [`Store::check_one`] is to
+    /// `check`. The default calls `check_now`; a store that overrides this one must
+    /// override `check_now` too (callers use this one only for requests of one rule, and
+    /// `check_now` for any other).
+    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
+        let outcomes = self.check_now(std::slice::from_ref(check))?;
+        Some(outcomes.and_then(|o| {
+            o.into_iter().next().flatten().ok_or_else(|| StoreError::Backend("the store returned no decision".into()))
+        }))
     }
 
     /// An identity that clones of this store share and no other live store has: two

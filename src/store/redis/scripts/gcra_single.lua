@@ -37,7 +37,7 @@ local function decide(key, o)
     -- a key outlives its state by at most that, and a busy key's TTL is set again only
     -- once its TAT has moved on by as much.
     local expires = left and tat + left
-    if expires and new <= expires then
+    if server_time and expires and new <= expires then
       redis.call('SET', key, string.format('%d:%d:%d', new, gap, expires - new), 'KEEPTTL')
     else
       local slack = new - now

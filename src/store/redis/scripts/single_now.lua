@@ -2,7 +2,10 @@
 -- the epoch, from ARGV[1], or the server's TIME when ARGV[1] is '' (as lib.lua's
 -- read_now); `commit`: mode 'c', decide and commit (else 'p', decide only).
 local now
-if ARGV[1] ~= '' then
+-- On Redis's own time a key's TTL runs on the clock `now` comes from, and a write may keep
+-- it (`KEEPTTL`); on a client's clock, which may step, every write sets it afresh.
+local server_time = ARGV[1] == ''
+if not server_time then
   now = ARGV[1] + 0
 else
   if redis.replicate_commands then redis.replicate_commands() end

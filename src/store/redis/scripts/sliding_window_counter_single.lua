@@ -36,7 +36,7 @@ local function decide(key, o)
     -- of this window was written with that very TTL (by every script's commit, and kept
     -- or lengthened by a refund's): it is kept (`KEEPTTL` costs Redis less than `PX`).
     local value = string.format('%d:%d:%d', w, prev, curr + c)
-    if sw == w then
+    if server_time and sw == w then
       redis.call('SET', key, value, 'KEEPTTL')
     else
       redis.call('SET', key, value, 'PX', px((w + 2) * W))

@@ -45,7 +45,7 @@ local function decide(key, o)
           held = now + (redis.call('PTTL', key) - 1) * 1000
         end
       end
-      if held and expires <= held then
+      if server_time and held and expires <= held then
         -- The key already lives long enough: its TTL is kept (`KEEPTTL` costs Redis
         -- less than `PX`).
         redis.call('SET', key, string.format('%d:%d:%d', level, last, held), 'KEEPTTL')
