@@ -134,21 +134,15 @@ fn retry(prev: u64, curr: u64, c: u64, l: u64, period: u64, e: u64) -> u64 {
 /// Starts from the exact rational answer and steps to where the double predicate flips.
 fn first_fit(prev: u64, curr: u64, c: u64, l: u64, period: u64, from: u64) -> u64 {
     let fits_at = |e: u64| fits(prev, curr, e, period, c, l);
-    let room = l - curr - c;
-    // Exact: W - e' <= room·W/prev; in u64 when the product fits (nearly always: a 128-bit
-    // division is a library call, several times slower, on every allowed decision). `None`
-    // when prev is 0: nothing to wait for.
-    let max_left = match room.checked_mul(period) {
-        Some(product) => product.checked_div(prev).map(u128::from),
-        None => (u128::from(room) * u128::from(period)).checked_div(u128::from(prev)),
-    };
-    let mut e = match max_left {
-        None => from,
-        Some(max_left) => {
-            #[allow(clippy::cast_possible_truncation)]
-            let left = max_left.min(u128::from(period)) as u64;
-            (period - left).max(from)
-        }
+    let room = u128::from(l - curr - c);
+    // Exact: W - e' <= room·W/prev.
+    let mut e = if prev == 0 {
+        from
+    } else {
+        let max_left = (room * u128::from(period) / u128::from(prev)).min(u128::from(period));
+        #[allow(clippy::cast_possible_truncation)]
+        let left = max_left as u64;
+        (period - left).max(from)
     };
     while e < period && !fits_at(e) {
         e += 1;
