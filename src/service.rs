@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
@@ -99,7 +100,8 @@ where
         let limiter = &self.shared.limiter;
         let plan = limiter.plan(&req);
         if plan.is_empty() {
-            return ResponseFuture::new(Box::pin(inner.call(req)));
+            // No rule applies: forwarded too, when the future is first polled.
+            return ResponseFuture::new(Box::pin(async move { inner.call(req).await }));
         }
         match limiter.decide_now(plan) {
             // An in-process store decided at once: a refusal is answered here, with no
@@ -110,10 +112,14 @@ where
                     return ResponseFuture::ready(Ok(res));
                 }
                 let admitted = Admitted::new(self.shared.clone(), verdict);
-                if admitted.verdict.delay().is_zero() {
+                let delay = admitted.verdict.delay();
+                if delay.is_zero() {
                     ResponseFuture::new(Box::pin(forward(inner, req, admitted, set)))
                 } else {
-                    ResponseFuture::new(Box::pin(wait_then_forward(inner, req, admitted, set)))
+                    // The slot is `delay` after the decision, however late the future is
+                    // first polled.
+                    let slot = Instant::now() + delay;
+                    ResponseFuture::new(Box::pin(wait_then_forward(inner, req, admitted, set, slot)))
                 }
             }
             Now::Later(plan) => {
@@ -126,7 +132,8 @@ where
                     if let Some(res) = refusal(&shared.responder, &verdict, &set, &req) {
                         return Ok(res);
                     }
-                    wait_then_forward(inner, req, Admitted::new(shared, verdict), set).await
+                    let slot = Instant::now() + verdict.delay();
+                    wait_then_forward(inner, req, Admitted::new(shared, verdict), set, slot).await
                 }))
             }
         }
@@ -183,13 +190,14 @@ impl<St: Store, B: 'static, R, U> Drop for Admitted<St, B, R, U> {
     }
 }
 
-/// An admitted request: wait for a leaky bucket's slot, then [`forward`] it. A request
-/// dropped while it waits gives back all it took.
+/// An admitted request: wait for a leaky bucket's slot (the instant `slot`), then
+/// [`forward`] it. A request dropped while it waits gives back all it took.
 async fn wait_then_forward<S, St, B, R, U, ResBody>(
     mut inner: S,
     req: Request<B>,
     admitted: Admitted<St, B, R, U>,
     set: Arc<RuleSet<Request<B>>>,
+    slot: Instant,
 ) -> Result<Response<ResBody>, S::Error>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
@@ -198,10 +206,9 @@ where
     R: OnRejected<ResBody>,
     U: OnUnavailable<ResBody>,
 {
-    let delay = admitted.verdict.delay();
-    if !delay.is_zero() {
+    if !admitted.verdict.delay().is_zero() {
         // Leaky bucket (rare): boxed, so the common request's future stays small.
-        inner = Box::pin(wait_for_slot(inner, delay)).await?;
+        inner = Box::pin(wait_for_slot(inner, slot)).await?;
     }
     forward(inner, req, admitted, set).await
 }
@@ -264,15 +271,15 @@ where
     }
 }
 
-/// Waits out a leaky bucket's delay without holding the inner service's readiness (a
+/// Waits for a leaky bucket's slot without holding the inner service's readiness (a
 /// ready instance may hold a permit others need), then gets a fresh instance ready.
-async fn wait_for_slot<S, Req>(inner: S, delay: std::time::Duration) -> Result<S, S::Error>
+async fn wait_for_slot<S, Req>(inner: S, slot: Instant) -> Result<S, S::Error>
 where
     S: Service<Req> + Clone,
 {
     let mut fresh = inner.clone();
     drop(inner);
-    tokio::time::sleep(delay).await;
+    tokio::time::sleep_until(slot).await;
     std::future::poll_fn(|cx| fresh.poll_ready(cx)).await?;
     Ok(fresh)
 }

@@ -243,6 +243,47 @@ async fn a_handler_that_panics_in_call_still_counts() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
+/// A request no rule applies to is forwarded when its future is polled, as any other.
+#[tokio::test(start_paused = true)]
+async fn an_unpolled_unlimited_request_never_reaches_the_inner_service() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::header("x-key"), MemoryStore::new())
+        .layer(Eager(calls.clone()));
+    std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    drop(svc.call(Request::get("/").body(Body::empty()).unwrap())); // no x-key: no rule applies
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// The units of a future dropped before its first poll are back before the next request
+/// is decided, with no task to wait for (an in-process store gives back at once).
+#[tokio::test(start_paused = true)]
+async fn an_unpolled_requests_units_are_back_for_the_very_next_request() {
+    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
+    let mut svc = layer.layer(Eager(Arc::default()));
+    std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    drop(svc.call(get("/", "a")));
+    std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    assert_eq!(svc.call(get("/", "a")).await.unwrap().status(), StatusCode::OK);
+}
+
+/// A leaky bucket's slot is counted from the decision, made in `call`: a future first
+/// polled after its slot has come waits no more.
+#[tokio::test(start_paused = true)]
+async fn a_leaky_slot_is_counted_from_the_decision_not_the_first_poll() {
+    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(TokioClock::new()))
+        .add_rule(Rule::new("shape", Quota::per_second(5).burst(4), key::Global).algorithm(Algorithm::LeakyBucket))
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(Eager(Arc::default()));
+    svc.clone().oneshot(get("/", "a")).await.unwrap(); // slot 0
+    std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    let fut = svc.call(get("/", "a")); // slot at 200 ms
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let polled = tokio::time::Instant::now();
+    assert_eq!(fut.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(polled.elapsed(), Duration::from_millis(50), "waited from the decision's slot");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_limiter_wait_dropped_during_a_leaky_delay_gives_back_its_slot() {
     let store = MemoryStore::with_clock(TokioClock::new());

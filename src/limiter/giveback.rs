@@ -3,7 +3,9 @@
 //! [`GiveBack`] owns everything it needs, so it can run detached — and, armed as a
 //! [`GiveBackOnDrop`], it runs when the future that would have disarmed it is dropped.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 use crate::runtime::Settings;
 #[cfg(feature = "memory")]
@@ -65,18 +67,29 @@ impl<St: Store> GiveBack<St> {
         self.store.refund(&store).await
     }
 
-    /// Runs in a task of its own: never on the request's future.
+    /// Runs in a task of its own, never on the request's future — or at once, for an
+    /// in-process store, whose refund needs no I/O: the units are back before the next
+    /// request is decided (and no runtime is needed).
     pub(crate) fn spawn(self, what: &'static str) {
         if self.is_empty() {
             return;
         }
+        let local = self.store.is_local();
+        let mut run = Box::pin(async move {
+            if let Err(err) = self.run().await {
+                tracing::warn!(error = %err, "tollgate: could not give back the units of {what}");
+            }
+        });
+        if local {
+            // Polled once here; a store whose refund is not ready at once finishes in a
+            // task (its next poll there registers the task's waker).
+            if run.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
+                return;
+            }
+        }
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(async move {
-                    if let Err(err) = self.run().await {
-                        tracing::warn!(error = %err, "tollgate: could not give back the units of {what}");
-                    }
-                });
+                rt.spawn(run);
             }
             Err(_) => tracing::warn!("tollgate: no tokio runtime to give back the units of {what}"),
         }
