@@ -284,6 +284,65 @@ async fn a_leaky_slot_is_counted_from_the_decision_not_the_first_poll() {
     assert_eq!(polled.elapsed(), Duration::from_millis(50), "waited from the decision's slot");
 }
 
+/// The fallback limiter (deciding while the store fails) is in-process too: its units
+/// are back before the next request, after a response a count-by-outcome rule does not
+/// count and after a request dropped while it waits for its slot.
+#[tokio::test(start_paused = true)]
+async fn a_fallback_decisions_units_are_back_for_the_very_next_request() {
+    for leaky in [false, true] {
+        let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
+        store.set(Mode::Failing);
+        let rule = if leaky {
+            Rule::new("shape", Quota::per_second(1).burst(1), key::header("x-key")).algorithm(Algorithm::LeakyBucket)
+        } else {
+            Rule::new("login", Quota::per_minute(1), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED)
+        };
+        let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+            .add_rule(rule)
+            .build()
+            .unwrap()
+            .fallback(MemoryStore::with_clock(TokioClock::new()), 1)
+            .layer(inner());
+        assert_eq!(svc.clone().oneshot(get("/", "a")).await.unwrap().status(), StatusCode::OK);
+        if leaky {
+            // Its slot is 1 s away: dropped while it waits.
+            let r = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/", "a"))).await;
+            assert!(r.is_err());
+        }
+        // Right away: admitted (for the leaky bucket: waiting for the freed slot).
+        let next = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/", "a"))).await;
+        assert!(next.is_err() || next.unwrap().unwrap().status() == StatusCode::OK, "leaky {leaky}: refused");
+    }
+}
+
+/// Units given back to the store lift the rejection this process cached for their key:
+/// a leaky bucket's request dropped while it waits frees its slot, and the next request
+/// reaches the store instead of being refused from the cache.
+#[tokio::test(start_paused = true)]
+async fn units_given_back_lift_the_cached_rejection_of_their_key() {
+    let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
+    let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+        .add_rule(
+            Rule::new("shape", Quota::per_second(1).burst(1), key::header("x-key")).algorithm(Algorithm::LeakyBucket),
+        )
+        .build()
+        .unwrap()
+        .layer(inner());
+    assert_eq!(svc.clone().oneshot(get("/", "a")).await.unwrap().status(), StatusCode::OK); // slot 0
+    let waiting = tokio::spawn(svc.clone().oneshot(get("/", "a"))); // slot at 1 s
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // The queue is full: 429, remembered in the blocked-key cache.
+    assert_eq!(svc.clone().oneshot(get("/", "a")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    waiting.abort();
+    let _ = waiting.await;
+    settle().await;
+    assert_eq!(store.refunds().len(), 1, "the slot was given back to the store");
+    let asked = store.checks();
+    let next = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/", "a"))).await;
+    assert!(next.is_err() || next.unwrap().unwrap().status() == StatusCode::OK, "refused from the cache");
+    assert_eq!(store.checks(), asked + 1, "the store was asked");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_limiter_wait_dropped_during_a_leaky_delay_gives_back_its_slot() {
     let store = MemoryStore::with_clock(TokioClock::new());

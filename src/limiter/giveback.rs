@@ -7,10 +7,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Waker};
 
-use crate::runtime::Settings;
-#[cfg(feature = "memory")]
-use crate::store::Refund;
-use crate::store::Store;
+use crate::runtime::{BlockedCache, Runtime};
+use crate::store::{Refund, Store};
 use crate::verdict::{Commit, DecidedBy};
 use crate::StoreError;
 
@@ -20,16 +18,21 @@ pub(crate) struct GiveBack<St> {
     #[cfg(feature = "memory")]
     fallback: Option<(crate::MemoryStore, u64)>,
     commits: Vec<Commit>,
+    /// The blocked-key cache and the generation of the rule set the commits were decided
+    /// under: a rejection cached for one of their keys may not hold once the store has the
+    /// units back.
+    cache: (Arc<BlockedCache>, u64),
 }
 
 impl<St: Store> GiveBack<St> {
     #[cfg_attr(not(feature = "memory"), allow(unused_variables))]
-    pub(crate) fn new(store: Arc<St>, settings: &Settings, commits: Vec<Commit>) -> Self {
+    pub(crate) fn new(store: Arc<St>, runtime: &Runtime, generation: u64, commits: Vec<Commit>) -> Self {
         Self {
             store,
             #[cfg(feature = "memory")]
-            fallback: settings.fallback.clone(),
+            fallback: runtime.settings.fallback.clone(),
             commits,
+            cache: (runtime.cache.clone(), generation),
         }
     }
 
@@ -42,41 +45,24 @@ impl<St: Store> GiveBack<St> {
         self.commits.retain(|c| keep(c.rule));
     }
 
-    /// Gives everything back: the store's units by one store call, the fallback's at once.
+    /// Gives everything back: the fallback's units at once, the store's by one store call
+    /// (then the cached rejections of their keys are forgotten).
     pub(crate) async fn run(self) -> Result<(), StoreError> {
-        let mut store = Vec::new();
-        for c in self.commits {
-            match c.by {
-                DecidedBy::Store => store.push(c.refund),
-                #[cfg(feature = "memory")]
-                DecidedBy::Fallback => {
-                    if let Some((fallback, instances)) = &self.fallback {
-                        let local = Refund {
-                            check: crate::runtime::local_check(&c.refund.check, *instances),
-                            taken: c.refund.taken,
-                        };
-                        fallback.refund_at(std::slice::from_ref(&local), fallback.now_micros());
-                    }
-                }
-                _ => {} // the cache takes nothing
-            }
-        }
-        if store.is_empty() {
-            return Ok(());
-        }
-        self.store.refund(&store).await
+        self.split().run().await
     }
 
-    /// Runs in a task of its own, never on the request's future — or at once, for an
-    /// in-process store, whose refund needs no I/O: the units are back before the next
-    /// request is decided (and no runtime is needed).
+    /// Runs in a task of its own, never on the request's future — or at once: the
+    /// fallback limiter's units always, an in-process store's too (its refund needs no
+    /// I/O). Units are then back before the next request is decided, and no runtime is
+    /// needed.
     pub(crate) fn spawn(self, what: &'static str) {
-        if self.is_empty() {
+        let to_store = self.split();
+        if to_store.refunds.is_empty() {
             return;
         }
-        let local = self.store.is_local();
+        let local = to_store.store.is_local();
         let mut run = Box::pin(async move {
-            if let Err(err) = self.run().await {
+            if let Err(err) = to_store.run().await {
                 tracing::warn!(error = %err, "tollgate: could not give back the units of {what}");
             }
         });
@@ -93,6 +79,57 @@ impl<St: Store> GiveBack<St> {
             }
             Err(_) => tracing::warn!("tollgate: no tokio runtime to give back the units of {what}"),
         }
+    }
+
+    /// Gives the fallback limiter its units at once; what is left goes to the store.
+    fn split(self) -> ToStore<St> {
+        let mut refunds = Vec::new();
+        let mut rules = Vec::new();
+        for c in self.commits {
+            match c.by {
+                DecidedBy::Store => {
+                    rules.push(c.rule);
+                    refunds.push(c.refund);
+                }
+                #[cfg(feature = "memory")]
+                DecidedBy::Fallback => {
+                    if let Some((fallback, instances)) = &self.fallback {
+                        let local = Refund {
+                            check: crate::runtime::local_check(&c.refund.check, *instances),
+                            taken: c.refund.taken,
+                        };
+                        fallback.refund_at(std::slice::from_ref(&local), fallback.now_micros());
+                    }
+                }
+                _ => {} // the cache takes nothing
+            }
+        }
+        ToStore { store: self.store, refunds, rules, cache: self.cache }
+    }
+}
+
+/// The store's part of a give-back.
+struct ToStore<St> {
+    store: Arc<St>,
+    refunds: Vec<Refund>,
+    /// The rule (index) of each refund.
+    rules: Vec<usize>,
+    cache: (Arc<BlockedCache>, u64),
+}
+
+impl<St: Store> ToStore<St> {
+    async fn run(self) -> Result<(), StoreError> {
+        if self.refunds.is_empty() {
+            return Ok(());
+        }
+        self.store.refund(&self.refunds).await?;
+        // Only the store's rejections are cached, and they may not hold now that it has
+        // the units back (forgotten after the refund: one cached before it would stay).
+        let (cache, generation) = &self.cache;
+        for (r, &rule) in self.refunds.iter().zip(&self.rules) {
+            cache.forget((*generation, rule), &r.check.key);
+        }
+        Ok(())
     }
 }
 

@@ -302,7 +302,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// What giving back the commits of `verdict`'s rules (by index in the rule set it was
     /// decided under) that `select` picks takes: run it, spawn it, or arm it for a drop.
     pub(crate) fn give_back(&self, verdict: &Verdict, select: impl Fn(usize) -> bool) -> GiveBack<St> {
-        GiveBack::new(self.store.clone(), &self.runtime.settings, verdict.commits(select))
+        GiveBack::new(self.store.clone(), &self.runtime, verdict.generation, verdict.commits(select))
     }
 
     /// A refused input did not happen: what its shadow rules took goes back, as an
@@ -310,7 +310,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Detached, like every give-back.
     fn give_back_shadow(&self, verdict: &mut Verdict) {
         let commits = std::mem::take(&mut verdict.shadow);
-        GiveBack::new(self.store.clone(), &self.runtime.settings, commits).spawn("the shadow rules of a refused input");
+        GiveBack::new(self.store.clone(), &self.runtime, verdict.generation, commits)
+            .spawn("the shadow rules of a refused input");
     }
 
     /// Decides a plan: the blocked-key cache, then one guarded store call (shadow rules

@@ -8,6 +8,7 @@ mod breaker;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -56,7 +57,7 @@ pub(crate) struct Runtime {
     pub(crate) settings: Settings,
     breaker: Breaker,
     in_flight: AtomicUsize,
-    pub(crate) cache: BlockedCache,
+    pub(crate) cache: Arc<BlockedCache>,
     warn_at: AtomicU64,
     suppressed: AtomicU64,
     base: Instant,
@@ -79,7 +80,7 @@ impl Runtime {
             breaker: Breaker::new(threshold, cool_down),
             settings,
             in_flight: AtomicUsize::new(0),
-            cache: BlockedCache::new(100_000),
+            cache: Arc::new(BlockedCache::new(100_000)),
             warn_at: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
             base: Instant::now(),
