@@ -33,9 +33,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::routing::get;
 use axum::Router;
 use tollgate::{key, Algorithm, Quota, RateLimitLayer, Store};
+use tollgate_bench::http::{hello, tower_governor};
 
 const KEYS: usize = 10_000;
 /// Every request is accepted: each key gets far fewer than this in a run.
@@ -102,49 +102,15 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-fn hello() -> Router {
-    Router::new().route("/", get(|| async { "hello" }))
-}
-
 fn limited<St: Store>(store: St, quota: Quota, algorithm: Algorithm) -> Router {
     hello().layer(RateLimitLayer::<_, Body>::new(quota, key::header("x-api-key"), store).algorithm(algorithm))
-}
-
-/// tower_governor's key: the `x-api-key` header, as the layer's `key::header`.
-#[derive(Debug, Clone, Copy)]
-struct ApiKey;
-
-impl tower_governor::key_extractor::KeyExtractor for ApiKey {
-    type Key = String;
-
-    fn extract<T>(&self, req: &http::Request<T>) -> Result<String, tower_governor::GovernorError> {
-        req.headers()
-            .get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
-    }
-}
-
-/// `hello` behind tower_governor at `quota`: one unit replenished every period / limit, a
-/// burst of the limit (governor's GCRA, as the layer's default quota means).
-fn tower_governor(quota: Quota) -> Result<Router, Box<dyn std::error::Error>> {
-    let interval = u64::try_from(quota.period().as_nanos() / u128::from(quota.limit()))?;
-    let config = tower_governor::governor::GovernorConfigBuilder::default()
-        .per_nanosecond(interval)
-        .burst_size(u32::try_from(quota.burst_size())?)
-        .key_extractor(ApiKey)
-        .use_headers()
-        .finish()
-        .ok_or("tower_governor refused the quota")?;
-    Ok(hello().layer(tower_governor::GovernorLayer::new(config)))
 }
 
 fn router(config: &Config, algorithm: Algorithm) -> Result<Router, Box<dyn std::error::Error>> {
     let quota = config.quota.unwrap_or(HIGH);
     Ok(match &config.backend {
         Backend::Bare => hello(),
-        Backend::TowerGovernor => tower_governor(quota)?,
+        Backend::TowerGovernor => hello().layer(tower_governor(quota)?),
         Backend::Memory => limited(tollgate::MemoryStore::new(), quota, algorithm),
         #[cfg(feature = "redis")]
         Backend::Redis(url) => {

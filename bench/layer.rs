@@ -20,22 +20,16 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use axum::body::Body;
-use axum::routing::get;
-use axum::Router;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use http::{HeaderValue, Request, Response};
 use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer};
+use tollgate_bench::http::{hello, tower_governor};
 use tower::Service;
 
 const KEYS: usize = 10_000;
 
 fn keys() -> Vec<HeaderValue> {
     (0..KEYS).map(|i| HeaderValue::try_from(format!("ak_{i:016x}")).expect("ascii")).collect()
-}
-
-/// The server of `http_bench`: one axum route answering "hello".
-fn hello() -> Router {
-    Router::new().route("/", get(|| async { "hello" }))
 }
 
 /// Calls `svc` once with key `i` and returns the status; the future must be ready.
@@ -78,36 +72,6 @@ where
     g.finish();
 }
 
-fn tower_governor(
-    quota: Quota,
-) -> tower_governor::GovernorLayer<ApiKey, governor::middleware::StateInformationMiddleware, Body> {
-    let interval = u64::try_from(quota.period().as_nanos() / u128::from(quota.limit())).expect("fits");
-    let config = tower_governor::governor::GovernorConfigBuilder::default()
-        .per_nanosecond(interval)
-        .burst_size(u32::try_from(quota.burst_size()).expect("fits"))
-        .key_extractor(ApiKey)
-        .use_headers()
-        .finish()
-        .expect("a valid quota");
-    tower_governor::GovernorLayer::new(config)
-}
-
-/// tower_governor's key: the `x-api-key` header, as the layer's `key::header`.
-#[derive(Debug, Clone, Copy)]
-struct ApiKey;
-
-impl tower_governor::key_extractor::KeyExtractor for ApiKey {
-    type Key = String;
-
-    fn extract<T>(&self, req: &Request<T>) -> Result<String, tower_governor::GovernorError> {
-        req.headers()
-            .get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
-    }
-}
-
 fn benches(c: &mut Criterion) {
     let paths = [("allowed", Quota::per_minute(1_000_000_000), 200), ("rejected", Quota::per_minute(1), 429)];
     for (group, quota, status) in paths {
@@ -119,7 +83,7 @@ fn benches(c: &mut Criterion) {
                 .algorithm(algorithm);
             run(c, group, &format!("tollgate/{algorithm}"), hello().layer(layer), status);
         }
-        run(c, group, "tower_governor", hello().layer(tower_governor(quota)), status);
+        run(c, group, "tower_governor", hello().layer(tower_governor(quota).expect("a valid quota")), status);
     }
 }
 

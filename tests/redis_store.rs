@@ -353,10 +353,16 @@ async fn single_rule_scripts_match_the_generic_script() {
     const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/store/redis/scripts/");
     let read = |name: &str| std::fs::read_to_string(format!("{DIR}{name}.lua")).unwrap();
     let wrapper = |alg: &str| {
-        let generic = format!("{}{}{}", read("lib"), read(alg), read("check"));
+        let generic = format!("{}{}{}{}", read("floordiv"), read("lib"), read(alg), read("check"));
         // As script.rs builds it: the shared `now` prologue, the algorithm's `decide`, the
         // single-rule main.
-        let single = format!("{}{}{}", read("single_now"), read(&format!("{alg}_single")), read("single_main"));
+        let single = format!(
+            "{}{}{}{}",
+            read("floordiv"),
+            read("single_now"),
+            read(&format!("{alg}_single")),
+            read("single_main")
+        );
         format!(
             "local function G(KEYS, ARGV, redis)\n{generic}\nend\n\
              local function S(KEYS, ARGV, redis)\n{single}\nend\n{}",

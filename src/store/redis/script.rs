@@ -33,6 +33,7 @@ impl Script {
 macro_rules! check_script {
     ($($alg:literal),+) => {
         concat!(
+            include_str!("scripts/floordiv.lua"),
             include_str!("scripts/lib.lua"),
             $(include_str!(concat!("scripts/", $alg, ".lua")),)+
             include_str!("scripts/check.lua")
@@ -58,6 +59,7 @@ pub(crate) struct Scripts {
 macro_rules! single_script {
     ($alg:literal, $main:literal) => {
         concat!(
+            include_str!("scripts/floordiv.lua"),
             include_str!("scripts/single_now.lua"),
             include_str!(concat!("scripts/", $alg, "_single.lua")),
             include_str!(concat!("scripts/", $main, ".lua"))
@@ -94,6 +96,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         "gcra"
     )),
     refund: Script::new(concat!(
+        include_str!("scripts/floordiv.lua"),
         include_str!("scripts/lib.lua"),
         include_str!("scripts/fixed_window.lua"),
         include_str!("scripts/sliding_window_log.lua"),

@@ -26,17 +26,6 @@ local function fmt(x)
   return string.format('%.0f', x)
 end
 
--- floor(a / b) for integers a >= 0, b >= 1, corrected for the rounding of a / b.
-local function floordiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
 local function max(a, b)
   if a > b then return a end
   return b

@@ -14,18 +14,6 @@ else
 end
 local commit = ARGV[2] == 'c'
 
--- floor(a / b) for integers a >= 0, b >= 1, corrected for the rounding of a / b (lib.lua's
--- floordiv).
-local function floordiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
 -- lib.lua's ttl_ms(expires, now) for `expires` after now: whole ms rounded up, plus one,
 -- printed exactly (integers print exactly with %d).
 local function px(expires)
