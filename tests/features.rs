@@ -675,3 +675,23 @@ fn a_failed_charge_is_counted() {
     });
     assert_eq!(counter(&scrape, "tollgate_charge_failures_total", &["rule=\"tokens\""]), 1.0, "{scrape}");
 }
+
+/// A charge to an in-process limiter is taken before the next request is decided, with
+/// no task to wait for: a local store's, and the fallback limiter's while the store
+/// fails (no yield between the two requests here, on one thread).
+#[tokio::test]
+async fn a_local_charge_counts_for_the_very_next_request() {
+    async fn charged_then_next<St: Store>(layer: RateLimitLayer<St, Body>, name: &str) {
+        let svc = layer.layer(llm());
+        assert_eq!(svc.clone().oneshot(prompt("ada", "acme", Some(101))).await.unwrap().status(), OK, "{name}");
+        let res = svc.clone().oneshot(prompt("ada", "acme", Some(1))).await.unwrap();
+        assert_eq!(res.status(), NO, "{name}: the 101 tokens were not yet taken");
+    }
+    let tokens = || Rule::new("tokens", Quota::per_minute(100), key::header("x-user")).charged();
+    let local = RateLimitLayer::<_, Body>::builder(MemoryStore::new()).add_rule(tokens()).build().unwrap();
+    charged_then_next(local, "a local store").await;
+    let store = support::fake::Remote::new(MemoryStore::new());
+    store.set(support::fake::Mode::Failing);
+    let failing = RateLimitLayer::<_, Body>::builder(store).add_rule(tokens()).build().unwrap();
+    charged_then_next(failing.fallback(MemoryStore::new(), 1), "the fallback").await;
+}

@@ -24,6 +24,11 @@
 //!   store and is decided by it (the breaker recovers; nothing is left counted in flight);
 //! - nothing panics.
 //!
+//! On `MemoryStore`, half the cases record it as a remote store (a future per call, with
+//! the deadline, breaker and blocked-key cache of a remote store), half as an in-process
+//! one (`Store::check_now`: decided inside the layer's `call`, with give-backs and charges
+//! taken at once).
+//!
 //! `PROPTEST_CASES` sets the number of cases (default: 4,000 on `MemoryStore`, 100 on Redis).
 
 #![cfg(all(feature = "memory", feature = "redis"))]
@@ -79,6 +84,9 @@ struct Recorder<S> {
     attempts: Arc<AtomicUsize>,
     seq: Arc<AtomicUsize>,
     log: Arc<Mutex<Vec<Event>>>,
+    /// In-process: decides with no future (`Store::check_now`), as `MemoryStore` does, so
+    /// the layer decides inside `call`. It fails, but never hangs.
+    local: bool,
 }
 
 impl<S: Store + Clone> Recorder<S> {
@@ -90,6 +98,20 @@ impl<S: Store + Clone> Recorder<S> {
             attempts: Arc::default(),
             seq: Arc::default(),
             log: Arc::default(),
+            local: false,
+        }
+    }
+
+    /// The same, in-process (see `local`).
+    fn local(inner: S, clock: Arc<dyn Clock>) -> Self {
+        Self { local: true, ..Self::new(inner, clock) }
+    }
+
+    /// The mode a call meets: an in-process store fails where a remote one hangs.
+    fn mode(&self) -> Mode {
+        match *self.mode.lock().unwrap() {
+            Mode::Hanging if self.local => Mode::Failing,
+            mode => mode,
         }
     }
 
@@ -109,7 +131,7 @@ impl<S: Store + Clone> Recorder<S> {
         T: Send + 'static,
         Fut: Future<Output = Result<T, StoreError>> + Send,
     {
-        let mode = *self.mode.lock().unwrap();
+        let mode = self.mode();
         let (inner, clock, log, seq) = (self.inner.clone(), self.clock.clone(), self.log.clone(), self.seq.clone());
         async move {
             match mode {
@@ -157,6 +179,30 @@ impl<S: Store + Clone> Store for Recorder<S> {
 
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         self.inner.peek(check)
+    }
+
+    fn is_local(&self) -> bool {
+        self.local
+    }
+
+    /// In-process only: decided at once, and logged as `check` logs (`check_one_now`, by
+    /// default, comes here too).
+    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
+        if !self.local {
+            return None;
+        }
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self.mode() != Mode::Up {
+            return Some(Err(StoreError::Unavailable("down".into())));
+        }
+        let now = self.clock.now_micros();
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        let answer = self.inner.check_now(checks).expect("an in-process inner store");
+        if let Ok(outcomes) = &answer {
+            let event = Event::Check { now, seq, checks: checks.to_vec(), outcomes: outcomes.clone() };
+            self.log.lock().unwrap().push(event);
+        }
+        Some(answer)
     }
 
     fn reset(
@@ -604,11 +650,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(4_000), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_layer_over_memory_store_keeps_every_promise(cfg in config(true), ops in ops(true)) {
+    fn the_layer_over_memory_store_keeps_every_promise(cfg in config(true), ops in ops(true), local in any::<bool>()) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
         let (events, seen) = rt.block_on(tokio::task::LocalSet::new().run_until(async {
             let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
-            let store = Recorder::new(MemoryStore::with_clock(TokioClockOr(clock.clone())), clock);
+            // Half the cases as a remote store would answer (a future per call), half as an
+            // in-process one (decided inside the layer's `call`).
+            let inner = MemoryStore::with_clock(TokioClockOr(clock.clone()));
+            let store = if local { Recorder::local(inner, clock) } else { Recorder::new(inner, clock) };
             run_case(&cfg, &ops, store, Duration::from_millis(500), true, None).await
         }));
         let (commits, undos, rejections) = split(&events);

@@ -3,7 +3,9 @@
 //! that decided while the store was down. A [`Charging`] owns what it needs, so it can
 //! run detached after a response.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use crate::runtime::Settings;
@@ -56,7 +58,7 @@ impl<St: Store> Charging<St> {
     }
 
     /// Takes the units: from the fallback limiter when it decided the verdict, else from
-    /// the store, within the deadline.
+    /// the store, within the deadline (an in-process store needs none).
     pub(crate) async fn run(&self) -> Result<(), StoreError> {
         #[cfg(feature = "memory")]
         if self.by == Some(DecidedBy::Fallback) {
@@ -66,19 +68,31 @@ impl<St: Store> Charging<St> {
                 return fallback.charge_at(&local, fallback.now_micros());
             }
         }
+        if self.store.is_local() {
+            return self.store.charge(&self.checks).await;
+        }
         match tokio::time::timeout(self.deadline, self.store.charge(&self.checks)).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(self.deadline)),
         }
     }
 
-    /// Runs in a task of its own, after the response: a failure is logged and counted.
+    /// Whether the units go to an in-process limiter (the fallback's, or a local store),
+    /// which takes them with no I/O.
+    fn is_local(&self) -> bool {
+        #[cfg(feature = "memory")]
+        if self.by == Some(DecidedBy::Fallback) && self.fallback.is_some() {
+            return true;
+        }
+        self.store.is_local()
+    }
+
+    /// Takes the units after the response: at once when they go to an in-process limiter
+    /// (before the next request is decided, with no runtime needed), else in a task of
+    /// its own. A failure is logged and counted.
     pub(crate) fn spawn(self) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("tollgate: no tokio runtime to take a charge");
-            return;
-        };
-        rt.spawn(async move {
+        let local = self.is_local();
+        let mut run = Box::pin(async move {
             if let Err(err) = self.run().await {
                 for c in &self.checks {
                     crate::metrics::charge_failed(&c.rule);
@@ -87,5 +101,15 @@ impl<St: Store> Charging<St> {
                 tracing::warn!(error = %err, ?rules, "tollgate: a charge reported after a response was not taken");
             }
         });
+        // Polled once here; a store whose charge is not ready at once finishes in a task.
+        if local && run.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(run);
+            }
+            Err(_) => tracing::warn!("tollgate: no tokio runtime to take a charge"),
+        }
     }
 }
