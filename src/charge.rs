@@ -4,8 +4,11 @@
 /// Units the work of a request used, known only once it is done (LLM tokens, bytes sent,
 /// rows scanned): a handler puts it into its response's extensions, and the layer takes
 /// that many units from every [`charged`](crate::Rule::charged) rule of the request, after
-/// the response, in a detached store call under the deadline (a failed charge is logged
-/// and counted in `tollgate_charge_failures_total{rule}`, never the request's problem).
+/// the response. Each rule's units go to whoever decided that rule: an in-process limiter
+/// (`MemoryStore`, or the fallback limiter while the store fails) takes them at once,
+/// before the next request is decided; a remote store in a detached call under the
+/// deadline. A failed charge is logged and counted in `tollgate_charge_failures_total{rule}`,
+/// never the request's problem.
 ///
 /// A charged rule takes nothing when a request arrives: it admits the request while the
 /// key is within its quota, and refuses it (429, `Retry-After` until then) while charges

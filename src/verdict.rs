@@ -37,8 +37,8 @@ pub struct Verdict {
     /// The generation of the rule set it was decided under (rule indexes are into it).
     pub(crate) generation: u64,
     /// The probes of its charged rules (enforced and shadow, cost 0): what a charge
-    /// after the work takes from.
-    pub(crate) charged: Vec<Check>,
+    /// after the work takes from, each from whoever decided it.
+    pub(crate) charged: Vec<(Check, DecidedBy)>,
 }
 
 /// Units one commit took, for a refund: the check, its rule, and who holds the units.
@@ -97,7 +97,8 @@ impl Verdict {
         generation: u64,
     ) -> Self {
         let mut v = Self::empty(State::Allowed, generation);
-        v.source = Some(by);
+        // No enforced rule (shadow rules only): nothing was decided.
+        v.source = (!checks.is_empty()).then_some(by);
         for ((check, rule), outcome) in checks.into_iter().zip(rules).zip(outcomes) {
             let Some(o) = outcome else { continue };
             if !o.decision.allowed {
@@ -154,9 +155,9 @@ impl Verdict {
         }
     }
 
-    /// Who decided: the store, the fallback limiter, or the local cache of blocked keys
-    /// (`None` when nothing was decided: no rule applied, or the store failed with no
-    /// fallback).
+    /// Who decided the enforced rules: the store, the fallback limiter, or the local cache
+    /// of blocked keys (`None` when nothing was decided: no enforced rule applied — shadow
+    /// rules only, or none — or the store failed with no fallback).
     #[must_use]
     pub fn decided_by(&self) -> Option<DecidedBy> {
         self.source

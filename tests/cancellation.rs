@@ -1,6 +1,7 @@
 //! A request's future may be dropped at any `.await` (the client is gone, an outer
 //! timeout, a `select!`), or before it is ever polled. For each one on the layer's path — the store call (under its
-//! deadline), the half-open probe, the leaky bucket's delay, the inner service's
+//! deadline), the enforced and shadow rules' two calls when one has answered and the
+//! other not, the half-open probe, the leaky bucket's delay, the inner service's
 //! readiness after it, the inner call — a test drops the future right there and shows
 //! that nothing is left behind: no call counted in flight, no probe held, no unit or slot
 //! kept that the request should give back, and later requests decided normally. (Refunds
@@ -9,6 +10,7 @@
 mod support;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,7 +21,10 @@ use http::{Request, Response, StatusCode};
 use support::fake::{settle, Mode, Remote, TokioClock};
 use tollgate::headers::X_RATELIMIT_REMAINING;
 use tollgate::key::{self, Key};
-use tollgate::{Algorithm, FailMode, MemoryStore, Quota, RateLimitLayer, Rule};
+use tollgate::store::{Outcome, Refund};
+use tollgate::{
+    Algorithm, Check, Decision, FailMode, Limiter, MemoryStore, Quota, RateLimitLayer, Rule, Store, StoreError,
+};
 use tower::{Layer, Service, ServiceExt};
 
 /// 200 after `/hang` never, else at once; `/fail` is 401.
@@ -358,4 +363,84 @@ async fn a_limiter_wait_dropped_during_a_leaky_delay_gives_back_its_slot() {
     let started = tokio::time::Instant::now();
     assert!(limiter.wait("a", Duration::from_secs(5)).await.is_allowed());
     assert_eq!(started.elapsed(), Duration::from_millis(100), "the dropped wait's slot (200 ms) was not given back");
+}
+
+/// A remote store that never answers a call naming the rule `.0`, and answers every
+/// other at once.
+#[derive(Clone)]
+struct Hangs(&'static str, MemoryStore);
+
+impl Store for Hangs {
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
+        let answer = (!checks.iter().any(|c| &*c.rule == self.0)).then(|| self.1.check_at(checks, self.1.now_micros()));
+        async move {
+            match answer {
+                Some(r) => r.map(|os| os.into_iter().map(Some).collect()),
+                None => std::future::pending().await,
+            }
+        }
+    }
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.1.refund(refunds)
+    }
+    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.1.peek(check)
+    }
+    fn reset(&self, rule: &str, key: &Key, a: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.1.reset(rule, key, a)
+    }
+}
+
+/// A request whose enforced rules' call has answered (a unit taken) but whose shadow call
+/// has not, dropped then: it never reaches the handler, and gives its unit back.
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_its_shadow_call_is_in_flight_gives_back_its_enforced_units() {
+    let layer = RateLimitLayer::<_, Body>::builder(Hangs("shadow", MemoryStore::new()))
+        .rule("count", Quota::per_minute(2), key::header("x-key"))
+        .add_rule(Rule::new("shadow", Quota::per_minute(100), key::Global).shadow(true))
+        .build()
+        .unwrap()
+        .timeout(Duration::from_secs(1));
+    let svc = layer.clone().layer(inner());
+    // The client goes away after 10 ms: the enforced call has answered (a unit taken),
+    // the shadow call has not. The request never reached the handler.
+    let r = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/", "a"))).await;
+    assert!(r.is_err(), "dropped while the shadow call hangs");
+    settle().await;
+    // `remaining` counts what the peek's own unit would leave: 2 - 0 - 1 = 1.
+    assert_eq!(layer.peek("count", "a").await.unwrap().unwrap().remaining, 1, "the dropped request kept its unit");
+}
+
+/// The same through `Limiter::check`: two checks dropped while their shadow call is on its
+/// way keep nothing.
+#[tokio::test(start_paused = true)]
+async fn a_limiter_check_dropped_while_its_shadow_call_is_in_flight_keeps_nothing() {
+    let limiter = Limiter::builder(Hangs("shadow", MemoryStore::new()))
+        .rule("count", Quota::per_minute(2), |u: &str| Some(Key::from(u)))
+        .add_rule(Rule::new("shadow", Quota::per_minute(100), |_: &str| Some(Key::from("all"))).shadow(true))
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        assert!(tokio::time::timeout(Duration::from_millis(10), limiter.check("a")).await.is_err());
+    }
+    settle().await; // a remote store's units come back in a task
+    assert_eq!(limiter.peek("count", "a").await.unwrap().unwrap().remaining, 1, "two dropped checks kept 2 units");
+}
+
+/// The other way round: the shadow rule's call has answered (a unit taken), the enforced
+/// rules' has not; dropped then, the shadow rule's unit goes back.
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_its_enforced_call_is_in_flight_gives_back_its_shadow_units() {
+    let layer = RateLimitLayer::<_, Body>::builder(Hangs("count", MemoryStore::new()))
+        .rule("count", Quota::per_minute(2), key::header("x-key"))
+        .add_rule(Rule::new("tally", Quota::per_minute(2), key::Global).shadow(true))
+        .build()
+        .unwrap()
+        .timeout(Duration::from_secs(1));
+    let svc = layer.clone().layer(inner());
+    let r = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/", "a"))).await;
+    assert!(r.is_err(), "dropped while the enforced call hangs");
+    settle().await;
+    assert_eq!(layer.peek("tally", "global").await.unwrap().unwrap().remaining, 1, "the dropped request kept its unit");
 }

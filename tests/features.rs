@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
+use support::counter;
 use support::redis::RedisServer;
 use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer, RedisStore, Store};
 use tower::{Layer, Service, ServiceExt};
@@ -30,15 +31,6 @@ fn with_metrics<T>(f: impl std::future::Future<Output = T>) -> (T, String) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let out = metrics::with_local_recorder(&recorder, || rt.block_on(f));
     (out, handle.render())
-}
-
-/// The value of a counter line `name{labels…} value` whose labels include all of `labels`.
-fn counter(scrape: &str, name: &str, labels: &[&str]) -> f64 {
-    scrape
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 // ---------------------------------------------------------------------------------------

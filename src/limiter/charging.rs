@@ -1,7 +1,7 @@
 //! Charges: units reported after the work ([`Charge`](crate::Charge)), taken from a
-//! verdict's charged rules by whoever decided it — the store, or the fallback limiter
-//! that decided while the store was down. A [`Charging`] owns what it needs, so it can
-//! run detached after a response.
+//! verdict's charged rules, each by whoever decided that rule — the store, or the fallback
+//! limiter that decided it while the store was down. A [`Charging`] owns what it needs, so
+//! it can run detached after a response.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,17 +10,17 @@ use std::time::Duration;
 
 use crate::runtime::Settings;
 use crate::store::{Check, Store};
-use crate::verdict::DecidedBy;
 use crate::{StoreError, Verdict};
 
 /// One charge of one verdict.
 pub(crate) struct Charging<St> {
     store: Arc<St>,
+    /// The fallback limiter's part: the probes it decided, as it decides them (its share
+    /// of each quota), and the limiter.
     #[cfg(feature = "memory")]
-    fallback: Option<(crate::MemoryStore, u64)>,
+    fallback: Option<(crate::MemoryStore, Vec<Check>)>,
+    /// The store's part.
     checks: Vec<Check>,
-    #[cfg_attr(not(feature = "memory"), allow(dead_code))] // only the fallback needs it
-    by: Option<DecidedBy>,
     deadline: Duration,
 }
 
@@ -38,78 +38,99 @@ impl<St: Store> Charging<St> {
         if units == 0 || verdict.charged.is_empty() || !verdict.is_allowed() {
             return None;
         }
-        let checks = verdict
-            .charged
-            .iter()
-            .map(|c| {
-                let mut c = c.clone();
-                c.params.cost = units;
-                c
-            })
-            .collect();
+        let mut checks = Vec::with_capacity(verdict.charged.len());
+        #[cfg(feature = "memory")]
+        let mut local = Vec::new();
+        for (c, by) in &verdict.charged {
+            let mut c = c.clone();
+            c.params.cost = units;
+            #[cfg(feature = "memory")]
+            if let (crate::DecidedBy::Fallback, Some((_, instances))) = (by, &settings.fallback) {
+                local.push(crate::runtime::local_check(&c, *instances));
+                continue;
+            }
+            checks.push(c);
+        }
         Some(Self {
             store,
             #[cfg(feature = "memory")]
-            fallback: settings.fallback.clone(),
+            fallback: settings.fallback.as_ref().filter(|_| !local.is_empty()).map(|(f, _)| (f.clone(), local)),
             checks,
-            by: verdict.source,
             deadline,
         })
     }
 
-    /// Takes the units: from the fallback limiter when it decided the verdict, else from
-    /// the store, within the deadline (an in-process store needs none).
+    /// Takes the units: each rule's from whoever decided it. The store's part is under the
+    /// deadline, unless an in-process store runs with no tokio runtime to time it.
     pub(crate) async fn run(&self) -> Result<(), StoreError> {
+        let local = self.charge_fallback();
+        let store = self.charge_store().await;
+        local.and(store)
+    }
+
+    /// The fallback limiter's part, at once (it needs no I/O).
+    fn charge_fallback(&self) -> Result<(), StoreError> {
         #[cfg(feature = "memory")]
-        if self.by == Some(DecidedBy::Fallback) {
-            if let Some((fallback, instances)) = &self.fallback {
-                let local: Vec<Check> =
-                    self.checks.iter().map(|c| crate::runtime::local_check(c, *instances)).collect();
-                return fallback.charge_at(&local, fallback.now_micros());
-            }
+        if let Some((fallback, checks)) = &self.fallback {
+            return fallback.charge_at(checks, fallback.now_micros());
         }
-        if self.store.is_local() {
-            return self.store.charge(&self.checks).await;
+        Ok(())
+    }
+
+    async fn charge_store(&self) -> Result<(), StoreError> {
+        if self.checks.is_empty() {
+            return Ok(());
         }
-        match tokio::time::timeout(self.deadline, self.store.charge(&self.checks)).await {
+        let charge = self.store.charge(&self.checks);
+        if self.store.is_local() && tokio::runtime::Handle::try_current().is_err() {
+            return charge.await; // no timer without a runtime; an in-process store needs no I/O
+        }
+        match tokio::time::timeout(self.deadline, charge).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(self.deadline)),
         }
     }
 
-    /// Whether the units go to an in-process limiter (the fallback's, or a local store),
-    /// which takes them with no I/O.
-    fn is_local(&self) -> bool {
-        #[cfg(feature = "memory")]
-        if self.by == Some(DecidedBy::Fallback) && self.fallback.is_some() {
-            return true;
-        }
-        self.store.is_local()
-    }
-
-    /// Takes the units after the response: at once when they go to an in-process limiter
-    /// (before the next request is decided, with no runtime needed), else in a task of
-    /// its own. A failure is logged and counted.
+    /// Takes the units after a response: the fallback's at once, and the store's at once
+    /// too when it is in-process (before the next request is decided, with no runtime
+    /// needed), else in a task of its own. A failure is logged and counted.
     pub(crate) fn spawn(self) {
-        let local = self.is_local();
+        #[cfg(feature = "memory")]
+        if let Err(err) = self.charge_fallback() {
+            failed(self.fallback.iter().flat_map(|(_, c)| c), &err);
+        }
+        if self.checks.is_empty() {
+            return;
+        }
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        if runtime.is_none() && !self.store.is_local() {
+            failed(&self.checks, &"no tokio runtime to take a charge");
+            return;
+        }
+        // Kept to count the failure if the charge cannot finish (no runtime to finish in).
+        let lost = runtime.is_none().then(|| self.checks.clone());
+        let local = self.store.is_local();
         let mut run = Box::pin(async move {
-            if let Err(err) = self.run().await {
-                for c in &self.checks {
-                    crate::metrics::charge_failed(&c.rule);
-                }
-                let rules: Vec<&str> = self.checks.iter().map(|c| &*c.rule).collect();
-                tracing::warn!(error = %err, ?rules, "tollgate: a charge reported after a response was not taken");
+            if let Err(err) = self.charge_store().await {
+                failed(&self.checks, &err);
             }
         });
         // Polled once here; a store whose charge is not ready at once finishes in a task.
         if local && run.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(run);
-            }
-            Err(_) => tracing::warn!("tollgate: no tokio runtime to take a charge"),
+        match (runtime, lost) {
+            (Some(rt), _) => drop(rt.spawn(run)),
+            (None, lost) => failed(lost.iter().flatten(), &"no tokio runtime to finish a charge"),
         }
     }
+}
+
+/// A charge not taken: logged, and counted per rule.
+fn failed<'a>(checks: impl IntoIterator<Item = &'a Check>, err: &dyn std::fmt::Display) {
+    let rules: Vec<&str> = checks.into_iter().map(|c| &*c.rule).collect();
+    for rule in &rules {
+        crate::metrics::charge_failed(rule);
+    }
+    tracing::warn!(error = %err, ?rules, "tollgate: a charge reported after a response was not taken");
 }

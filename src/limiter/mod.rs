@@ -11,6 +11,7 @@ mod rules;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use smallvec::smallvec;
@@ -264,9 +265,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Takes `units` from the charged rules ([`Rule::charged`]) of an allowed verdict:
     /// what the work it admitted used, known once the work is done (tokens, bytes, rows).
     /// The key may go into debt; its later inputs are then rejected until the debt is paid.
-    /// Taken from whoever decided the verdict (the store, or the fallback limiter), within
-    /// the deadline. Nothing happens for a verdict that was not allowed, with no charged
-    /// rule, or for 0 units.
+    /// Each rule's units are taken by whoever decided that rule (the store, or the fallback
+    /// limiter), the store's within the deadline (an in-process store with no tokio runtime
+    /// to time it is not timed: it needs no I/O). Nothing happens for a verdict that was not
+    /// allowed, with no charged rule, or for 0 units.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -285,7 +287,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     ///
     /// # Errors
     ///
-    /// The store's error, or [`StoreError::Timeout`] past the deadline.
+    /// The store's (or the fallback's) error, or [`StoreError::Timeout`] past the deadline.
     pub async fn charge(&self, verdict: &Verdict, units: u64) -> Result<(), StoreError> {
         match self.charging(verdict, units) {
             Some(charging) => charging.run().await,
@@ -335,10 +337,62 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         } else if enforced.is_empty() {
             (Ok((Outcomes::new(), DecidedBy::Store)), self.ask(&shadow.checks, deadline).await)
         } else {
-            // The shadow call boxed: both calls inline would double the request's future.
-            tokio::join!(self.ask(&enforced.checks, deadline), Box::pin(self.ask(&shadow.checks, deadline)))
+            self.ask_both(plan.set.generation(), enforced, shadow, deadline).await
         };
         self.conclude(plan, result, shadow_result, started).0
+    }
+
+    /// The enforced and the shadow rules' store calls, side by side. What the first to
+    /// answer took goes back if the input is dropped before the other answers: it never
+    /// reaches its verdict, nor the work the units were for.
+    async fn ask_both(
+        &self,
+        generation: u64,
+        enforced: &Checks<2>,
+        shadow: &Checks<1>,
+        deadline: Duration,
+    ) -> (Answer, Answer) {
+        let mut first = std::pin::pin!(self.ask(&enforced.checks, deadline));
+        // The shadow call boxed: both calls inline would double the request's future.
+        let mut second = Box::pin(self.ask(&shadow.checks, deadline));
+        let (mut a, mut b): (Option<Answer>, Option<Answer>) = (None, None);
+        let mut armed = None;
+        let what = "an input dropped while its other store call was on its way";
+        std::future::poll_fn(|cx| {
+            if a.is_none() {
+                if let Poll::Ready(answer) = first.as_mut().poll(cx) {
+                    if b.is_none() {
+                        armed = Some(GiveBackOnDrop::new(self.give_back_of(generation, enforced, &answer), what));
+                    }
+                    a = Some(answer);
+                }
+            }
+            if b.is_none() {
+                if let Poll::Ready(answer) = second.as_mut().poll(cx) {
+                    if a.is_none() {
+                        armed = Some(GiveBackOnDrop::new(self.give_back_of(generation, shadow, &answer), what));
+                    }
+                    b = Some(answer);
+                }
+            }
+            if a.is_some() && b.is_some() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        // Both answered: the verdict decides what is kept.
+        armed.map(GiveBackOnDrop::disarm);
+        match (a, b) {
+            (Some(a), Some(b)) => (a, b),
+            _ => unreachable!("both calls answered"),
+        }
+    }
+
+    /// Giving back what one store answer took.
+    fn give_back_of<const N: usize>(&self, generation: u64, checks: &Checks<N>, answer: &Answer) -> GiveBack<St> {
+        GiveBack::new(self.store.clone(), &self.runtime, generation, commits_of(checks, answer))
     }
 
     /// [`Limiter::decide`] at once, with no future, for an in-process store that decides
@@ -388,19 +442,22 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn conclude(
         &self,
         plan: Plan<I>,
-        result: Result<(Outcomes, DecidedBy), StoreError>,
-        shadow_result: Result<(Outcomes, DecidedBy), StoreError>,
+        result: Answer,
+        shadow_result: Answer,
         started: Option<Instant>,
     ) -> (Verdict, Arc<RuleSet<I>>) {
         let Plan { enforced, shadow, set } = plan;
         let remote = !self.store.is_local();
-        // A charged rule's probe (cost 0): what a charge after the work takes from.
-        let charged: Vec<Check> =
-            enforced.checks.iter().chain(&shadow.checks).filter(|c| c.params.cost == 0).cloned().collect();
-        let shadow_commits = match &shadow_result {
-            Ok((outcomes, by)) => record_shadow(&shadow, outcomes, *by),
-            Err(_) => Vec::new(),
+        // A charged rule's probe (cost 0): what a charge after the work takes from, from
+        // whoever decided it (enforced and shadow rules may be decided by different ones).
+        let by_of = |r: &Answer| r.as_ref().map_or(DecidedBy::Store, |(_, by)| *by);
+        let (enforced_by, shadow_by) = (by_of(&result), by_of(&shadow_result));
+        let probes = |checks: &[Check], by| {
+            checks.iter().filter(|c| c.params.cost == 0).map(move |c| (c.clone(), by)).collect::<Vec<_>>()
         };
+        let mut charged = probes(&enforced.checks, enforced_by);
+        charged.extend(probes(&shadow.checks, shadow_by));
+        let shadow_commits = record_shadow(&shadow, &shadow_result);
         let (outcomes, by) = match result {
             Ok(answer) => answer,
             Err(error) => {
@@ -457,7 +514,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     /// One store call: direct for an in-process store; else guarded, with the fallback
     /// limiter when the store fails.
-    async fn ask(&self, checks: &[Check], deadline: Duration) -> Result<(Outcomes, DecidedBy), StoreError> {
+    async fn ask(&self, checks: &[Check], deadline: Duration) -> Answer {
         if checks.is_empty() {
             return Ok((Outcomes::new(), DecidedBy::Store));
         }
@@ -574,18 +631,30 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
 /// Records what shadow rules decided (a metric, a log line when one would reject), and
 /// returns what they took, to be given back like the enforced rules' units.
-fn record_shadow(shadow: &Checks<1>, outcomes: &Outcomes, by: DecidedBy) -> Vec<Commit> {
-    let mut commits = Vec::new();
-    for ((check, &rule), o) in shadow.checks.iter().zip(&shadow.rules).zip(outcomes) {
-        let Some(Outcome { decision: d, taken }) = o else { continue };
+fn record_shadow(shadow: &Checks<1>, answer: &Answer) -> Vec<Commit> {
+    let Ok((outcomes, _)) = answer else { return Vec::new() };
+    for (check, o) in shadow.checks.iter().zip(outcomes) {
+        let Some(Outcome { decision: d, .. }) = o else { continue };
         let outcome = if d.allowed { "allowed" } else { "shadow_rejected" };
         crate::metrics::decision(&check.rule, outcome);
         if !d.allowed {
             tracing::info!(rule = %check.rule, key = ?check.key, "tollgate: shadow rule would reject");
         }
-        if let Some(taken) = *taken {
-            commits.push(Commit { refund: crate::store::Refund { check: check.clone(), taken }, rule, by });
-        }
     }
-    commits
+    commits_of(shadow, answer)
+}
+
+/// A store call's answer: the outcomes, and who decided them.
+type Answer = Result<(Outcomes, DecidedBy), StoreError>;
+
+/// What the commits of one answer took, each with its identity and rule.
+fn commits_of<const N: usize>(checks: &Checks<N>, answer: &Answer) -> Vec<Commit> {
+    let Ok((outcomes, by)) = answer else { return Vec::new() };
+    let taken = checks.checks.iter().zip(&checks.rules).zip(outcomes);
+    taken
+        .filter_map(|((check, &rule), o)| {
+            let taken = o.as_ref()?.taken?;
+            Some(Commit { refund: crate::store::Refund { check: check.clone(), taken }, rule, by: *by })
+        })
+        .collect()
 }

@@ -5,6 +5,17 @@ pub mod fake;
 pub mod redis;
 pub mod sentinel;
 
+/// The value of a Prometheus counter line `name{labels…} value` whose labels include all
+/// of `labels` (summed over the lines that match).
+#[cfg(test)]
+pub fn counter(scrape: &str, name: &str, labels: &[&str]) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 #[cfg(test)] // the crate's own tests (the bench's load test includes this module too)
 /// The items of a structured-field list header (`RateLimit`, `RateLimit-Policy`), read
 /// with a real parser: each string item with its integer parameters.

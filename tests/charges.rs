@@ -1,0 +1,322 @@
+//! Charges: units a response reports after the work (`Charge`, for `Rule::charged`
+//! rules) and `Limiter::charge`. Each rule's units are taken by whoever decided that rule
+//! (the store, or the fallback limiter while the store fails; an enforced and a shadow
+//! rule may be decided by different ones); an in-process limiter takes them at once, with
+//! no tokio runtime needed; the store's part runs under the deadline when there is a
+//! runtime to time it; a charge that cannot be taken is logged and counted.
+#![cfg(all(feature = "memory", feature = "metrics"))]
+
+mod support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use support::counter;
+use support::fake::{settle, Mode, Remote};
+use tollgate::algorithm::Params;
+use tollgate::key::{self, Key, KeyExtractor};
+use tollgate::store::{Outcome, Refund};
+use tollgate::{
+    Algorithm, Charge, Check, Decision, Limiter, MemoryStore, Quota, RateLimitLayer, Rule, Store, StoreError,
+};
+use tower::{Layer, Service, ServiceExt};
+
+/// Answers 200, with `x-tokens` reported as a `Charge`.
+fn llm(
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible, Future: Send> + Clone {
+    tower::service_fn(|req: Request<Body>| async move {
+        let mut res = Response::new(Body::empty());
+        if let Some(n) = req.headers().get("x-tokens").and_then(|v| v.to_str().ok()?.parse().ok()) {
+            res.extensions_mut().insert(Charge(n));
+        }
+        Ok(res)
+    })
+}
+
+fn prompt(user: &str, tokens: u64) -> Request<Body> {
+    Request::post("/").header("x-key", user).header("x-tokens", tokens.to_string()).body(Body::empty()).unwrap()
+}
+
+/// Runs `f` with a Prometheus recorder of its own; returns what `f` returned and the scrape.
+fn with_metrics<T>(f: impl FnOnce() -> T) -> (T, String) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let out = metrics::with_local_recorder(&recorder, f);
+    (out, handle.render())
+}
+
+fn failures(scrape: &str, rule: &str) -> f64 {
+    counter(scrape, "tollgate_charge_failures_total", &[&format!("rule=\"{rule}\"")])
+}
+
+/// What is left of 100 a minute for `rule` and `key` in `store`, one more unit counted.
+async fn remaining(store: &MemoryStore, rule: &str, key: &str) -> u64 {
+    let check = Check {
+        rule: rule.into(),
+        key: key.into(),
+        algorithm: Algorithm::default(),
+        params: Params::new(Quota::per_minute(100)),
+    };
+    store.peek(&check).await.unwrap().remaining
+}
+
+/// Polls `f` to completion with no runtime (every future here wakes itself).
+fn block_on<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..1_000 {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+    }
+    panic!("not ready");
+}
+
+// ---------------------------------------------------------------------------------------
+// Whoever decided a rule takes its charge
+
+/// Only a charged shadow rule applies, and the fallback decides it while the store fails:
+/// the fallback takes the charge (it used to go to the failing store, by the verdict's
+/// source, which had no enforced rule to be decided by).
+#[tokio::test]
+async fn a_shadow_rules_charge_goes_to_the_fallback_that_decided_it() {
+    let store = Remote::new(MemoryStore::new());
+    store.set(Mode::Failing);
+    let fallback = MemoryStore::new();
+    let limiter = Limiter::builder(store)
+        .add_rule(Rule::new("tokens", Quota::per_minute(100), |u: &str| Some(Key::from(u))).charged().shadow(true))
+        .fallback(fallback.clone(), 1)
+        .build()
+        .unwrap();
+    let verdict = limiter.check("ada").await;
+    assert!(verdict.is_allowed());
+    assert_eq!(verdict.decided_by(), None, "no enforced rule: nothing was decided");
+    limiter.charge(&verdict, 30).await.unwrap();
+    assert_eq!(remaining(&fallback, "tokens", "ada").await, 69);
+}
+
+/// The same through the layer, after a response: taken by the fallback, nothing failed.
+#[test]
+fn a_shadow_rules_charge_after_a_response_goes_to_the_fallback() {
+    let (left, scrape) = with_metrics(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let store = Remote::new(MemoryStore::new());
+            store.set(Mode::Failing);
+            let fallback = MemoryStore::new();
+            let svc = RateLimitLayer::<_, Body>::builder(store)
+                .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-key")).charged().shadow(true))
+                .build()
+                .unwrap()
+                .fallback(fallback.clone(), 1)
+                .layer(llm());
+            assert_eq!(svc.clone().oneshot(prompt("ada", 30)).await.unwrap().status(), StatusCode::OK);
+            settle().await;
+            remaining(&fallback, "tokens", "ada").await
+        })
+    });
+    assert_eq!(failures(&scrape, "tokens"), 0.0, "{scrape}");
+    assert_eq!(left, 69, "the fallback that decided was not charged");
+}
+
+/// A remote store whose calls naming the rule "tokens" fail (its node is down) and whose
+/// other calls are answered: a cluster with one node down.
+#[derive(Clone)]
+struct OneNodeDown(MemoryStore);
+
+impl OneNodeDown {
+    fn down(checks: &[Check]) -> bool {
+        checks.iter().any(|c| &*c.rule == "tokens")
+    }
+}
+
+impl Store for OneNodeDown {
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
+        std::future::ready(if Self::down(checks) {
+            Err(StoreError::Unavailable("node down".into()))
+        } else {
+            self.0.check_at(checks, self.0.now_micros()).map(|os| os.into_iter().map(Some).collect())
+        })
+    }
+    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(if Self::down(charges) {
+            Err(StoreError::Unavailable("node down".into()))
+        } else {
+            self.0.charge_at(charges, self.0.now_micros())
+        })
+    }
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.0.refund(refunds)
+    }
+    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.0.peek(check)
+    }
+    fn reset(&self, rule: &str, key: &Key, a: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.0.reset(rule, key, a)
+    }
+}
+
+/// The enforced rule decided by the fallback (its node is down), the shadow rule by the
+/// store: each takes its own rule's charge (the store's part used to go to the fallback
+/// with the rest).
+#[tokio::test]
+async fn a_charge_goes_to_whoever_decided_each_rule() {
+    let (inner, fallback) = (MemoryStore::new(), MemoryStore::new());
+    let limiter = Limiter::builder(OneNodeDown(inner.clone()))
+        .add_rule(Rule::new("tokens", Quota::per_minute(100), |u: &str| Some(Key::from(u))).charged())
+        .add_rule(
+            Rule::new("shadow-tokens", Quota::per_minute(100), |u: &str| Some(Key::from(u))).charged().shadow(true),
+        )
+        .fallback(fallback.clone(), 1)
+        .build()
+        .unwrap();
+    let verdict = limiter.check("ada").await;
+    assert!(verdict.is_allowed());
+    assert_eq!(verdict.decided_by(), Some(tollgate::DecidedBy::Fallback));
+    limiter.charge(&verdict, 30).await.unwrap();
+    assert_eq!(remaining(&inner, "shadow-tokens", "ada").await, 69, "the store decided the shadow rule");
+    assert_eq!(remaining(&fallback, "tokens", "ada").await, 69, "the fallback decided the enforced rule");
+    assert_eq!(remaining(&fallback, "shadow-tokens", "ada").await, 99, "nor twice");
+}
+
+// ---------------------------------------------------------------------------------------
+// In-process charges: at once, timed when there is a runtime, never lost silently
+
+/// Ready on its second poll (it wakes its task first).
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// An in-process store (`MemoryStore`'s answers) whose charge needs one more poll, or,
+/// with `hang`, never answers.
+#[derive(Clone)]
+struct LazyCharge {
+    inner: MemoryStore,
+    hang: bool,
+}
+
+impl Store for LazyCharge {
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
+        self.inner.check(checks)
+    }
+    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
+        self.inner.check_now(checks)
+    }
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.refund(refunds)
+    }
+    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let (inner, charges, hang) = (self.inner.clone(), charges.to_vec(), self.hang);
+        async move {
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            YieldOnce(false).await;
+            inner.charge(&charges).await
+        }
+    }
+    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.inner.peek(check)
+    }
+    fn reset(&self, rule: &str, key: &Key, a: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.reset(rule, key, a)
+    }
+    fn is_local(&self) -> bool {
+        true
+    }
+}
+
+fn tokens<I: ?Sized>(key: impl KeyExtractor<I>) -> Rule<I> {
+    Rule::new("tokens", Quota::per_minute(100), key).charged()
+}
+
+/// An in-process charge that is not ready at once finishes in a task: taken once.
+#[tokio::test]
+async fn a_local_charge_not_ready_at_once_is_taken_once() {
+    let inner = MemoryStore::new();
+    let layer = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: inner.clone(), hang: false })
+        .add_rule(tokens(key::header("x-key")))
+        .build()
+        .unwrap();
+    assert_eq!(layer.layer(llm()).oneshot(prompt("ada", 30)).await.unwrap().status(), StatusCode::OK);
+    settle().await;
+    assert_eq!(remaining(&inner, "tokens", "ada").await, 69);
+}
+
+/// With no tokio runtime, such a charge cannot finish: it is counted as failed, not lost
+/// silently.
+#[test]
+fn a_local_charge_that_cannot_finish_without_a_runtime_is_counted() {
+    let (left, scrape) = with_metrics(|| {
+        let inner = MemoryStore::new();
+        let layer = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: inner.clone(), hang: false })
+            .add_rule(tokens(key::header("x-key")))
+            .build()
+            .unwrap();
+        assert_eq!(block_on(layer.layer(llm()).oneshot(prompt("ada", 30))).unwrap().status(), StatusCode::OK);
+        block_on(remaining(&inner, "tokens", "ada"))
+    });
+    assert_eq!((left, failures(&scrape, "tokens")), (99, 1.0), "{scrape}");
+}
+
+/// `Limiter::charge` keeps its deadline for an in-process store too (with a runtime).
+#[tokio::test(start_paused = true)]
+async fn limiter_charge_keeps_its_deadline() {
+    let limiter = Limiter::builder(LazyCharge { inner: MemoryStore::new(), hang: true })
+        .add_rule(tokens(|u: &str| Some(Key::from(u))))
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let verdict = limiter.check("ada").await;
+    let r = tokio::time::timeout(Duration::from_secs(5), limiter.charge(&verdict, 10)).await;
+    assert!(matches!(r, Ok(Err(StoreError::Timeout(_)))), "{r:?}");
+}
+
+/// After a response, a hanging in-process charge ends at the deadline and is counted.
+#[test]
+fn a_hanging_local_charge_after_a_response_is_counted() {
+    let ((), scrape) = with_metrics(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let svc = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: MemoryStore::new(), hang: true })
+                .add_rule(tokens(key::header("x-key")))
+                .build()
+                .unwrap()
+                .timeout(Duration::from_millis(50))
+                .layer(llm());
+            assert_eq!(svc.oneshot(prompt("ada", 30)).await.unwrap().status(), StatusCode::OK);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            settle().await;
+        });
+    });
+    assert_eq!(failures(&scrape, "tokens"), 1.0, "{scrape}");
+}
+
+/// `MemoryStore` charges need no runtime, through `Limiter::charge` and after a response.
+#[test]
+fn a_memory_store_charge_needs_no_runtime() {
+    let limiter = Limiter::builder(MemoryStore::new()).add_rule(tokens(|u: &str| Some(Key::from(u)))).build().unwrap();
+    let verdict = block_on(limiter.check("ada"));
+    block_on(limiter.charge(&verdict, 101)).unwrap();
+    assert!(block_on(limiter.check("ada")).is_rejected());
+
+    let layer =
+        RateLimitLayer::<_, Body>::builder(MemoryStore::new()).add_rule(tokens(key::header("x-key"))).build().unwrap();
+    let svc = layer.layer(llm());
+    assert_eq!(block_on(svc.clone().oneshot(prompt("ada", 101))).unwrap().status(), StatusCode::OK);
+    assert_eq!(block_on(svc.oneshot(prompt("ada", 1))).unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+}
