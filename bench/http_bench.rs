@@ -8,7 +8,8 @@
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --release -p tollgate-bench --example http_bench
 //! ```
 //!
-//! Runs, each on a fresh server: `bare` (no layer), `memory` with a high limit (every
+//! Runs, each on a fresh server: `bare` (no layer), `bare, 3 static headers` (no layer, the
+//! handler adding the layer's three `X-RateLimit-*` headers: their cost alone), `memory` with a high limit (every
 //! request accepted) and with a low one (nearly every request answered 429), the same two
 //! behind tower_governor (governor's keyed GCRA, the in-memory peer, keyed by the same
 //! header, with its rate-limit headers on), and, with
@@ -34,6 +35,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::Router;
+use http::{HeaderName, HeaderValue};
 use tollgate::{key, Algorithm, Quota, RateLimitLayer, Store};
 use tollgate_bench::http::{hello, tower_governor};
 
@@ -47,6 +49,9 @@ const LOW: Quota = Quota::per_minute(1);
 #[derive(Clone)]
 enum Backend {
     Bare,
+    /// No limiter, but the hello handler answers with the three `X-RateLimit-*` headers the
+    /// layer sends (fixed values of the same lengths): what sending them costs at all.
+    BareWithHeaders,
     Memory,
     /// tower_governor (governor's keyed GCRA on a DashMap), the in-memory peer, keyed by
     /// the same header, with its rate-limit headers on (`use_headers`) as the layer has.
@@ -102,6 +107,15 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// The layer's legacy headers on a 200, as `Backend::BareWithHeaders` sends them.
+fn static_headers() -> [(HeaderName, HeaderValue); 3] {
+    [
+        (HeaderName::from_static("x-ratelimit-limit"), HeaderValue::from_static("1000000")),
+        (HeaderName::from_static("x-ratelimit-remaining"), HeaderValue::from_static("999998")),
+        (HeaderName::from_static("x-ratelimit-reset"), HeaderValue::from_static("1")),
+    ]
+}
+
 fn limited<St: Store>(store: St, quota: Quota, algorithm: Algorithm) -> Router {
     hello().layer(RateLimitLayer::<_, Body>::new(quota, key::header("x-api-key"), store).algorithm(algorithm))
 }
@@ -110,6 +124,9 @@ fn router(config: &Config, algorithm: Algorithm) -> Result<Router, Box<dyn std::
     let quota = config.quota.unwrap_or(HIGH);
     Ok(match &config.backend {
         Backend::Bare => hello(),
+        Backend::BareWithHeaders => {
+            Router::new().route("/", axum::routing::get(|| async { (static_headers(), "hello") }))
+        }
         Backend::TowerGovernor => hello().layer(tower_governor(quota)?),
         Backend::Memory => limited(tollgate::MemoryStore::new(), quota, algorithm),
         #[cfg(feature = "redis")]
@@ -242,6 +259,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut configs = vec![
         Config { name: "bare".into(), backend: Backend::Bare, quota: None },
+        Config { name: "bare, 3 static headers".into(), backend: Backend::BareWithHeaders, quota: None },
         Config { name: "memory, high limit".into(), backend: Backend::Memory, quota: Some(HIGH) },
         Config { name: "memory, low limit".into(), backend: Backend::Memory, quota: Some(LOW) },
         Config { name: "tower_governor, high limit".into(), backend: Backend::TowerGovernor, quota: Some(HIGH) },
