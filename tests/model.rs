@@ -20,6 +20,8 @@
 //!   record;
 //! - every rejection served by the local blocked-key cache is backed by a rejection of the
 //!   store still in force (nothing the fallback decided outlives the outage);
+//! - with an in-process store that never failed, each handler's `Charge` is taken once, by
+//!   the store (half the cases make the per-key rule charged);
 //! - once the store is back and the breaker's cool-down has passed, a request reaches the
 //!   store and is decided by it (the breaker recovers; nothing is left counted in flight);
 //! - nothing panics.
@@ -309,6 +311,8 @@ fn ops(slow: bool) -> impl Strategy<Value = Vec<Op>> {
 struct Seen {
     /// Rejections served from the local cache: (store time, rule, key).
     cached: Vec<(u64, String, Vec<u8>)>,
+    /// The `Charge` of every handler that answered (its request's cost).
+    answered: Vec<u64>,
 }
 
 fn request(key: u8, cost: u8, status: u16, handler_ms: u16) -> Request<Body> {
@@ -379,15 +383,21 @@ async fn run_case<S: Store + Clone>(
         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         res
     });
-    let inner = tower::service_fn(|req: Request<Body>| async move {
-        let ms = header(&req, "x-sleep");
-        if ms > 1 {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+    let answered = seen.clone();
+    let inner = tower::service_fn(move |req: Request<Body>| {
+        let answered = answered.clone();
+        async move {
+            let ms = header(&req, "x-sleep");
+            if ms > 1 {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            let status = StatusCode::from_u16(u16::try_from(header(&req, "x-status")).unwrap()).unwrap();
+            // What the work "used", for a charged rule (no charged rule: ignored).
+            let units = header(&req, "x-cost");
+            answered.lock().unwrap().answered.push(units);
+            let res = Response::builder().status(status).extension(tollgate::Charge(units));
+            Ok::<_, Infallible>(res.body(Body::empty()).unwrap())
         }
-        let status = StatusCode::from_u16(u16::try_from(header(&req, "x-status")).unwrap()).unwrap();
-        // What the work "used", for a charged rule (no charged rule: ignored).
-        let charge = tollgate::Charge(header(&req, "x-cost"));
-        Ok::<_, Infallible>(Response::builder().status(status).extension(charge).body(Body::empty()).unwrap())
     });
     let svc = layer.layer(inner);
     let mut background = Vec::new();
@@ -639,6 +649,28 @@ fn check_cache(seen: &Seen, rejections: &[(u64, Id, Decision)]) -> Result<(), St
     Ok(())
 }
 
+/// Every handler that answered reported a charge, and the store took exactly those: one
+/// charge of the same units per answer (for a store that decided every request: no
+/// fault, no fail-open pass, no fallback).
+fn check_charges(seen: &Seen, events: &[Event]) -> Result<(), String> {
+    let mut answered = seen.answered.clone();
+    let mut taken: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Charge { checks, .. } => Some(checks.iter().map(|c| c.params.cost)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    answered.sort_unstable();
+    taken.sort_unstable();
+    if answered == taken {
+        Ok(())
+    } else {
+        Err(format!("handlers reported charges {answered:?}, the store took {taken:?}"))
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The properties
 
@@ -663,6 +695,12 @@ proptest! {
         let (commits, undos, rejections) = split(&events);
         check_exact(&commits, &undos).map_err(TestCaseError::fail)?;
         check_cache(&seen, &rejections).map_err(TestCaseError::fail)?;
+        // An in-process store that never failed decided every request (it has no
+        // in-flight cap to overflow): each answer's charge was taken, once.
+        let faults = ops.iter().any(|op| matches!(op, Op::Fault(Mode::Failing | Mode::Hanging)));
+        if local && cfg.charged && !faults {
+            check_charges(&seen, &events).map_err(TestCaseError::fail)?;
+        }
     }
 }
 
