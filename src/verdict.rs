@@ -157,7 +157,7 @@ impl Verdict {
 
     /// Who decided the enforced rules: the store, the fallback limiter, or the local cache
     /// of blocked keys (`None` when nothing was decided: no enforced rule applied — shadow
-    /// rules only, or none — or the store failed with no fallback).
+    /// rules only, or none — or the store failed and no fallback decided).
     #[must_use]
     pub fn decided_by(&self) -> Option<DecidedBy> {
         self.source

@@ -244,7 +244,19 @@ fn tokens<I: ?Sized>(key: impl KeyExtractor<I>) -> Rule<I> {
     Rule::new("tokens", Quota::per_minute(100), key).charged()
 }
 
-/// An in-process charge that is not ready at once finishes in a task: taken once.
+/// An in-process charge that is not ready at its first poll finishes: taken once, with a
+/// runtime and without one.
+#[test]
+fn a_local_charge_not_ready_at_once_is_taken_once_without_a_runtime() {
+    let inner = MemoryStore::new();
+    let layer = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: inner.clone(), hang: false })
+        .add_rule(tokens(key::header("x-key")))
+        .build()
+        .unwrap();
+    assert_eq!(block_on(layer.layer(llm()).oneshot(prompt("ada", 30))).unwrap().status(), StatusCode::OK);
+    assert_eq!(block_on(remaining(&inner, "tokens", "ada")), 69);
+}
+
 #[tokio::test]
 async fn a_local_charge_not_ready_at_once_is_taken_once() {
     let inner = MemoryStore::new();
@@ -257,13 +269,13 @@ async fn a_local_charge_not_ready_at_once_is_taken_once() {
     assert_eq!(remaining(&inner, "tokens", "ada").await, 69);
 }
 
-/// With no tokio runtime, such a charge cannot finish: it is counted as failed, not lost
-/// silently.
+/// With no tokio runtime, an in-process charge that does not finish when polled cannot
+/// finish at all: it is counted as failed, not lost silently.
 #[test]
 fn a_local_charge_that_cannot_finish_without_a_runtime_is_counted() {
     let (left, scrape) = with_metrics(|| {
         let inner = MemoryStore::new();
-        let layer = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: inner.clone(), hang: false })
+        let layer = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: inner.clone(), hang: true })
             .add_rule(tokens(key::header("x-key")))
             .build()
             .unwrap();
@@ -319,4 +331,27 @@ fn a_memory_store_charge_needs_no_runtime() {
     let svc = layer.layer(llm());
     assert_eq!(block_on(svc.clone().oneshot(prompt("ada", 101))).unwrap().status(), StatusCode::OK);
     assert_eq!(block_on(svc.oneshot(prompt("ada", 1))).unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// A runtime built without timers (no `enable_time`) still takes `MemoryStore` charges:
+/// an in-process charge ready at once builds no timer.
+#[test]
+fn a_memory_store_charge_needs_no_timer() {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(async {
+        let limiter =
+            Limiter::builder(MemoryStore::new()).add_rule(tokens(|u: &str| Some(Key::from(u)))).build().unwrap();
+        let verdict = limiter.check("ada").await;
+        limiter.charge(&verdict, 101).await.unwrap();
+        assert!(limiter.check("ada").await.is_rejected());
+
+        let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
+            .add_rule(tokens(key::header("x-key")))
+            .build()
+            .unwrap();
+        let svc = layer.layer(llm());
+        let first = tokio::spawn(svc.clone().oneshot(prompt("ada", 101))).await;
+        assert_eq!(first.expect("the request panicked").unwrap().status(), StatusCode::OK);
+        assert_eq!(svc.oneshot(prompt("ada", 1)).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    });
 }

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::runtime::Settings;
@@ -81,9 +81,17 @@ impl<St: Store> Charging<St> {
         if self.checks.is_empty() {
             return Ok(());
         }
-        let charge = self.store.charge(&self.checks);
-        if self.store.is_local() && tokio::runtime::Handle::try_current().is_err() {
-            return charge.await; // no timer without a runtime; an in-process store needs no I/O
+        let mut charge = std::pin::pin!(self.store.charge(&self.checks));
+        if self.store.is_local() {
+            // It needs no I/O: mostly ready at once, with no timer to build (the runtime may
+            // have none, or there may be no runtime at all).
+            let now = std::future::poll_fn(|cx| Poll::Ready(charge.as_mut().poll(cx))).await;
+            if let Poll::Ready(r) = now {
+                return r;
+            }
+            if tokio::runtime::Handle::try_current().is_err() {
+                return charge.await;
+            }
         }
         match tokio::time::timeout(self.deadline, charge).await {
             Ok(r) => r,

@@ -337,7 +337,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         } else if enforced.is_empty() {
             (Ok((Outcomes::new(), DecidedBy::Store)), self.ask(&shadow.checks, deadline).await)
         } else {
-            self.ask_both(plan.set.generation(), enforced, shadow, deadline).await
+            // Boxed: inline, the two calls and their answers would grow every request's
+            // future, most of which have no shadow rule.
+            Box::pin(self.ask_both(plan.set.generation(), enforced, shadow, deadline)).await
         };
         self.conclude(plan, result, shadow_result, started).0
     }
@@ -353,8 +355,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         deadline: Duration,
     ) -> (Answer, Answer) {
         let mut first = std::pin::pin!(self.ask(&enforced.checks, deadline));
-        // The shadow call boxed: both calls inline would double the request's future.
-        let mut second = Box::pin(self.ask(&shadow.checks, deadline));
+        let mut second = std::pin::pin!(self.ask(&shadow.checks, deadline));
         let (mut a, mut b): (Option<Answer>, Option<Answer>) = (None, None);
         let mut armed = None;
         let what = "an input dropped while its other store call was on its way";
