@@ -14,28 +14,14 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{Request, Response, StatusCode};
-use support::counter;
+use http::{Request, StatusCode};
 use support::fake::{settle, Mode, Remote};
+use support::{counter, llm};
 use tollgate::algorithm::Params;
 use tollgate::key::{self, Key, KeyExtractor};
 use tollgate::store::{Outcome, Refund};
-use tollgate::{
-    Algorithm, Charge, Check, Decision, Limiter, MemoryStore, Quota, RateLimitLayer, Rule, Store, StoreError,
-};
-use tower::{Layer, Service, ServiceExt};
-
-/// Answers 200, with `x-tokens` reported as a `Charge`.
-fn llm(
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible, Future: Send> + Clone {
-    tower::service_fn(|req: Request<Body>| async move {
-        let mut res = Response::new(Body::empty());
-        if let Some(n) = req.headers().get("x-tokens").and_then(|v| v.to_str().ok()?.parse().ok()) {
-            res.extensions_mut().insert(Charge(n));
-        }
-        Ok(res)
-    })
-}
+use tollgate::{Algorithm, Check, Decision, Limiter, MemoryStore, Quota, RateLimitLayer, Rule, Store, StoreError};
+use tower::{Layer, ServiceExt};
 
 fn prompt(user: &str, tokens: u64) -> Request<Body> {
     Request::post("/").header("x-key", user).header("x-tokens", tokens.to_string()).body(Body::empty()).unwrap()

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
-use support::counter;
 use support::redis::RedisServer;
+use support::{counter, llm};
 use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer, RedisStore, Store};
 use tower::{Layer, Service, ServiceExt};
 
@@ -554,20 +554,6 @@ async fn reloading_a_configuration_swaps_its_rules_and_keeps_the_codes() {
 
 // ---------------------------------------------------------------------------------------
 // Cost known only after the response: Charge
-
-use tollgate::Charge;
-
-/// Reports the `x-tokens` it "used" as a `Charge` (none without the header).
-fn llm(
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible, Future: Send> + Clone {
-    tower::service_fn(|req: Request<Body>| async move {
-        let mut res = Response::new(Body::empty());
-        if let Some(n) = req.headers().get("x-tokens").and_then(|v| v.to_str().ok()?.parse().ok()) {
-            res.extensions_mut().insert(Charge(n));
-        }
-        Ok(res)
-    })
-}
 
 fn prompt(user: &str, org: &str, tokens: Option<u64>) -> Request<Body> {
     let mut b = Request::post("/v1/complete").header("x-user", user).header("x-org", org);

@@ -5,6 +5,24 @@ pub mod fake;
 pub mod redis;
 pub mod sentinel;
 
+/// A handler that reports the `x-tokens` it "used" as a `tollgate::Charge` (none without
+/// the header), and answers 200.
+#[cfg(test)]
+pub fn llm() -> impl tower::Service<
+    http::Request<axum::body::Body>,
+    Response = http::Response<axum::body::Body>,
+    Error = std::convert::Infallible,
+    Future: Send,
+> + Clone {
+    tower::service_fn(|req: http::Request<axum::body::Body>| async move {
+        let mut res = http::Response::new(axum::body::Body::empty());
+        if let Some(n) = req.headers().get("x-tokens").and_then(|v| v.to_str().ok()?.parse().ok()) {
+            res.extensions_mut().insert(tollgate::Charge(n));
+        }
+        Ok(res)
+    })
+}
+
 /// The value of a Prometheus counter line `name{labels…} value` whose labels include all
 /// of `labels` (summed over the lines that match).
 #[cfg(test)]
