@@ -187,12 +187,19 @@ impl Future for YieldOnce {
     }
 }
 
-/// An in-process store (`MemoryStore`'s answers) whose charge needs one more poll, or,
-/// with `hang`, never answers.
+/// A store deciding through `MemoryStore` whose charge needs one more poll, or, with
+/// `hang`, never answers; in-process (`Store::is_local`) or not.
 #[derive(Clone)]
 struct LazyCharge {
     inner: MemoryStore,
     hang: bool,
+    local: bool,
+}
+
+impl LazyCharge {
+    fn local(inner: &MemoryStore, hang: bool) -> Self {
+        Self { inner: inner.clone(), hang, local: true }
+    }
 }
 
 impl Store for LazyCharge {
@@ -200,7 +207,7 @@ impl Store for LazyCharge {
         self.inner.check(checks)
     }
     fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
-        self.inner.check_now(checks)
+        self.local.then(|| self.inner.check_now(checks)).flatten()
     }
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.refund(refunds)
@@ -222,7 +229,7 @@ impl Store for LazyCharge {
         self.inner.reset(rule, key, a)
     }
     fn is_local(&self) -> bool {
-        true
+        self.local
     }
 }
 
@@ -230,23 +237,11 @@ fn tokens<I: ?Sized>(key: impl KeyExtractor<I>) -> Rule<I> {
     Rule::new("tokens", Quota::per_minute(100), key).charged()
 }
 
-/// An in-process charge that is not ready at its first poll finishes: taken once, with a
-/// runtime and without one.
-#[test]
-fn a_local_charge_not_ready_at_once_is_taken_once_without_a_runtime() {
-    let inner = MemoryStore::new();
-    let layer = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: inner.clone(), hang: false })
-        .add_rule(tokens(key::header("x-key")))
-        .build()
-        .unwrap();
-    assert_eq!(block_on(layer.layer(llm()).oneshot(prompt("ada", 30))).unwrap().status(), StatusCode::OK);
-    assert_eq!(block_on(remaining(&inner, "tokens", "ada")), 69);
-}
-
+/// An in-process charge that is not ready at once finishes in a task: taken once.
 #[tokio::test]
 async fn a_local_charge_not_ready_at_once_is_taken_once() {
     let inner = MemoryStore::new();
-    let layer = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: inner.clone(), hang: false })
+    let layer = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, false))
         .add_rule(tokens(key::header("x-key")))
         .build()
         .unwrap();
@@ -255,13 +250,42 @@ async fn a_local_charge_not_ready_at_once_is_taken_once() {
     assert_eq!(remaining(&inner, "tokens", "ada").await, 69);
 }
 
+/// The same on a runtime built without timers: an in-process charge is never timed (as
+/// its decisions are not), so nothing needs the time driver (a timed charge panicked the
+/// request there).
+#[test]
+fn a_local_charge_not_ready_at_once_needs_no_timer() {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(async {
+        let inner = MemoryStore::new();
+        let svc = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, false))
+            .add_rule(tokens(key::header("x-key")))
+            .build()
+            .unwrap()
+            .layer(llm());
+        let res = tokio::spawn(svc.oneshot(prompt("ada", 30))).await;
+        assert_eq!(res.expect("the request panicked").unwrap().status(), StatusCode::OK);
+        settle().await;
+        assert_eq!(remaining(&inner, "tokens", "ada").await, 69);
+
+        let limiter = Limiter::builder(LazyCharge::local(&inner, false))
+            .add_rule(tokens(|u: &str| Some(Key::from(u))))
+            .build()
+            .unwrap();
+        let verdict = limiter.check("bob").await;
+        let r = tokio::spawn(async move { limiter.charge(&verdict, 30).await }).await;
+        r.expect("Limiter::charge panicked").unwrap();
+        assert_eq!(remaining(&inner, "tokens", "bob").await, 69);
+    });
+}
+
 /// With no tokio runtime, an in-process charge that does not finish when polled cannot
 /// finish at all: it is counted as failed, not lost silently.
 #[test]
 fn a_local_charge_that_cannot_finish_without_a_runtime_is_counted() {
     let (left, scrape) = with_metrics(|| {
         let inner = MemoryStore::new();
-        let layer = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: inner.clone(), hang: true })
+        let layer = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, false))
             .add_rule(tokens(key::header("x-key")))
             .build()
             .unwrap();
@@ -271,10 +295,11 @@ fn a_local_charge_that_cannot_finish_without_a_runtime_is_counted() {
     assert_eq!((left, failures(&scrape, "tokens")), (99, 1.0), "{scrape}");
 }
 
-/// `Limiter::charge` keeps its deadline for an in-process store too (with a runtime).
+/// `Limiter::charge` to a remote store ends at the deadline.
 #[tokio::test(start_paused = true)]
 async fn limiter_charge_keeps_its_deadline() {
-    let limiter = Limiter::builder(LazyCharge { inner: MemoryStore::new(), hang: true })
+    let remote = LazyCharge { inner: MemoryStore::new(), hang: true, local: false };
+    let limiter = Limiter::builder(remote)
         .add_rule(tokens(|u: &str| Some(Key::from(u))))
         .timeout(Duration::from_millis(50))
         .build()
@@ -284,13 +309,14 @@ async fn limiter_charge_keeps_its_deadline() {
     assert!(matches!(r, Ok(Err(StoreError::Timeout(_)))), "{r:?}");
 }
 
-/// After a response, a hanging in-process charge ends at the deadline and is counted.
+/// After a response, a remote store's hanging charge ends at the deadline and is counted.
 #[test]
-fn a_hanging_local_charge_after_a_response_is_counted() {
+fn a_hanging_charge_after_a_response_is_counted() {
     let ((), scrape) = with_metrics(|| {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
         rt.block_on(async {
-            let svc = RateLimitLayer::<_, Body>::builder(LazyCharge { inner: MemoryStore::new(), hang: true })
+            let remote = LazyCharge { inner: MemoryStore::new(), hang: true, local: false };
+            let svc = RateLimitLayer::<_, Body>::builder(remote)
                 .add_rule(tokens(key::header("x-key")))
                 .build()
                 .unwrap()

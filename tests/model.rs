@@ -311,8 +311,8 @@ fn ops(slow: bool) -> impl Strategy<Value = Vec<Op>> {
 struct Seen {
     /// Rejections served from the local cache: (store time, rule, key).
     cached: Vec<(u64, String, Vec<u8>)>,
-    /// The `Charge` of every handler that answered (its request's cost).
-    answered: Vec<u64>,
+    /// The key and the `Charge` of every handler that answered (its request's cost).
+    answered: Vec<(Vec<u8>, u64)>,
 }
 
 fn request(key: u8, cost: u8, status: u16, handler_ms: u16) -> Request<Body> {
@@ -394,7 +394,8 @@ async fn run_case<S: Store + Clone>(
             let status = StatusCode::from_u16(u16::try_from(header(&req, "x-status")).unwrap()).unwrap();
             // What the work "used", for a charged rule (no charged rule: ignored).
             let units = header(&req, "x-cost");
-            answered.lock().unwrap().answered.push(units);
+            let key = req.headers()["x-key"].as_bytes().to_vec();
+            answered.lock().unwrap().answered.push((key, units));
             let res = Response::builder().status(status).extension(tollgate::Charge(units));
             Ok::<_, Infallible>(res.body(Body::empty()).unwrap())
         }
@@ -650,14 +651,17 @@ fn check_cache(seen: &Seen, rejections: &[(u64, Id, Decision)]) -> Result<(), St
 }
 
 /// Every handler that answered reported a charge, and the store took exactly those: one
-/// charge of the same units per answer (for a store that decided every request: no
-/// fault, no fail-open pass, no fallback).
+/// charge of the same units per answer, to the charged rule and the answer's key (for a
+/// store that decided every request: no fault, no fail-open pass, no fallback).
 fn check_charges(seen: &Seen, events: &[Event]) -> Result<(), String> {
     let mut answered = seen.answered.clone();
-    let mut taken: Vec<u64> = events
+    let mut taken: Vec<(Vec<u8>, u64)> = events
         .iter()
         .filter_map(|e| match e {
-            Event::Charge { checks, .. } => Some(checks.iter().map(|c| c.params.cost)),
+            Event::Charge { checks, .. } => Some(checks.iter().map(|c| {
+                assert_eq!(&*c.rule, "k", "only the per-key rule is charged");
+                (c.key.as_bytes().to_vec(), c.params.cost)
+            })),
             _ => None,
         })
         .flatten()

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use crate::runtime::Settings;
@@ -60,8 +60,9 @@ impl<St: Store> Charging<St> {
         })
     }
 
-    /// Takes the units: each rule's from whoever decided it. The store's part is under the
-    /// deadline, unless an in-process store runs with no tokio runtime to time it.
+    /// Takes the units: each rule's from whoever decided it. A remote store's part is under
+    /// the deadline; an in-process store's is not timed, as its decisions are not (it needs
+    /// no I/O, and the runtime may have no timer).
     pub(crate) async fn run(&self) -> Result<(), StoreError> {
         let local = self.charge_fallback();
         let store = self.charge_store().await;
@@ -81,17 +82,9 @@ impl<St: Store> Charging<St> {
         if self.checks.is_empty() {
             return Ok(());
         }
-        let mut charge = std::pin::pin!(self.store.charge(&self.checks));
+        let charge = self.store.charge(&self.checks);
         if self.store.is_local() {
-            // It needs no I/O: mostly ready at once, with no timer to build (the runtime may
-            // have none, or there may be no runtime at all).
-            let now = std::future::poll_fn(|cx| Poll::Ready(charge.as_mut().poll(cx))).await;
-            if let Poll::Ready(r) = now {
-                return r;
-            }
-            if tokio::runtime::Handle::try_current().is_err() {
-                return charge.await;
-            }
+            return charge.await;
         }
         match tokio::time::timeout(self.deadline, charge).await {
             Ok(r) => r,

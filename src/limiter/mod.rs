@@ -266,9 +266,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// what the work it admitted used, known once the work is done (tokens, bytes, rows).
     /// The key may go into debt; its later inputs are then rejected until the debt is paid.
     /// Each rule's units are taken by whoever decided that rule (the store, or the fallback
-    /// limiter), the store's within the deadline (an in-process store with no tokio runtime
-    /// to time it is not timed: it needs no I/O). Nothing happens for a verdict that was not
-    /// allowed, with no charged rule, or for 0 units.
+    /// limiter); a remote store's within the deadline, an in-process store's untimed, as its
+    /// decisions are (it needs no I/O; see [`Store::is_local`]). Nothing happens for a
+    /// verdict that was not allowed, with no charged rule, or for 0 units.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -287,7 +287,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     ///
     /// # Errors
     ///
-    /// The store's (or the fallback's) error, or [`StoreError::Timeout`] past the deadline.
+    /// The store's (or the fallback's) error, or [`StoreError::Timeout`] past the deadline
+    /// (a remote store).
     pub async fn charge(&self, verdict: &Verdict, units: u64) -> Result<(), StoreError> {
         match self.charging(verdict, units) {
             Some(charging) => charging.run().await,
