@@ -6,7 +6,8 @@
 /// that many units from every [`charged`](crate::Rule::charged) rule of the request, after
 /// the response. Each rule's units go to whoever decided that rule: an in-process limiter
 /// (`MemoryStore`, or the fallback limiter while the store fails) takes them at once,
-/// before the next request is decided; a remote store in a detached call under the
+/// before the next request is decided (an in-process store whose charge is not ready at
+/// once finishes it in a task, untimed); a remote store in a detached call under the
 /// deadline. A failed charge is logged and counted in `tollgate_charge_failures_total{rule}`,
 /// never the request's problem.
 ///

@@ -1,9 +1,9 @@
 //! Charges: units a response reports after the work (`Charge`, for `Rule::charged`
 //! rules) and `Limiter::charge`. Each rule's units are taken by whoever decided that rule
 //! (the store, or the fallback limiter while the store fails; an enforced and a shadow
-//! rule may be decided by different ones); an in-process limiter takes them at once, with
-//! no tokio runtime needed; the store's part runs under the deadline when there is a
-//! runtime to time it; a charge that cannot be taken is logged and counted.
+//! rule may be decided by different ones); an in-process limiter takes them at once,
+//! untimed, with no tokio runtime (or no timer) needed; a remote store's part runs under
+//! the deadline; a charge that cannot be taken is logged and counted.
 #![cfg(all(feature = "memory", feature = "metrics"))]
 
 mod support;
@@ -170,7 +170,8 @@ async fn a_charge_goes_to_whoever_decided_each_rule() {
 }
 
 // ---------------------------------------------------------------------------------------
-// In-process charges: at once, timed when there is a runtime, never lost silently
+// In-process charges: at once and untimed; remote ones under the deadline; never lost
+// silently
 
 /// Ready on its second poll (it wakes its task first).
 struct YieldOnce(bool);
@@ -279,13 +280,26 @@ fn a_local_charge_not_ready_at_once_needs_no_timer() {
     });
 }
 
-/// With no tokio runtime, an in-process charge that does not finish when polled cannot
-/// finish at all: it is counted as failed, not lost silently.
+/// With no tokio runtime, an in-process charge that yields (wakes itself) is polled
+/// again at once, and taken.
+#[test]
+fn a_local_charge_that_yields_is_taken_without_a_runtime() {
+    let inner = MemoryStore::new();
+    let layer = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, false))
+        .add_rule(tokens(key::header("x-key")))
+        .build()
+        .unwrap();
+    assert_eq!(block_on(layer.layer(llm()).oneshot(prompt("ada", 30))).unwrap().status(), StatusCode::OK);
+    assert_eq!(block_on(remaining(&inner, "tokens", "ada")), 69);
+}
+
+/// With no tokio runtime, an in-process charge that does not finish when polled and does
+/// not wake itself cannot finish at all: it is counted as failed, not lost silently.
 #[test]
 fn a_local_charge_that_cannot_finish_without_a_runtime_is_counted() {
     let (left, scrape) = with_metrics(|| {
         let inner = MemoryStore::new();
-        let layer = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, false))
+        let layer = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, true))
             .add_rule(tokens(key::header("x-key")))
             .build()
             .unwrap();

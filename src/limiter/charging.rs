@@ -4,6 +4,7 @@
 //! it can run detached after a response.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
@@ -120,11 +121,42 @@ impl<St: Store> Charging<St> {
         if local && run.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
             return;
         }
+        // No runtime to finish in: a charge that wakes itself (it yielded) is polled again
+        // here, a few times at most, before it is given up.
+        if local && runtime.is_none() && repoll(run.as_mut()) {
+            return;
+        }
         match (runtime, lost) {
             (Some(rt), _) => drop(rt.spawn(run)),
             (None, lost) => failed(lost.iter().flatten(), &"no tokio runtime to finish a charge"),
         }
     }
+}
+
+/// Polls `fut` while it wakes itself, at most 16 times; whether it finished.
+fn repoll(mut fut: std::pin::Pin<&mut (impl Future<Output = ()> + ?Sized)>) -> bool {
+    /// Remembers a wake-up.
+    struct Woken(AtomicBool);
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let woken = Arc::new(Woken(AtomicBool::new(true))); // the no-op poll's wake-up is unknown
+    let waker = Waker::from(woken.clone());
+    let mut cx = Context::from_waker(&waker);
+    for _ in 0..16 {
+        if !woken.0.swap(false, Ordering::Relaxed) {
+            return false;
+        }
+        if fut.as_mut().poll(&mut cx).is_ready() {
+            return true;
+        }
+    }
+    false
 }
 
 /// A charge not taken: logged, and counted per rule.

@@ -122,10 +122,9 @@ pub trait Store: Send + Sync + 'static {
     fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm)
         -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Whether the store is in-process (no I/O): the layer then skips the deadline (for
-    /// decisions, give-backs and charges alike: no timer is built, and a runtime without
-    /// timers will do), the circuit breaker and the local blocked-key cache, which only pay
-    /// off for a remote store. Default: `false`.
+    /// Whether the store is in-process (no I/O): the layer then skips the deadline (no
+    /// timer is built for its decisions or its charges), the circuit breaker and the local
+    /// blocked-key cache, which only pay off for a remote store. Default: `false`.
     fn is_local(&self) -> bool {
         false
     }
