@@ -2,7 +2,7 @@
 //!
 //! | name | kind | labels |
 //! |---|---|---|
-//! | `tollgate_decisions_total` | counter | `rule`, `outcome` = `allowed` / `rejected` / `shadow_rejected` / `local_rejected` |
+//! | `tollgate_decisions_total` | counter | `rule`, `outcome` = `allowed` / `rejected` / `shadow_rejected` / `local_rejected` (decisions: an allowed request dropped before it reaches the handler still counts as `allowed`, though its units are given back) |
 //! | `tollgate_near_limit_total` | counter | `rule` (allowed decisions that leave the rule's near-limit share of its quota in use; never labelled by key) |
 //! | `tollgate_store_errors_total` | counter | `kind` = `timeout` / `unavailable` / `overloaded` / `circuit_open` / `full` / `backend` / `invalid` |
 //! | `tollgate_store_latency_seconds` | histogram | — |
