@@ -7,8 +7,9 @@
 /// the response. Each rule's units go to whoever decided that rule: an in-process limiter
 /// (`MemoryStore`, or the fallback limiter while the store fails) takes them at once,
 /// before the next request is decided (an in-process store whose charge is not ready at
-/// once finishes it in a task, untimed); a remote store in a detached call under the
-/// deadline. A failed charge is logged and counted in `tollgate_charge_failures_total{rule}`,
+/// once finishes it in a task, untimed; with no tokio runtime it is polled again while it
+/// wakes itself, and otherwise counted as failed); a remote store in a detached call under
+/// the deadline. A failed charge is logged and counted in `tollgate_charge_failures_total{rule}`,
 /// never the request's problem.
 ///
 /// A charged rule takes nothing when a request arrives: it admits the request while the

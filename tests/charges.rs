@@ -9,14 +9,13 @@
 mod support;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, StatusCode};
 use support::fake::{settle, Mode, Remote};
-use support::{counter, llm};
+use support::{counter, llm, YieldOnce};
 use tollgate::algorithm::Params;
 use tollgate::key::{self, Key, KeyExtractor};
 use tollgate::store::{Outcome, Refund};
@@ -172,21 +171,6 @@ async fn a_charge_goes_to_whoever_decided_each_rule() {
 // ---------------------------------------------------------------------------------------
 // In-process charges: at once and untimed; remote ones under the deadline; never lost
 // silently
-
-/// Ready on its second poll (it wakes its task first).
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            return Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
-}
 
 /// A store deciding through `MemoryStore` whose charge needs one more poll, or, with
 /// `hang`, never answers; in-process (`Store::is_local`) or not.

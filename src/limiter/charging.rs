@@ -3,10 +3,7 @@
 //! limiter that decided it while the store was down. A [`Charging`] owns what it needs, so
 //! it can run detached after a response.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Waker};
 use std::time::Duration;
 
 use crate::runtime::Settings;
@@ -117,13 +114,8 @@ impl<St: Store> Charging<St> {
                 failed(&self.checks, &err);
             }
         });
-        // Polled once here; a store whose charge is not ready at once finishes in a task.
-        if local && run.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
-            return;
-        }
-        // No runtime to finish in: a charge that wakes itself (it yielded) is polled again
-        // here, a few times at most, before it is given up.
-        if local && runtime.is_none() && repoll(run.as_mut()) {
+        // Finished here for an in-process store when it can be; else in a task.
+        if local && super::inline::finish_here(run.as_mut(), runtime.is_some()) {
             return;
         }
         match (runtime, lost) {
@@ -131,32 +123,6 @@ impl<St: Store> Charging<St> {
             (None, lost) => failed(lost.iter().flatten(), &"no tokio runtime to finish a charge"),
         }
     }
-}
-
-/// Polls `fut` while it wakes itself, at most 16 times; whether it finished.
-fn repoll(mut fut: std::pin::Pin<&mut (impl Future<Output = ()> + ?Sized)>) -> bool {
-    /// Remembers a wake-up.
-    struct Woken(AtomicBool);
-    impl std::task::Wake for Woken {
-        fn wake(self: Arc<Self>) {
-            self.0.store(true, Ordering::Relaxed);
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.0.store(true, Ordering::Relaxed);
-        }
-    }
-    let woken = Arc::new(Woken(AtomicBool::new(true))); // the no-op poll's wake-up is unknown
-    let waker = Waker::from(woken.clone());
-    let mut cx = Context::from_waker(&waker);
-    for _ in 0..16 {
-        if !woken.0.swap(false, Ordering::Relaxed) {
-            return false;
-        }
-        if fut.as_mut().poll(&mut cx).is_ready() {
-            return true;
-        }
-    }
-    false
 }
 
 /// A charge not taken: logged, and counted per rule.

@@ -3,9 +3,7 @@
 //! [`GiveBack`] owns everything it needs, so it can run detached — and, armed as a
 //! [`GiveBackOnDrop`], it runs when the future that would have disarmed it is dropped.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Waker};
 
 use crate::runtime::{BlockedCache, Runtime};
 use crate::store::{Refund, Store};
@@ -53,8 +51,8 @@ impl<St: Store> GiveBack<St> {
 
     /// Runs in a task of its own, never on the request's future — or at once: the
     /// fallback limiter's units always, an in-process store's too (its refund needs no
-    /// I/O). Units are then back before the next request is decided, and no runtime is
-    /// needed.
+    /// I/O; see [`super::inline::finish_here`]). Units are then back before the next
+    /// request is decided, and no runtime is needed.
     pub(crate) fn spawn(self, what: &'static str) {
         let to_store = self.split();
         if to_store.refunds.is_empty() {
@@ -66,18 +64,14 @@ impl<St: Store> GiveBack<St> {
                 tracing::warn!(error = %err, "tollgate: could not give back the units of {what}");
             }
         });
-        if local {
-            // Polled once here; a store whose refund is not ready at once finishes in a
-            // task (its next poll there registers the task's waker).
-            if run.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
-                return;
-            }
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        // Finished here for an in-process store when it can be; else in a task.
+        if local && super::inline::finish_here(run.as_mut(), runtime.is_some()) {
+            return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(run);
-            }
-            Err(_) => tracing::warn!("tollgate: no tokio runtime to give back the units of {what}"),
+        match runtime {
+            Some(rt) => drop(rt.spawn(run)),
+            None => tracing::warn!("tollgate: no tokio runtime to give back the units of {what}"),
         }
     }
 

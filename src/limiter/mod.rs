@@ -4,6 +4,7 @@
 mod builder;
 mod charging;
 mod giveback;
+mod inline;
 mod plan;
 mod registry;
 mod rules;

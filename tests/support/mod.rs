@@ -23,6 +23,21 @@ pub fn llm() -> impl tower::Service<
     })
 }
 
+/// Ready on its second poll: it wakes its task first, as a future that yields.
+pub struct YieldOnce(pub bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
 /// The value of a Prometheus counter line `name{labels…} value` whose labels include all
 /// of `labels` (summed over the lines that match).
 #[cfg(test)]
