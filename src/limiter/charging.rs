@@ -101,26 +101,16 @@ impl<St: Store> Charging<St> {
         if self.checks.is_empty() {
             return;
         }
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        if runtime.is_none() && !self.store.is_local() {
-            failed(&self.checks, &"no tokio runtime to take a charge");
-            return;
-        }
-        // Kept to count the failure if the charge cannot finish (no runtime to finish in).
-        let lost = runtime.is_none().then(|| self.checks.clone());
+        // Kept to count the failure when there is no runtime to take the charge in.
+        let lost = tokio::runtime::Handle::try_current().is_err().then(|| self.checks.clone());
         let local = self.store.is_local();
-        let mut run = Box::pin(async move {
+        let run = Box::pin(async move {
             if let Err(err) = self.charge_store().await {
                 failed(&self.checks, &err);
             }
         });
-        // Finished here for an in-process store when it can be; else in a task.
-        if local && super::inline::finish_here(run.as_mut(), runtime.is_some()) {
-            return;
-        }
-        match (runtime, lost) {
-            (Some(rt), _) => drop(rt.spawn(run)),
-            (None, lost) => failed(lost.iter().flatten(), &"no tokio runtime to finish a charge"),
+        if !super::inline::detach(run, local) {
+            failed(lost.iter().flatten(), &"no tokio runtime to take a charge");
         }
     }
 }

@@ -51,7 +51,7 @@ impl<St: Store> GiveBack<St> {
 
     /// Runs in a task of its own, never on the request's future — or at once: the
     /// fallback limiter's units always, an in-process store's too (its refund needs no
-    /// I/O; see [`super::inline::finish_here`]). Units are then back before the next
+    /// I/O; see [`super::inline::detach`]). Units are then back before the next
     /// request is decided, and no runtime is needed.
     pub(crate) fn spawn(self, what: &'static str) {
         let to_store = self.split();
@@ -59,19 +59,13 @@ impl<St: Store> GiveBack<St> {
             return;
         }
         let local = to_store.store.is_local();
-        let mut run = Box::pin(async move {
+        let run = Box::pin(async move {
             if let Err(err) = to_store.run().await {
                 tracing::warn!(error = %err, "tollgate: could not give back the units of {what}");
             }
         });
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        // Finished here for an in-process store when it can be; else in a task.
-        if local && super::inline::finish_here(run.as_mut(), runtime.is_some()) {
-            return;
-        }
-        match runtime {
-            Some(rt) => drop(rt.spawn(run)),
-            None => tracing::warn!("tollgate: no tokio runtime to give back the units of {what}"),
+        if !super::inline::detach(run, local) {
+            tracing::warn!("tollgate: no tokio runtime to give back the units of {what}");
         }
     }
 

@@ -11,7 +11,7 @@ use std::task::{Context, Wake, Waker};
 /// Polls `work` here: once, and, when there is no tokio runtime to finish it in, again
 /// while it wakes itself (it yielded), 16 polls at most. Whether it finished; if not, the
 /// caller hands it to a task, or gives it up when there is no runtime.
-pub(crate) fn finish_here(mut work: Pin<&mut (impl Future<Output = ()> + ?Sized)>, runtime: bool) -> bool {
+fn finish_here(mut work: Pin<&mut (impl Future<Output = ()> + ?Sized)>, runtime: bool) -> bool {
     if work.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
         return true;
     }
@@ -31,6 +31,23 @@ pub(crate) fn finish_here(mut work: Pin<&mut (impl Future<Output = ()> + ?Sized)
         }
     }
     false
+}
+
+/// Runs detached work: an in-process store's (`local`) finished here when it can be
+/// ([`finish_here`]), else in a task of the current tokio runtime. `false`: there is no
+/// runtime to finish it in, and it was given up.
+pub(crate) fn detach(mut work: Pin<Box<impl Future<Output = ()> + Send + 'static>>, local: bool) -> bool {
+    let runtime = tokio::runtime::Handle::try_current().ok();
+    if local && finish_here(work.as_mut(), runtime.is_some()) {
+        return true;
+    }
+    match runtime {
+        Some(rt) => {
+            drop(rt.spawn(work));
+            true
+        }
+        None => false,
+    }
 }
 
 /// Remembers a wake-up.
