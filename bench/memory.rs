@@ -13,9 +13,8 @@
 //! minute (after the first few per key, every decision is rejected).
 //!
 //! Two paths through the store:
-//! - `check_one`: `Store::check_one`, the path the layer takes for a request that one rule
-//!   applies to: reads the store's clock and returns a future, polled once here
-//!   (`MemoryStore`'s future is ready at once).
+//! - `check_one`: `LocalStore::check_one`, the path the layer takes for a request that one
+//!   rule applies to: reads the store's clock and decides, synchronously.
 //! - `check_one_at`: `MemoryStore::check_one_at` with a caller-supplied time (read once per
 //!   criterion sample): the store and algorithm alone.
 //!
@@ -28,21 +27,19 @@
 //! faster). Targets: GCRA and the token bucket ≥ 1.0, every algorithm ≥ 0.5.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
-use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use governor::{Quota as GovQuota, RateLimiter};
 use tollgate::algorithm::Params;
-use tollgate::{Algorithm, Check, Clock, MemoryStore, Quota, Store, SystemClock};
+use tollgate::store::LocalStore;
+use tollgate::{Algorithm, Check, Clock, MemoryStore, Quota, SystemClock};
 
 const KEYS: usize = 10_000;
 const THREADS: [usize; 2] = [1, 2];
@@ -122,14 +119,12 @@ fn visit(t: usize, threads: usize, n: u64, mut decide: impl FnMut(usize) -> bool
     allowed
 }
 
-/// Polls `MemoryStore`'s `check_one` future (what the layer calls for a request with one
-/// rule) once, as an executor would: it is ready at once.
+/// `MemoryStore`'s `LocalStore::check_one`: what the limiter calls for an input with one
+/// rule, synchronously, with the store's clock.
 fn check_now(store: &MemoryStore, check: &Check) -> bool {
-    let mut cx = Context::from_waker(Waker::noop());
-    match pin!(store.check_one(check)).poll(&mut cx) {
-        Poll::Ready(Ok(o)) => o.decision.allowed,
-        Poll::Ready(Err(e)) => panic!("MemoryStore failed: {e}"),
-        Poll::Pending => unreachable!("MemoryStore's future is ready at once"),
+    match LocalStore::check_one(store, check) {
+        Ok(o) => o.decision.allowed,
+        Err(e) => panic!("MemoryStore failed: {e}"),
     }
 }
 

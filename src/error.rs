@@ -16,10 +16,17 @@ pub enum BuildError {
     /// Another live limiter or layer over the same store (or a clone of it) uses this
     /// rule name: the two would count into one state.
     #[error(
-        "rule {0:?} is already used by another limiter or layer over this store, and the two would share \
-         their counts: give each its own rule name, e.g. RateLimitLayer::builder(store).rule(\"search\", quota, key)"
+        "rule {rule:?} is already used by another live limiter or layer over this store, and the two would \
+         count into one state: give each its own rule name ({hint}), or let every caller share one limiter \
+         (RateLimitLayer::from_limiter, then Limiter::check_key by rule name from jobs and admin tasks)"
     )]
-    RuleInUse(String),
+    RuleInUse {
+        /// The rule's name.
+        rule: String,
+        /// How the refused limiter was being built, as a hint (e.g.
+        /// `Limiter::builder(store).rule("search", quota, key)`).
+        hint: &'static str,
+    },
     /// A runtime change names a rule the limiter does not have.
     #[error("no rule named {0:?}")]
     UnknownRule(String),

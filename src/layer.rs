@@ -88,7 +88,7 @@ impl<St: Store, B: 'static> RateLimitLayer<St, B> {
     /// — as rule names are what servers sharing a Redis agree on. Clones of one layer (on
     /// several routes) share one limiter and are fine.
     pub fn new(quota: Quota, key: impl KeyExtractor<Request<B>>, store: St) -> Self {
-        match Limiter::builder(store).rule("default", quota, key).build() {
+        match Limiter::builder(store).for_layer().rule("default", quota, key).build() {
             Ok(limiter) => Self::from_limiter(limiter),
             Err(err) => panic!("RateLimitLayer::new: {err}"),
         }
@@ -98,7 +98,7 @@ impl<St: Store, B: 'static> RateLimitLayer<St, B> {
 impl<St, B: 'static> RateLimitLayer<St, B> {
     /// A builder for several rules.
     pub fn builder(store: St) -> RateLimitLayerBuilder<St, B> {
-        RateLimitLayerBuilder { inner: Limiter::builder(store) }
+        RateLimitLayerBuilder { inner: Limiter::builder(store).for_layer() }
     }
 
     /// The layer of a limiter built with [`Limiter::builder`], which holds every setting
@@ -297,15 +297,17 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
         self.limiter.store()
     }
 
-    /// The limiter every service of this layer shares: to check inputs that are not
-    /// requests against the same rules, or for support tooling.
+    /// The limiter every service of this layer shares: a job loop, a WebSocket handler
+    /// or an admin task asks it by key ([`Limiter::check_key`], [`Limiter::block`]) and
+    /// uses up the same counts as the layer's requests.
     #[must_use]
     pub fn limiter(&self) -> &Arc<Limiter<St, Request<B>>> {
         &self.limiter
     }
 }
 
-/// Support tooling: look at and reset one key's state of one rule (see [`Limiter::peek`]).
+/// Support tooling: look at, reset and block one key's state of one rule (see
+/// [`Limiter::peek`]).
 impl<St: Store, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// [`Limiter::peek`]: what rule `rule` would decide now for one unit of `key`,
     /// without consuming anything.
@@ -338,6 +340,16 @@ impl<St: Store, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// The store's error.
     pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<bool, StoreError> {
         self.limiter.reset(rule, key).await
+    }
+
+    /// [`Limiter::block`]: refuses `key` under rule `rule` for `duration`, on every server
+    /// that shares the store.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::block`].
+    pub async fn block(&self, rule: &str, key: impl Into<Key>, duration: Duration) -> Result<bool, StoreError> {
+        self.limiter.block(rule, key, duration).await
     }
 }
 

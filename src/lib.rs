@@ -51,6 +51,19 @@
 //! outgoing calls: [`Limiter::check`] returns a [`Verdict`], [`Limiter::wait`] waits for
 //! the input's turn up to a bound.
 //!
+//! One limiter can serve several callers: build the layer from it
+//! ([`RateLimitLayer::from_limiter`], or take a layer's with [`RateLimitLayer::limiter`]),
+//! and let a job loop or an admin task ask it by rule name and key
+//! ([`Limiter::check_key`], [`Limiter::block`]): they use up the same counts as the
+//! layer's requests.
+//!
+//! # Stores
+//!
+//! [`MemoryStore`] keeps the state in this process; `RedisStore` (feature `redis`) shares
+//! it between servers. An in-process store implements [`store::LocalStore`]
+//! (synchronous: an input is decided in the caller's thread, with no future, timer or
+//! runtime); a remote one implements [`Store`] (async, called under a deadline).
+//!
 //! # When the store fails
 //!
 //! A rate limiter must never be why a request fails or hangs. Every store call has a
@@ -73,7 +86,7 @@
 //! |---|---|---|
 //! | `axum` | yes | `key::PeerIp` reads axum's `ConnectInfo<SocketAddr>` |
 //! | `memory` | yes | [`MemoryStore`] |
-//! | `redis` | no | `RedisStore`: standalone Redis and Redis Cluster via deadpool-redis |
+//! | `redis` | no | `RedisStore`: standalone Redis, Redis Sentinel and Redis Cluster via deadpool-redis |
 //! | `metrics` | no | counters and histograms through the `metrics` facade |
 //! | `tonic` | no | `key::PeerIp` reads tonic's `TcpConnectInfo` |
 //! | `test-util` | no | `ManualClock`, to test your own limits with controlled time |

@@ -80,6 +80,8 @@ pub struct Rule<I: ?Sized> {
     pub(crate) fail_mode: Option<FailMode>,
     pub(crate) max_delay: Duration,
     pub(crate) block: Duration,
+    /// Whether the rule's keys can be blocked by hand (`Limiter::block`).
+    pub(crate) blockable: bool,
     pub(crate) shadow: bool,
     /// Made from a configuration: a reload replaces it.
     pub(crate) from_config: bool,
@@ -102,6 +104,7 @@ impl<I: ?Sized> Clone for Rule<I> {
             fail_mode: self.fail_mode,
             max_delay: self.max_delay,
             block: self.block,
+            blockable: self.blockable,
             shadow: self.shadow,
             from_config: self.from_config,
             charged: self.charged,
@@ -123,6 +126,7 @@ impl<I: ?Sized> fmt::Debug for Rule<I> {
             .field("fail_mode", &self.fail_mode)
             .field("max_delay", &self.max_delay)
             .field("block", &self.block)
+            .field("blockable", &self.blockable)
             .field("shadow", &self.shadow)
             .field("charged", &self.charged)
             .field("bypass", &self.bypass.as_ref().map(|_| "fn"))
@@ -145,6 +149,7 @@ impl<I: ?Sized> Rule<I> {
             fail_mode: None,
             max_delay: Duration::from_secs(10),
             block: Duration::ZERO,
+            blockable: false,
             shadow: false,
             from_config: false,
             charged: false,
@@ -271,6 +276,25 @@ impl<I: ?Sized> Rule<I> {
         self
     }
 
+    /// Lets [`Limiter::block`](crate::Limiter::block) block this rule's keys by hand
+    /// ("ban this key for a day", from an admin task, on every server at once). A rule
+    /// with [`Rule::block_for`] can always be blocked; any other needs this. It costs
+    /// nothing in process; on Redis every check of the rule reads one more key (the
+    /// key's block), so it is off by default.
+    ///
+    /// ```
+    /// use tollgate::{key, Quota, Rule};
+    ///
+    /// let api: Rule<tollgate::http::Request<()>> =
+    ///     Rule::new("api", Quota::per_minute(100), key::header("x-api-key")).blockable();
+    /// # let _ = api;
+    /// ```
+    #[must_use]
+    pub fn blockable(mut self) -> Self {
+        self.blockable = true;
+        self
+    }
+
     /// Inputs for which `f` returns true bypass this rule (health checks, partners).
     #[must_use]
     pub fn bypass_if(mut self, f: impl Fn(&I) -> bool + Send + Sync + 'static) -> Self {
@@ -305,6 +329,12 @@ impl<I: ?Sized> Rule<I> {
 
     /// The parameters of a check of this rule.
     pub(crate) fn params(&self, quota: Quota, cost: u64) -> crate::algorithm::Params {
-        crate::algorithm::Params { quota, cost, max_delay_us: self.max_delay_us(), block_us: self.block_us() }
+        crate::algorithm::Params {
+            quota,
+            cost,
+            max_delay_us: self.max_delay_us(),
+            block_us: self.block_us(),
+            blockable: self.blockable,
+        }
     }
 }

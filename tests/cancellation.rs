@@ -445,48 +445,18 @@ async fn a_request_dropped_while_its_enforced_call_is_in_flight_gives_back_its_s
     assert_eq!(layer.peek("tally", "global").await.unwrap().unwrap().remaining, 1, "the dropped request kept its unit");
 }
 
-/// An in-process store whose refund yields once before it gives back (as `MemoryStore`'s
-/// answers otherwise).
-#[derive(Clone)]
-struct YieldingRefund(MemoryStore);
-
-impl Store for YieldingRefund {
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
-        self.0.check(checks)
-    }
-    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
-        self.0.check_now(checks)
-    }
-    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (inner, refunds) = (self.0.clone(), refunds.to_vec());
-        async move {
-            support::YieldOnce(false).await;
-            inner.refund(&refunds).await
-        }
-    }
-    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.0.peek(check)
-    }
-    fn reset(&self, rule: &str, key: &Key, a: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.0.reset(rule, key, a)
-    }
-    fn is_local(&self) -> bool {
-        true
-    }
-}
-
-/// With no tokio runtime at all, an in-process store's give-back that yields is finished
-/// on the spot: a request dropped unpolled leaves its unit for the next one.
+/// With no tokio runtime at all, an in-process store's give-back is taken on the spot
+/// (`LocalStore::refund`, synchronous): a request dropped unpolled leaves its unit for the
+/// next one.
 #[test]
-fn an_unpolled_requests_units_are_back_with_no_runtime_when_the_refund_yields() {
+fn an_unpolled_requests_units_are_back_with_no_runtime() {
     fn poll_now<F: Future + Unpin>(f: &mut F) -> F::Output {
         match std::pin::Pin::new(f).poll(&mut Context::from_waker(std::task::Waker::noop())) {
             Poll::Ready(out) => out,
             Poll::Pending => panic!("not ready at once"),
         }
     }
-    let layer =
-        RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::header("x-key"), YieldingRefund(MemoryStore::new()));
+    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
     let mut svc = layer.layer(inner());
     poll_now(&mut std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
     drop(svc.call(get("/", "a")));

@@ -172,27 +172,17 @@ async fn a_charge_goes_to_whoever_decided_each_rule() {
 // In-process charges: at once and untimed; remote ones under the deadline; never lost
 // silently
 
-/// A store deciding through `MemoryStore` whose charge needs one more poll, or, with
-/// `hang`, never answers; in-process (`Store::is_local`) or not.
+/// A remote store deciding through `MemoryStore` whose charge needs one more poll, or,
+/// with `hang`, never answers.
 #[derive(Clone)]
 struct LazyCharge {
     inner: MemoryStore,
     hang: bool,
-    local: bool,
-}
-
-impl LazyCharge {
-    fn local(inner: &MemoryStore, hang: bool) -> Self {
-        Self { inner: inner.clone(), hang, local: true }
-    }
 }
 
 impl Store for LazyCharge {
     fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
         self.inner.check(checks)
-    }
-    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
-        self.local.then(|| self.inner.check_now(checks)).flatten()
     }
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.refund(refunds)
@@ -213,90 +203,16 @@ impl Store for LazyCharge {
     fn reset(&self, rule: &str, key: &Key, a: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.reset(rule, key, a)
     }
-    fn is_local(&self) -> bool {
-        self.local
-    }
 }
 
 fn tokens<I: ?Sized>(key: impl KeyExtractor<I>) -> Rule<I> {
     Rule::new("tokens", Quota::per_minute(100), key).charged()
 }
 
-/// An in-process charge that is not ready at once finishes in a task: taken once.
-#[tokio::test]
-async fn a_local_charge_not_ready_at_once_is_taken_once() {
-    let inner = MemoryStore::new();
-    let layer = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, false))
-        .add_rule(tokens(key::header("x-key")))
-        .build()
-        .unwrap();
-    assert_eq!(layer.layer(llm()).oneshot(prompt("ada", 30)).await.unwrap().status(), StatusCode::OK);
-    settle().await;
-    assert_eq!(remaining(&inner, "tokens", "ada").await, 69);
-}
-
-/// The same on a runtime built without timers: an in-process charge is never timed (as
-/// its decisions are not), so nothing needs the time driver (a timed charge panicked the
-/// request there).
-#[test]
-fn a_local_charge_not_ready_at_once_needs_no_timer() {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    rt.block_on(async {
-        let inner = MemoryStore::new();
-        let svc = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, false))
-            .add_rule(tokens(key::header("x-key")))
-            .build()
-            .unwrap()
-            .layer(llm());
-        let res = tokio::spawn(svc.oneshot(prompt("ada", 30))).await;
-        assert_eq!(res.expect("the request panicked").unwrap().status(), StatusCode::OK);
-        settle().await;
-        assert_eq!(remaining(&inner, "tokens", "ada").await, 69);
-
-        let limiter = Limiter::builder(LazyCharge::local(&inner, false))
-            .add_rule(tokens(|u: &str| Some(Key::from(u))))
-            .build()
-            .unwrap();
-        let verdict = limiter.check("bob").await;
-        let r = tokio::spawn(async move { limiter.charge(&verdict, 30).await }).await;
-        r.expect("Limiter::charge panicked").unwrap();
-        assert_eq!(remaining(&inner, "tokens", "bob").await, 69);
-    });
-}
-
-/// With no tokio runtime, an in-process charge that yields (wakes itself) is polled
-/// again at once, and taken.
-#[test]
-fn a_local_charge_that_yields_is_taken_without_a_runtime() {
-    let inner = MemoryStore::new();
-    let layer = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, false))
-        .add_rule(tokens(key::header("x-key")))
-        .build()
-        .unwrap();
-    assert_eq!(block_on(layer.layer(llm()).oneshot(prompt("ada", 30))).unwrap().status(), StatusCode::OK);
-    assert_eq!(block_on(remaining(&inner, "tokens", "ada")), 69);
-}
-
-/// With no tokio runtime, an in-process charge that does not finish when polled and does
-/// not wake itself cannot finish at all: it is counted as failed, not lost silently.
-#[test]
-fn a_local_charge_that_cannot_finish_without_a_runtime_is_counted() {
-    let (left, scrape) = with_metrics(|| {
-        let inner = MemoryStore::new();
-        let layer = RateLimitLayer::<_, Body>::builder(LazyCharge::local(&inner, true))
-            .add_rule(tokens(key::header("x-key")))
-            .build()
-            .unwrap();
-        assert_eq!(block_on(layer.layer(llm()).oneshot(prompt("ada", 30))).unwrap().status(), StatusCode::OK);
-        block_on(remaining(&inner, "tokens", "ada"))
-    });
-    assert_eq!((left, failures(&scrape, "tokens")), (99, 1.0), "{scrape}");
-}
-
 /// `Limiter::charge` to a remote store ends at the deadline.
 #[tokio::test(start_paused = true)]
 async fn limiter_charge_keeps_its_deadline() {
-    let remote = LazyCharge { inner: MemoryStore::new(), hang: true, local: false };
+    let remote = LazyCharge { inner: MemoryStore::new(), hang: true };
     let limiter = Limiter::builder(remote)
         .add_rule(tokens(|u: &str| Some(Key::from(u))))
         .timeout(Duration::from_millis(50))
@@ -313,7 +229,7 @@ fn a_hanging_charge_after_a_response_is_counted() {
     let ((), scrape) = with_metrics(|| {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
         rt.block_on(async {
-            let remote = LazyCharge { inner: MemoryStore::new(), hang: true, local: false };
+            let remote = LazyCharge { inner: MemoryStore::new(), hang: true };
             let svc = RateLimitLayer::<_, Body>::builder(remote)
                 .add_rule(tokens(key::header("x-key")))
                 .build()

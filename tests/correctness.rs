@@ -213,7 +213,14 @@ fn two_layers_over_one_store_cannot_share_a_rule_name() {
     let msg = err.downcast_ref::<String>().unwrap();
     assert!(msg.contains("\"default\"") && msg.contains("builder(store).rule("), "{msg}");
     let err = RateLimitLayer::<_, Body>::builder(store.clone()).rule("default", Quota::per_day(1), key::Global).build();
-    assert_eq!(err.unwrap_err(), BuildError::RuleInUse("default".into()));
+    let err = err.unwrap_err();
+    assert!(matches!(&err, BuildError::RuleInUse { rule, .. } if rule == "default"), "{err}");
+    assert!(err.to_string().contains("RateLimitLayer::builder(store)"), "the hint names what was built: {err}");
+    // A limiter's hint names the limiter's builder, not the layer's.
+    let err =
+        tollgate::Limiter::<_, str>::builder(store.clone()).rule("default", Quota::per_day(1), key::Global).build();
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("Limiter::builder(store)") && !err.contains("RateLimitLayer::builder"), "{err}");
     // Clones of one layer share its limiter; other stores and other names are fine.
     let _again = search.clone().layer(app(Arc::default()));
     let _other = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, MemoryStore::new());

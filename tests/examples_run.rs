@@ -5,6 +5,9 @@
 //! The binaries are the ones `cargo test` builds under `target/<profile>/examples/`; an
 //! example whose features are off is neither built nor run. Children are killed on drop.
 
+#[cfg(feature = "redis")]
+mod support;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -187,6 +190,32 @@ fn job_queue_limits_each_customer_through_a_limiter() {
     assert_eq!((started, total), (3, 4), "{lines:#?}");
     assert!(last < 300, "globex waited {last} ms behind acme: {lines:#?}");
     assert!(lines.iter().any(|l| l.contains("globex#4 (weight 50): refused: larger than any second allows")));
+}
+
+/// The API and the job loop of `api_and_jobs` use up one count: exactly the limit is
+/// admitted between them; an account blocked by hand gets 429 with the block's rest.
+fn api_and_jobs_share_one_count(env: &[(&str, &str)]) {
+    let (lines, ok) = Example::start("api_and_jobs", &[], env).finish();
+    assert!(ok, "{lines:#?}");
+    let number = |prefix: &str| -> u64 {
+        let line = lines.iter().find_map(|l| l.strip_prefix(prefix)).unwrap_or_else(|| panic!("{prefix}: {lines:#?}"));
+        line.split(' ').next().unwrap().parse().unwrap()
+    };
+    let (api, jobs, together) = (number("api admitted "), number("jobs admitted "), number("together: "));
+    assert_eq!((api + jobs, together), (20, 20), "{lines:#?}");
+    assert!(lines.iter().any(|l| l == "blocked account: 429, Retry-After: 3600"), "{lines:#?}");
+}
+
+#[test]
+fn api_and_jobs_share_one_count_in_process() {
+    api_and_jobs_share_one_count(&[]);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn api_and_jobs_share_one_count_through_redis() {
+    let redis = support::redis::RedisServer::start();
+    api_and_jobs_share_one_count(&[("REDIS_URL", &redis.url())]);
 }
 
 #[cfg(all(feature = "metrics", feature = "config"))]

@@ -468,7 +468,10 @@ async fn a_swap_that_fails_leaves_the_rules_in_force() {
     let (handle, svc) = (layer.handle(), layer.layer(ok()));
     for (rules, err) in [
         (vec![rule("b", 5), rule("b", 5)], BuildError::DuplicateRule("b".into())),
-        (vec![rule("b", 5), rule("taken", 5)], BuildError::RuleInUse("taken".into())),
+        (
+            vec![rule("b", 5), rule("taken", 5)],
+            BuildError::RuleInUse { rule: "taken".into(), hint: "in the rules given to LimiterHandle" },
+        ),
         (
             vec![],
             BuildError::InvalidConfig {

@@ -5,16 +5,20 @@
 mod support;
 
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
 use support::fake::{Mode, Remote, TokioClock, T0};
 use tokio::time::Instant;
 use tollgate::key::Key;
-use tollgate::store::{Outcome, Refund};
 use tollgate::{
-    Algorithm, Check, Decision, FailMode, Limiter, ManualClock, MemoryStore, Quota, Rule, Store, StoreError,
+    key, Algorithm, FailMode, Limiter, ManualClock, MemoryStore, Quota, RateLimitLayer, Rule, Store, StoreError,
 };
+use tower::{Layer, Service, ServiceExt};
 
 /// A chat message: limited per user by count, and by bytes.
 #[derive(Debug)]
@@ -249,72 +253,149 @@ async fn wait_takes_turns_among_concurrent_waiters_and_waits_a_leaky_buckets_del
     assert_eq!(times, [0, 200, 400, 600, 800, 1000], "{got:?}");
 }
 
-/// An in-process store that decides at once through `check_one_now` and/or `check_now`
-/// as told (or neither), else through its futures.
-#[derive(Clone)]
-struct AtOnce {
-    inner: MemoryStore,
-    one: bool,
-    many: bool,
-}
-
-impl Store for AtOnce {
-    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        self.inner.check_one(check)
-    }
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
-        self.inner.check(checks)
-    }
-    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.refund(refunds)
-    }
-    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.inner.peek(check)
-    }
-    fn reset(
-        &self,
-        rule: &str,
-        key: &Key,
-        algorithm: Algorithm,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.reset(rule, key, algorithm)
-    }
-    fn is_local(&self) -> bool {
-        true
-    }
-    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
-        if self.one {
-            self.inner.check_one_now(check)
-        } else if self.many {
-            // The default: through check_now.
-            self.check_now(std::slice::from_ref(check)).map(|r| r.map(|o| o[0].clone().unwrap()))
-        } else {
-            None
-        }
-    }
-    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
-        self.many.then(|| self.inner.check_now(checks)).flatten()
-    }
-}
-
-/// Whatever a local store decides at once (one rule, several, or neither), every rule of
-/// a request is decided: one enforced rule and two shadow rules each take their unit. (A
-/// store answering one rule at once but not several decided the enforced rule and dropped
-/// the shadow ones.)
+/// An in-process store decides every rule of an input, enforced and shadow: one enforced
+/// rule and two shadow rules each take their unit.
 #[tokio::test]
-async fn every_rule_is_decided_whichever_calls_a_local_store_answers_at_once() {
+async fn every_rule_is_decided_by_a_local_store() {
     let user = |u: &str| Some(Key::from(u));
-    for (one, many) in [(true, false), (false, true), (true, true), (false, false)] {
-        let limiter = Limiter::builder(AtOnce { inner: MemoryStore::new(), one, many })
-            .rule("enforced", Quota::per_minute(10), user)
-            .add_rule(Rule::new("s1", Quota::per_minute(10), user).shadow(true))
-            .add_rule(Rule::new("s2", Quota::per_minute(10), user).shadow(true))
-            .build()
-            .unwrap();
-        assert!(limiter.check("ada").await.is_allowed());
-        for rule in ["enforced", "s1", "s2"] {
-            // 10 - 1 taken - the peek's own unit.
-            assert_eq!(limiter.peek(rule, "ada").await.unwrap().unwrap().remaining, 8, "{rule}: one {one} many {many}");
-        }
+    let limiter = Limiter::builder(MemoryStore::new())
+        .rule("enforced", Quota::per_minute(10), user)
+        .add_rule(Rule::new("s1", Quota::per_minute(10), user).shadow(true))
+        .add_rule(Rule::new("s2", Quota::per_minute(10), user).shadow(true))
+        .build()
+        .unwrap();
+    assert!(limiter.check("ada").await.is_allowed());
+    for rule in ["enforced", "s1", "s2"] {
+        // 10 - 1 taken - the peek's own unit.
+        assert_eq!(limiter.peek(rule, "ada").await.unwrap().unwrap().remaining, 8, "{rule}");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Asking by key: one count, whoever asks
+
+/// A job loop asking by key and an HTTP layer over the same limiter use up one count per
+/// key: what the jobs took, the requests cannot take, and the other way round.
+#[tokio::test]
+async fn jobs_asking_by_key_and_requests_share_one_count() {
+    let limiter = Limiter::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .rule("per-account", Quota::per_minute(5), key::header("x-account"))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::from_limiter(limiter);
+    let jobs = layer.limiter().clone();
+    let svc = layer.layer(tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
+    }));
+    let request = |account: &str| Request::builder().header("x-account", account).body(Body::empty()).unwrap();
+
+    let job = jobs.check_key("per-account", "acme", 2).await;
+    assert!(job.is_allowed());
+    assert_eq!(job.decisions().next().unwrap().decision.remaining, 3);
+    for _ in 0..3 {
+        assert_eq!(svc.clone().oneshot(request("acme")).await.unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(svc.clone().oneshot(request("acme")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    let refused = jobs.check_key("per-account", "acme", 1).await;
+    assert!(refused.is_rejected());
+    assert_eq!(refused.rejected_by().unwrap().rule, "per-account");
+    // A refund by key comes back for the requests too.
+    jobs.refund(job).await.unwrap();
+    assert_eq!(svc.clone().oneshot(request("acme")).await.unwrap().status(), StatusCode::OK);
+    // Another account has its own count.
+    assert!(jobs.check_key("per-account", "globex", 5).await.is_allowed());
+    assert!(jobs.check_key("per-account", "globex", 1).await.is_rejected());
+}
+
+/// Asking by key under a rule the limiter lacks refuses, and says so, whatever the fail
+/// mode; a cost above the capacity is refused with no retry; a shadow rule never refuses.
+#[tokio::test]
+async fn check_key_refuses_an_unknown_rule_and_lets_a_shadow_rule_pass() {
+    let limiter = Limiter::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .rule("jobs", Quota::per_minute(3), user)
+        .add_rule(Rule::new("trial", Quota::per_minute(1), user).shadow(true))
+        .fail_mode(FailMode::Open)
+        .build()
+        .unwrap();
+    let v = limiter.check_key("jbos", "ada", 1).await;
+    assert!(!v.is_allowed());
+    assert!(matches!(v.store_error(), Some(StoreError::Invalid(why)) if why.contains("\"jbos\"")), "{v:?}");
+    let v = limiter.check_key("jobs", "ada", 4).await;
+    assert!(v.is_rejected() && v.retry_after().is_none(), "4 never fit in 3: {v:?}");
+    for _ in 0..3 {
+        assert!(limiter.check_key("trial", "ada", 1).await.is_allowed(), "a shadow rule never refuses");
+    }
+    assert!(!limiter.peek("trial", "ada").await.unwrap().unwrap().allowed, "but it counts");
+}
+
+/// A key blocked by hand is refused with the rest of the block, under every cost; a
+/// shorter block replaces it, zero lifts it; a rule that cannot block says so.
+#[tokio::test]
+async fn a_key_blocked_by_hand_is_refused_until_the_block_ends() {
+    let clock = ManualClock::new(T0);
+    let limiter = Limiter::builder(MemoryStore::with_clock(clock.clone()))
+        .add_rule(Rule::new("api", Quota::per_minute(100), user).blockable())
+        .rule("plain", Quota::per_minute(100), user)
+        .build()
+        .unwrap();
+    assert!(limiter.block("api", "mallory", Duration::from_secs(3600)).await.unwrap());
+    clock.advance(Duration::from_secs(600));
+    let v = limiter.check_key("api", "mallory", 1).await;
+    assert!(v.is_rejected());
+    assert_eq!(v.retry_after(), Some(Duration::from_secs(3000)), "the rest of the block");
+    assert!(limiter.check("mallory").await.is_rejected(), "by input too");
+    assert!(limiter.check_key("api", "ada", 1).await.is_allowed(), "only that key");
+    limiter.block("api", "mallory", Duration::from_secs(10)).await.unwrap();
+    assert_eq!(limiter.check_key("api", "mallory", 1).await.retry_after(), Some(Duration::from_secs(10)));
+    limiter.block("api", "mallory", Duration::ZERO).await.unwrap();
+    assert!(limiter.check("mallory").await.is_allowed(), "lifted");
+    let err = limiter.block("plain", "mallory", Duration::from_secs(1)).await.unwrap_err();
+    assert!(matches!(&err, StoreError::Invalid(why) if why.contains("blockable")), "{err}");
+    assert!(!limiter.block("nope", "mallory", Duration::from_secs(1)).await.unwrap(), "no such rule");
+}
+
+/// Polls `fut` once with a waker that does nothing: an in-process answer needs no second
+/// poll, no runtime and no timer.
+fn at_once<F: Future>(fut: F) -> F::Output {
+    match pin!(fut).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("an in-process limiter's future was not ready at its first poll"),
+    }
+}
+
+/// On a bare thread with no tokio runtime (and so no timer), every call of an in-process
+/// limiter — decide by input and by key, refund, charge, block, peek, reset — and a
+/// layer's refusal and admission are answered at their first poll.
+#[test]
+fn an_in_process_limiter_needs_no_runtime() {
+    assert!(tokio::runtime::Handle::try_current().is_err());
+    let limiter = Limiter::builder(MemoryStore::new())
+        .add_rule(Rule::new("jobs", Quota::per_minute(2), user).blockable())
+        .add_rule(Rule::new("tokens", Quota::per_minute(100), user).charged())
+        .build()
+        .unwrap();
+    let first = at_once(limiter.check("ada"));
+    assert!(first.is_allowed());
+    assert!(at_once(limiter.check_key("jobs", "ada", 1)).is_allowed());
+    assert!(at_once(limiter.check("ada")).is_rejected());
+    at_once(limiter.refund(first)).unwrap();
+    let again = at_once(limiter.wait_key("jobs", "ada", 1, Duration::from_secs(1)));
+    assert!(again.is_allowed(), "the refund was taken at once");
+    let carol = at_once(limiter.check("carol"));
+    at_once(limiter.charge(&carol, 150)).unwrap();
+    assert!(!at_once(limiter.peek("tokens", "carol")).unwrap().unwrap().allowed, "the charge was taken at once");
+    assert!(at_once(limiter.reset("tokens", "carol")).unwrap());
+    assert!(at_once(limiter.peek("tokens", "carol")).unwrap().unwrap().allowed, "reset at once");
+    assert!(at_once(limiter.block("jobs", "bob", Duration::from_secs(60))).unwrap());
+    assert!(at_once(limiter.check_key("jobs", "bob", 1)).is_rejected());
+
+    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
+    let mut svc = layer.layer(tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
+    }));
+    let get = || Request::builder().header("x-key", "a").body(Body::empty()).unwrap();
+    at_once(std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
+    assert_eq!(at_once(svc.call(get())).unwrap().status(), StatusCode::OK);
+    at_once(std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
+    assert_eq!(at_once(svc.call(get())).unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
 }

@@ -28,7 +28,7 @@
 //!
 //! On `MemoryStore`, half the cases record it as a remote store (a future per call, with
 //! the deadline, breaker and blocked-key cache of a remote store), half as an in-process
-//! one (`Store::check_now`: decided inside the layer's `call`, with give-backs and charges
+//! one (`LocalStore`: decided inside the layer's `call`, with give-backs and charges
 //! taken at once).
 //!
 //! `PROPTEST_CASES` sets the number of cases (default: 4,000 on `MemoryStore`, 100 on Redis).
@@ -50,7 +50,7 @@ use proptest::prelude::*;
 use support::fake::{settle, TokioClock, T0};
 use support::redis::RedisServer;
 use tollgate::key::{self, Key};
-use tollgate::store::{Outcome, Refund};
+use tollgate::store::{LocalStore, Outcome, Refund};
 use tollgate::{
     Algorithm, Check, Clock, DecidedBy, Decision, FailMode, ManualClock, MemoryStore, Quota, RateLimitLayer,
     RedisStore, Rejection, Rule, Store, StoreError,
@@ -78,22 +78,38 @@ enum Event {
     Charge { now: u64, seq: usize, checks: Vec<Check> },
 }
 
+/// The recording store: remote (a future per call), or in-process (`sync`: the limiter
+/// then decides through [`Store::as_local`], synchronously, as for `MemoryStore`).
 #[derive(Clone)]
 struct Recorder<S> {
+    core: Core<S>,
+    sync: Option<Core<S>>,
+}
+
+impl<S> std::ops::Deref for Recorder<S> {
+    type Target = Core<S>;
+
+    fn deref(&self) -> &Core<S> {
+        &self.core
+    }
+}
+
+#[derive(Clone)]
+struct Core<S> {
     inner: S,
     clock: Arc<dyn Clock>,
     mode: Arc<Mutex<Mode>>,
     attempts: Arc<AtomicUsize>,
     seq: Arc<AtomicUsize>,
     log: Arc<Mutex<Vec<Event>>>,
-    /// In-process: decides with no future (`Store::check_now`), as `MemoryStore` does, so
-    /// the layer decides inside `call`. It fails, but never hangs.
+    /// In-process: decides with no future (`LocalStore`), as `MemoryStore` does, so the
+    /// layer decides inside `call`. It fails, but never hangs.
     local: bool,
 }
 
 impl<S: Store + Clone> Recorder<S> {
     fn new(inner: S, clock: Arc<dyn Clock>) -> Self {
-        Self {
+        let core = Core {
             inner,
             clock,
             mode: Arc::new(Mutex::new(Mode::Up)),
@@ -101,14 +117,18 @@ impl<S: Store + Clone> Recorder<S> {
             seq: Arc::default(),
             log: Arc::default(),
             local: false,
-        }
+        };
+        Self { core, sync: None }
     }
 
     /// The same, in-process (see `local`).
     fn local(inner: S, clock: Arc<dyn Clock>) -> Self {
-        Self { local: true, ..Self::new(inner, clock) }
+        let core = Core { local: true, ..Self::new(inner, clock).core };
+        Self { sync: Some(core.clone()), core }
     }
+}
 
+impl<S: Store + Clone> Core<S> {
     /// The mode a call meets: an in-process store fails where a remote one hangs.
     fn mode(&self) -> Mode {
         match *self.mode.lock().unwrap() {
@@ -183,28 +203,8 @@ impl<S: Store + Clone> Store for Recorder<S> {
         self.inner.peek(check)
     }
 
-    fn is_local(&self) -> bool {
-        self.local
-    }
-
-    /// In-process only: decided at once, and logged as `check` logs (`check_one_now`, by
-    /// default, comes here too).
-    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
-        if !self.local {
-            return None;
-        }
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        if self.mode() != Mode::Up {
-            return Some(Err(StoreError::Unavailable("down".into())));
-        }
-        let now = self.clock.now_micros();
-        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
-        let answer = self.inner.check_now(checks).expect("an in-process inner store");
-        if let Ok(outcomes) = &answer {
-            let event = Event::Check { now, seq, checks: checks.to_vec(), outcomes: outcomes.clone() };
-            self.log.lock().unwrap().push(event);
-        }
-        Some(answer)
+    fn as_local(&self) -> Option<&dyn LocalStore> {
+        self.sync.as_ref().map(|core| core as &dyn LocalStore)
     }
 
     fn reset(
@@ -214,6 +214,53 @@ impl<S: Store + Clone> Store for Recorder<S> {
         algorithm: Algorithm,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.reset(rule, key, algorithm)
+    }
+}
+
+/// The in-process twin: decided at once, and logged as the async calls log.
+impl<S: Store + Clone> LocalStore for Core<S> {
+    fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self.mode() != Mode::Up {
+            return Err(StoreError::Unavailable("down".into()));
+        }
+        let now = self.clock.now_micros();
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        let outcomes = self.local_inner().check(checks)?;
+        let event = Event::Check { now, seq, checks: checks.to_vec(), outcomes: outcomes.clone() };
+        self.log.lock().unwrap().push(event);
+        Ok(outcomes)
+    }
+
+    fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
+        let now = self.clock.now_micros();
+        self.log.lock().unwrap().push(Event::Refund { now, refunds: refunds.to_vec() });
+        self.local_inner().refund(refunds)
+    }
+
+    fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
+        if self.mode() != Mode::Up {
+            return Err(StoreError::Unavailable("down".into()));
+        }
+        let now = self.clock.now_micros();
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.local_inner().charge(charges)?;
+        self.log.lock().unwrap().push(Event::Charge { now, seq, checks: charges.to_vec() });
+        Ok(())
+    }
+
+    fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
+        self.local_inner().peek(check)
+    }
+
+    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
+        self.local_inner().reset(rule, key, algorithm)
+    }
+}
+
+impl<S: Store> Core<S> {
+    fn local_inner(&self) -> &dyn LocalStore {
+        self.inner.as_local().expect("an in-process inner store")
     }
 }
 

@@ -822,7 +822,10 @@ fn rule_names_are_claimed_per_store_and_prefix() {
     };
     let store = RedisStore::from_url(url).unwrap();
     let first = claim(store.clone()).unwrap();
-    let in_use = Err(BuildError::RuleInUse("api".into()));
+    let in_use = Err(BuildError::RuleInUse {
+        rule: "api".into(),
+        hint: "e.g. RateLimitLayer::builder(store).rule(\"search\", quota, key)",
+    });
     assert_eq!(claim(store.clone().response_timeout(Duration::from_millis(20))).map(|_| ()), in_use);
     assert_eq!(claim(store.clone().connect_timeout(Duration::from_millis(20))).map(|_| ()), in_use);
     let _other_prefix = claim(store.clone().prefix("other").unwrap()).unwrap();

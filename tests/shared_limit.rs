@@ -1,5 +1,7 @@
 //! Three independent servers (each with its own RedisStore and pool, as three machines
-//! would have) share one limit through one Redis — standalone and a 3-node cluster.
+//! would have) share one limit through one Redis — standalone and a 3-node cluster: their
+//! HTTP layers, their job loops asking by key (`Limiter::check_key`), and a key blocked
+//! by hand on one of them (`Limiter::block`).
 #![cfg(feature = "redis")]
 
 mod support;
@@ -7,24 +9,30 @@ mod support;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tollgate::{key, Algorithm, Quota, RateLimitLayer, RedisStore};
+use tollgate::{key, Algorithm, FailMode, Limiter, Quota, RateLimitLayer, RedisStore, Rule, StoreError};
 
 use support::redis::{RedisCluster, RedisServer};
 
 /// Starts one server; returns its address.
 async fn serve(store: RedisStore, algorithm: Algorithm) -> SocketAddr {
-    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" })).layer(
+    serve_layer(
         RateLimitLayer::<_, Body>::new(Quota::per_hour(100), key::header("x-api-key"), store)
             .algorithm(algorithm)
             .fail_mode(tollgate::FailMode::Closed)
             // Counting is what is tested here: a busy CI machine must not turn a slow
             // answer into a 503 (the default 50 ms deadline is tested in faults.rs).
             .timeout(std::time::Duration::from_secs(2)),
-    );
+    )
+    .await
+}
+
+/// Starts one server behind `layer`; returns its address.
+async fn serve_layer(layer: RateLimitLayer<RedisStore, Body>) -> SocketAddr {
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" })).layer(layer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -35,13 +43,22 @@ async fn serve(store: RedisStore, algorithm: Algorithm) -> SocketAddr {
 
 /// One HTTP/1.1 request; the status code.
 async fn status(addr: SocketAddr, api_key: &str) -> u16 {
+    response(addr, api_key).await.0
+}
+
+/// One HTTP/1.1 request over raw TCP; the status code and the `Retry-After` header.
+async fn response(addr: SocketAddr, api_key: &str) -> (u16, Option<u64>) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let req = format!("GET / HTTP/1.1\r\nHost: t\r\nx-api-key: {api_key}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.unwrap();
-    let line = String::from_utf8_lossy(&buf[..buf.len().min(12)]).into_owned();
-    line[9..12].parse().unwrap_or_else(|_| panic!("bad response {line:?}"))
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("bad response {text:?}"));
+    let retry_after = text
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("retry-after:").map(|v| v.trim().parse().unwrap()));
+    (status, retry_after)
 }
 
 /// Waits until we are not within 10 s of an hour boundary (fixed windows are aligned).
@@ -113,4 +130,155 @@ async fn three_servers_share_one_limit_through_a_cluster() {
         let (ok, limited) = hammer(&servers, &format!("key-{algorithm}")).await;
         assert_eq!((ok, limited), (100, 900), "{algorithm}");
     }
+}
+
+/// Three stores over one standalone Redis or one 3-node cluster, one per server.
+fn stores(urls: &[String], cluster: bool) -> Vec<RedisStore> {
+    (0..3)
+        .map(|_| {
+            let store = if cluster { RedisStore::cluster(urls.to_vec()) } else { RedisStore::from_url(&urls[0]) };
+            store.unwrap().response_timeout(Duration::from_secs(2))
+        })
+        .collect()
+}
+
+/// Each server's limiter: one per-key rule (blockable), fail closed so that a store error
+/// is never counted as an admission.
+fn limiter(store: RedisStore, algorithm: Algorithm) -> Limiter<RedisStore, http::Request<Body>> {
+    Limiter::builder(store)
+        .add_rule(Rule::new("per-key", Quota::per_hour(100), key::header("x-api-key")).blockable())
+        .algorithm(algorithm)
+        .fail_mode(FailMode::Closed)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// Three servers, each with its HTTP layer and a job loop asking by key on the same
+/// limiter: 1,000 requests from 50 clients and 600 jobs at once, for one key — exactly the
+/// limit is admitted across all of them.
+async fn layers_and_job_loops_share_one_count(urls: &[String], cluster: bool) {
+    away_from_hour_boundary().await;
+    for algorithm in [Algorithm::Gcra, Algorithm::SlidingWindowLog] {
+        let api_key = format!("shared-{algorithm}-{cluster}");
+        let (mut servers, mut jobs) = (Vec::new(), Vec::new());
+        for store in stores(urls, cluster) {
+            let layer = RateLimitLayer::from_limiter(limiter(store, algorithm));
+            jobs.push(layer.limiter().clone());
+            servers.push(serve_layer(layer).await);
+        }
+        let loops: Vec<_> = jobs
+            .into_iter()
+            .map(|limiter| {
+                let api_key = api_key.clone();
+                tokio::spawn(async move {
+                    let mut admitted = 0;
+                    for _ in 0..200 {
+                        let verdict = limiter.check_key("per-key", api_key.as_str(), 1).await;
+                        assert!(verdict.store_error().is_none(), "{verdict:?}");
+                        admitted += usize::from(verdict.is_allowed());
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let (ok, limited) = hammer(&servers, &api_key).await;
+        let mut by_jobs = 0;
+        for l in loops {
+            by_jobs += l.await.unwrap();
+        }
+        assert_eq!(ok + limited, 1000);
+        assert_eq!(ok + by_jobs, 100, "{algorithm}: {ok} requests and {by_jobs} jobs admitted");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_layers_and_job_loops_share_one_count_through_redis() {
+    let redis = RedisServer::start();
+    layers_and_job_loops_share_one_count(&[redis.url()], false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_layers_and_job_loops_share_one_count_through_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    layers_and_job_loops_share_one_count(&cluster.urls(), true).await;
+}
+
+/// A key blocked by hand on one server is refused on all three with `Retry-After` of the
+/// block's rest; other keys are not.
+async fn a_block_holds_on_every_server(urls: &[String], cluster: bool) {
+    let (mut servers, mut limiters) = (Vec::new(), Vec::new());
+    for store in stores(urls, cluster) {
+        let layer = RateLimitLayer::from_limiter(limiter(store, Algorithm::Gcra));
+        limiters.push(layer.limiter().clone());
+        servers.push(serve_layer(layer).await);
+    }
+    for &server in &servers {
+        assert_eq!(status(server, "mallory").await, 200, "not blocked yet");
+    }
+    assert!(limiters[0].block("per-key", "mallory", Duration::from_secs(600)).await.unwrap());
+    for &server in &servers {
+        let (status, retry_after) = response(server, "mallory").await;
+        assert_eq!(status, 429);
+        let retry_after = retry_after.expect("a Retry-After header");
+        assert!((595..=600).contains(&retry_after), "Retry-After {retry_after}: the rest of a 600 s block");
+        assert_eq!(response(server, "ada").await.0, 200, "another key");
+    }
+    // By key too, on another server.
+    let verdict = limiters[2].check_key("per-key", "mallory", 1).await;
+    assert!(verdict.is_rejected() && verdict.retry_after() > Some(Duration::from_secs(590)), "{verdict:?}");
+    // Lifted where it is lifted (other servers' blocked-key caches keep their entries
+    // until they run out, as after `reset`).
+    assert!(limiters[1].block("per-key", "mallory", Duration::ZERO).await.unwrap());
+    assert_eq!(status(servers[1], "mallory").await, 200, "lifted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_blocked_by_hand_is_refused_on_every_server_through_redis() {
+    let redis = RedisServer::start();
+    a_block_holds_on_every_server(&[redis.url()], false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_blocked_by_hand_is_refused_on_every_server_through_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    a_block_holds_on_every_server(&cluster.urls(), true).await;
+}
+
+/// `check_key` on Redis: a cost, a refund, a rule that cannot block, an unknown rule; two
+/// rules whose keys live in different cluster slots.
+async fn check_key_by_cost_and_refund(urls: &[String], cluster: bool) {
+    let store = stores(urls, cluster).remove(0);
+    let limiter = Limiter::builder(store)
+        .rule("batch", Quota::per_hour(5), |k: &str| Some(k.to_owned()))
+        .algorithm(Algorithm::Gcra)
+        .fail_mode(FailMode::Closed)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    for key in ["alpha", "beta", "gamma"] {
+        let first = limiter.check_key("batch", key, 3).await;
+        assert!(first.is_allowed(), "{first:?}");
+        assert_eq!(first.decisions().next().unwrap().decision.remaining, 2);
+        let second = limiter.check_key("batch", key, 3).await;
+        assert!(second.is_rejected() && second.retry_after().is_some(), "{second:?}");
+        assert!(limiter.check("").await.is_allowed(), "another key, by input");
+        limiter.refund(first).await.unwrap();
+        assert!(limiter.check_key("batch", key, 3).await.is_allowed(), "the refund came back: {key}");
+    }
+    let err = limiter.block("batch", "alpha", Duration::from_secs(1)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+    assert!(limiter.check_key("nope", "alpha", 1).await.store_error().is_some());
+}
+
+#[tokio::test]
+async fn check_key_through_redis() {
+    let redis = RedisServer::start();
+    check_key_by_cost_and_refund(&[redis.url()], false).await;
+}
+
+#[tokio::test]
+async fn check_key_through_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    check_key_by_cost_and_refund(&cluster.urls(), true).await;
 }

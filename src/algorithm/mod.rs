@@ -108,13 +108,23 @@ pub struct Params {
     /// How long a rejection blocks the key, in µs (0: no block; `Rule::block_for`). See
     /// [`blocking`].
     pub block_us: u64,
+    /// Whether the key can be blocked by hand (`Limiter::block`, `Rule::blockable`): a
+    /// remote store then reads the key's block on every check even when `block_us` is 0.
+    pub blockable: bool,
 }
 
 impl Params {
     /// Parameters with cost 1, the default 10 s max delay and no block.
     #[must_use]
     pub const fn new(quota: Quota) -> Self {
-        Self { quota, cost: 1, max_delay_us: 10_000_000, block_us: 0 }
+        Self { quota, cost: 1, max_delay_us: 10_000_000, block_us: 0, blockable: false }
+    }
+
+    /// Whether a check reads the key's block: the rule blocks on rejection, or may be
+    /// blocked by hand.
+    #[must_use]
+    pub const fn reads_block(&self) -> bool {
+        self.block_us > 0 || self.blockable
     }
 
     /// With this cost (0 is taken as 1).

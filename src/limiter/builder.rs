@@ -30,6 +30,8 @@ pub struct LimiterBuilder<St, I: ?Sized> {
     deadline: Duration,
     cost: Option<Shared<I, u64>>,
     settings: Settings,
+    /// How this builder is reached, for [`BuildError::RuleInUse`]'s hint.
+    hint: &'static str,
 }
 
 impl<St: fmt::Debug, I: ?Sized> fmt::Debug for LimiterBuilder<St, I> {
@@ -55,7 +57,14 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
             deadline: Duration::from_millis(50),
             cost: None,
             settings: Settings::default(),
+            hint: "e.g. Limiter::builder(store).rule(\"search\", quota, key)",
         }
+    }
+
+    /// The builder of a layer: errors name the layer's builder.
+    pub(crate) fn for_layer(mut self) -> Self {
+        self.hint = "e.g. RateLimitLayer::builder(store).rule(\"search\", quota, key)";
+        self
     }
 
     /// Adds a rule with default options.
@@ -175,7 +184,7 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
             headers: None,
         };
         let owner = super::registry::new_owner();
-        let set = draft.check(identity, owner, self.cost.as_ref())?;
+        let set = draft.check(identity, owner, self.cost.as_ref(), self.hint)?;
         Ok(Limiter {
             store: Arc::new(self.store),
             rules: Arc::new(Rules::new(set, identity, owner, self.cost)),

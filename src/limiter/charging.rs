@@ -59,8 +59,8 @@ impl<St: Store> Charging<St> {
     }
 
     /// Takes the units: each rule's from whoever decided it. A remote store's part is under
-    /// the deadline; an in-process store's is not timed, as its decisions are not (it needs
-    /// no I/O, and the runtime may have no timer).
+    /// the deadline; an in-process store's is taken at once, as its decisions are (it needs
+    /// no I/O, and there may be no runtime or timer).
     pub(crate) async fn run(&self) -> Result<(), StoreError> {
         let local = self.charge_fallback();
         let store = self.charge_store().await;
@@ -80,11 +80,10 @@ impl<St: Store> Charging<St> {
         if self.checks.is_empty() {
             return Ok(());
         }
-        let charge = self.store.charge(&self.checks);
-        if self.store.is_local() {
-            return charge.await;
+        if let Some(local) = self.store.as_local() {
+            return local.charge(&self.checks);
         }
-        match tokio::time::timeout(self.deadline, charge).await {
+        match tokio::time::timeout(self.deadline, self.store.charge(&self.checks)).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(self.deadline)),
         }
@@ -92,7 +91,8 @@ impl<St: Store> Charging<St> {
 
     /// Takes the units after a response: the fallback's at once, and the store's at once
     /// too when it is in-process (before the next request is decided, with no runtime
-    /// needed), else in a task of its own. A failure is logged and counted.
+    /// needed), else in a task of its own under the deadline. A failure is logged and
+    /// counted.
     pub(crate) fn spawn(self) {
         #[cfg(feature = "memory")]
         if let Err(err) = self.charge_fallback() {
@@ -101,17 +101,21 @@ impl<St: Store> Charging<St> {
         if self.checks.is_empty() {
             return;
         }
-        // Kept to count the failure when there is no runtime to take the charge in.
-        let lost = tokio::runtime::Handle::try_current().is_err().then(|| self.checks.clone());
-        let local = self.store.is_local();
-        let run = Box::pin(async move {
+        if let Some(local) = self.store.as_local() {
+            if let Err(err) = local.charge(&self.checks) {
+                failed(&self.checks, &err);
+            }
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            failed(&self.checks, &"no tokio runtime to take a charge");
+            return;
+        };
+        drop(runtime.spawn(async move {
             if let Err(err) = self.charge_store().await {
                 failed(&self.checks, &err);
             }
-        });
-        if !super::inline::detach(run, local) {
-            failed(lost.iter().flatten(), &"no tokio runtime to take a charge");
-        }
+        }));
     }
 }
 

@@ -49,24 +49,31 @@ impl<St: Store> GiveBack<St> {
         self.split().run().await
     }
 
-    /// Runs in a task of its own, never on the request's future — or at once: the
-    /// fallback limiter's units always, an in-process store's too (its refund needs no
-    /// I/O; see [`super::inline::detach`]). Units are then back before the next
-    /// request is decided, and no runtime is needed.
+    /// Gives back without waiting: at once for the fallback limiter and an in-process
+    /// store (no I/O: the units are back before the next input is decided, with no
+    /// runtime needed), in a task of its own for a remote store — never on the future of
+    /// the request that was dropped.
     pub(crate) fn spawn(self, what: &'static str) {
         let to_store = self.split();
         if to_store.refunds.is_empty() {
             return;
         }
-        let local = to_store.store.is_local();
-        let run = Box::pin(async move {
+        if let Some(local) = to_store.store.as_local() {
+            let result = local.refund(&to_store.refunds).map(|()| to_store.forget());
+            if let Err(err) = result {
+                tracing::warn!(error = %err, "tollgate: could not give back the units of {what}");
+            }
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("tollgate: no tokio runtime to give back the units of {what}");
+            return;
+        };
+        drop(runtime.spawn(async move {
             if let Err(err) = to_store.run().await {
                 tracing::warn!(error = %err, "tollgate: could not give back the units of {what}");
             }
-        });
-        if !super::inline::detach(run, local) {
-            tracing::warn!("tollgate: no tokio runtime to give back the units of {what}");
-        }
+        }));
     }
 
     /// Gives the fallback limiter its units at once; what is left goes to the store.
@@ -110,14 +117,21 @@ impl<St: Store> ToStore<St> {
         if self.refunds.is_empty() {
             return Ok(());
         }
-        self.store.refund(&self.refunds).await?;
-        // Only the store's rejections are cached, and they may not hold now that it has
-        // the units back (forgotten after the refund: one cached before it would stay).
+        match self.store.as_local() {
+            Some(local) => local.refund(&self.refunds)?,
+            None => self.store.refund(&self.refunds).await?,
+        }
+        self.forget();
+        Ok(())
+    }
+
+    /// Only the store's rejections are cached, and they may not hold now that it has the
+    /// units back (forgotten after the refund: one cached before it would stay).
+    fn forget(&self) {
         let (cache, generation) = &self.cache;
         for (r, &rule) in self.refunds.iter().zip(&self.rules) {
             cache.forget((*generation, rule), &r.check.key);
         }
-        Ok(())
     }
 }
 

@@ -4,7 +4,6 @@
 mod builder;
 mod charging;
 mod giveback;
-mod inline;
 mod plan;
 mod registry;
 mod rules;
@@ -171,21 +170,139 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Dropping the future while it waits for a leaky bucket's slot gives the slot back
     /// (while no later input holds the slots after it).
     pub fn wait(&self, input: &I, max_wait: Duration) -> impl Future<Output = Verdict> + Send + '_ {
-        let plan = self.plan(input);
+        self.wait_plan(self.plan(input), max_wait)
+    }
+
+    /// Decides `cost` units of `key` under the rule named `rule`, as [`Limiter::check`]
+    /// decides an input that rule maps to `key`: the same count, whoever asks — an HTTP
+    /// layer over this limiter, a job loop, an admin task — with every protection of
+    /// `check` (deadline, in-flight cap, circuit breaker, fail mode, fallback, blocked-key
+    /// cache, metrics). The verdict is refundable ([`Limiter::refund`]) and chargeable
+    /// ([`Limiter::charge`]) like any other.
+    ///
+    /// The rule's own quota applies (a [`Rule::quota_fn`] is not asked: there is no
+    /// input), and its allow-list does not. A cost of 0 asks whether the key is within its
+    /// quota and takes nothing, as a [`Rule::charged`] rule's admission does. A shadow
+    /// rule decides and records, and never refuses. A name the limiter has no rule for
+    /// gives a refused verdict whose [`Verdict::store_error`] says so
+    /// ([`StoreError::Invalid`]), whatever the fail mode.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::BuildError> {
+    /// use axum::extract::Request;
+    /// use tollgate::{key, Limiter, MemoryStore, Quota, RateLimitLayer};
+    ///
+    /// // One limiter: the API's requests and the export jobs use up one count per account.
+    /// let layer = RateLimitLayer::from_limiter(
+    ///     Limiter::builder(MemoryStore::new())
+    ///         .rule("per-account", Quota::per_minute(2), key::header("x-account"))
+    ///         .build()?,
+    /// );
+    /// let limiter = layer.limiter().clone(); // for the job loop
+    /// let app: axum::Router = axum::Router::new()
+    ///     .route("/export", axum::routing::post(|| async { "queued" }))
+    ///     .layer(layer);
+    ///
+    /// assert!(limiter.check_key("per-account", "acme", 1).await.is_allowed());
+    /// assert!(limiter.check_key("per-account", "acme", 1).await.is_allowed());
+    /// let verdict = limiter.check_key("per-account", "acme", 1).await;
+    /// assert!(verdict.is_rejected(), "the API's requests and the jobs share the count");
+    /// assert!(verdict.retry_after().is_some());
+    /// # let _: axum::Router = app; let _ = std::marker::PhantomData::<Request>;
+    /// # Ok(()) }
+    /// ```
+    pub fn check_key(&self, rule: &str, key: impl Into<Key>, cost: u64) -> impl Future<Output = Verdict> + Send + '_ {
+        let plan = self.plan_key(rule, key.into(), cost).map_err(|set| unknown_rule(rule, &set));
         async move {
-            let until = Instant::now() + max_wait;
-            loop {
-                let verdict = self.decide(plan.clone()).await;
-                match (&verdict.state, verdict.retry_after()) {
-                    (State::Rejected, Some(retry)) if Instant::now() + retry <= until => {
-                        tokio::time::sleep(retry).await;
-                    }
-                    (State::Allowed, _) => {
-                        self.wait_for_slot(&verdict).await;
-                        return verdict;
-                    }
-                    _ => return verdict,
+            match plan {
+                Ok(plan) => self.decide(plan).await,
+                Err(verdict) => verdict,
+            }
+        }
+    }
+
+    /// [`Limiter::wait`] for `cost` units of `key` under rule `rule` (see
+    /// [`Limiter::check_key`]): a job loop that waits its turn on the count an HTTP layer
+    /// shares.
+    pub fn wait_key(
+        &self,
+        rule: &str,
+        key: impl Into<Key>,
+        cost: u64,
+        max_wait: Duration,
+    ) -> impl Future<Output = Verdict> + Send + '_ {
+        let plan = self.plan_key(rule, key.into(), cost).map_err(|set| unknown_rule(rule, &set));
+        async move {
+            match plan {
+                Ok(plan) => self.wait_plan(plan, max_wait).await,
+                Err(verdict) => verdict,
+            }
+        }
+    }
+
+    /// Blocks `key` under rule `rule` for `duration` from now, on every server that
+    /// shares the store: until then the key is refused outright, with the rest of the
+    /// block as its `Retry-After`, as a [`Rule::block_for`] penalty refuses it. A block
+    /// replaces the key's earlier one (a penalty's too); `Duration::ZERO` lifts it, and so
+    /// does [`Limiter::reset`]. `Ok(false)` when there is no such rule.
+    ///
+    /// The rule must be able to block: built with [`Rule::blockable`] or
+    /// [`Rule::block_for`] (on Redis, its checks then read the key's block).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tollgate::{Limiter, MemoryStore, Quota, Rule};
+    ///
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .add_rule(Rule::new("api", Quota::per_minute(100), |user: &str| Some(user.to_owned())).blockable())
+    ///     .build()?;
+    /// limiter.block("api", "mallory", Duration::from_secs(24 * 3600)).await?; // a day
+    /// let verdict = limiter.check("mallory").await;
+    /// assert!(verdict.is_rejected());
+    /// assert!(verdict.retry_after() > Some(Duration::from_secs(23 * 3600)));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Invalid`] for a rule that cannot block (neither
+    /// [`Rule::blockable`] nor [`Rule::block_for`]), or the store's error (no deadline or
+    /// circuit breaker applies here).
+    pub async fn block(&self, rule: &str, key: impl Into<Key>, duration: Duration) -> Result<bool, StoreError> {
+        let set = self.rules.load();
+        let Some((i, r)) = set.find(rule) else { return Ok(false) };
+        if !r.params(r.quota, 1).reads_block() {
+            return Err(StoreError::Invalid(format!(
+                "rule {rule:?} cannot be blocked by hand: build it with Rule::blockable() (or Rule::block_for)"
+            )));
+        }
+        let key = key.into();
+        let check =
+            Check { rule: r.name.clone(), key, algorithm: r.algorithm_or(set.algorithm), params: r.params(r.quota, 1) };
+        let id = set.id(i);
+        drop(set);
+        self.store.block(&check, duration).await?;
+        // A rejection this process cached for the key may end before a new block, or
+        // after a lifted one.
+        self.runtime.cache.forget(id, &check.key);
+        Ok(true)
+    }
+
+    /// [`Limiter::wait`] of a plan.
+    async fn wait_plan(&self, plan: Plan<I>, max_wait: Duration) -> Verdict {
+        let until = Instant::now() + max_wait;
+        loop {
+            let verdict = self.decide(plan.clone()).await;
+            match (&verdict.state, verdict.retry_after()) {
+                (State::Rejected, Some(retry)) if Instant::now() + retry <= until => {
+                    tokio::time::sleep(retry).await;
                 }
+                (State::Allowed, _) => {
+                    self.wait_for_slot(&verdict).await;
+                    return verdict;
+                }
+                _ => return verdict,
             }
         }
     }
@@ -267,8 +384,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// what the work it admitted used, known once the work is done (tokens, bytes, rows).
     /// The key may go into debt; its later inputs are then rejected until the debt is paid.
     /// Each rule's units are taken by whoever decided that rule (the store, or the fallback
-    /// limiter); a remote store's within the deadline, an in-process store's untimed, as its
-    /// decisions are (it needs no I/O; see [`Store::is_local`]). Nothing happens for a
+    /// limiter); a remote store's within the deadline, an in-process store's at once, as its
+    /// decisions are (it needs no I/O; see [`LocalStore`](crate::store::LocalStore)). Nothing happens for a
     /// verdict that was not allowed, with no charged rule, or for 0 units.
     ///
     /// ```
@@ -326,7 +443,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             Now::Decided(verdict, _) => return verdict,
             Now::Later(plan) => plan,
         };
-        if !self.store.is_local() && self.runtime.settings.cache_enabled {
+        if self.runtime.settings.cache_enabled {
             if let Some(verdict) = self.blocked(&plan.set, &plan.enforced) {
                 return verdict;
             }
@@ -398,44 +515,21 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         GiveBack::new(self.store.clone(), &self.runtime, generation, commits_of(checks, answer))
     }
 
-    /// [`Limiter::decide`] at once, with no future, for an in-process store that decides
-    /// that way ([`Store::check_one_now`]).
+    /// [`Limiter::decide`] at once, with no future, for an in-process store
+    /// ([`Store::as_local`]): its answer is synchronous.
     pub(crate) fn decide_now(&self, plan: Plan<I>) -> Now<I> {
-        if !self.store.is_local() {
-            return Now::Later(plan);
-        }
+        let Some(local) = self.store.as_local() else { return Now::Later(plan) };
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        // One check in all: `check_one_now`; else `check_now` for each set, so that a store
-        // answering one of them answers the other (nothing is decided before a `None`).
-        let one = plan.enforced.checks.len() + plan.shadow.checks.len() == 1;
-        let now = |checks: &[Check]| {
-            let answer = crate::runtime::ask_now(&*self.store, checks, one)?;
-            Some(answer.map(|outcomes| (outcomes, DecidedBy::Store)))
+        let ask = |checks: &[Check]| -> Answer {
+            let outcomes = match checks {
+                [] => Ok(Outcomes::new()),
+                [one] => local.check_one(one).map(|o| smallvec![Some(o)]),
+                _ => local.check(checks).map(Outcomes::from_vec),
+            };
+            outcomes.map(|o| (o, DecidedBy::Store))
         };
-        let none = || Ok((Outcomes::new(), DecidedBy::Store));
-        let result = if plan.enforced.is_empty() {
-            none()
-        } else {
-            match now(&plan.enforced.checks) {
-                Some(result) => result,
-                None => return Now::Later(plan),
-            }
-        };
-        let shadow_result = if plan.shadow.is_empty() {
-            none()
-        } else {
-            match now(&plan.shadow.checks) {
-                Some(result) => result,
-                None if plan.enforced.is_empty() => return Now::Later(plan),
-                // A store breaking its word (`check_now` answers every call or none),
-                // after the enforced rules were decided: the shadow rules are left
-                // undecided, as when their store call fails, and it is logged.
-                None => {
-                    tracing::warn!("tollgate: the store decided some rules at once (check_now) but not the others");
-                    Err(StoreError::Backend("the store decided some rules at once but not the others".into()))
-                }
-            }
-        };
+        let result = ask(&plan.enforced.checks);
+        let shadow_result = ask(&plan.shadow.checks);
         let (verdict, set) = self.conclude(plan, result, shadow_result, started);
         Now::Decided(verdict, set)
     }
@@ -450,7 +544,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         started: Option<Instant>,
     ) -> (Verdict, Arc<RuleSet<I>>) {
         let Plan { enforced, shadow, set } = plan;
-        let remote = !self.store.is_local();
+        let remote = self.store.as_local().is_none();
         // A charged rule's probe (cost 0): what a charge after the work takes from, from
         // whoever decided it (enforced and shadow rules may be decided by different ones).
         let by_of = |r: &Answer| r.as_ref().map_or(DecidedBy::Store, |(_, by)| *by);
@@ -515,14 +609,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         (verdict, set)
     }
 
-    /// One store call: direct for an in-process store; else guarded, with the fallback
-    /// limiter when the store fails.
+    /// One call to a remote store, guarded, with the fallback limiter when the store
+    /// fails (an in-process store is asked in [`Limiter::decide_now`]).
     async fn ask(&self, checks: &[Check], deadline: Duration) -> Answer {
         if checks.is_empty() {
             return Ok((Outcomes::new(), DecidedBy::Store));
-        }
-        if self.store.is_local() {
-            return crate::runtime::ask(&*self.store, checks).await.map(|o| (o, DecidedBy::Store));
         }
         match self.runtime.call(&*self.store, checks, deadline).await {
             Ok(outcomes) => Ok((outcomes, DecidedBy::Store)),
@@ -645,6 +736,14 @@ fn record_shadow(shadow: &Checks<1>, answer: &Answer) -> Vec<Commit> {
         }
     }
     commits_of(shadow, answer)
+}
+
+/// The verdict of a check by key under a rule the limiter does not have: refused, and
+/// said once per call.
+fn unknown_rule<I: ?Sized>(rule: &str, set: &RuleSet<I>) -> Verdict {
+    tracing::warn!(rule, "tollgate: check by key under a rule this limiter does not have");
+    let error = StoreError::Invalid(format!("this limiter has no rule named {rule:?}"));
+    Verdict::empty(State::Failed { error, closed: true }, set.generation())
 }
 
 /// A store call's answer: the outcomes, and who decided them.

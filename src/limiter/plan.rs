@@ -5,6 +5,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{Limiter, RuleSet};
+use crate::key::Key;
 use crate::store::Check;
 
 /// The checks of one input for one kind of rule (enforced or shadow), with each one's rule
@@ -37,6 +38,17 @@ impl<I: ?Sized> Clone for Plan<I> {
 }
 
 impl<I: ?Sized> Plan<I> {
+    /// Adds the check of rule `rule` (an index into `set`).
+    fn push(&mut self, check: Check, rule: usize, shadow: bool) {
+        if shadow {
+            self.shadow.checks.push(check);
+            self.shadow.rules.push(rule);
+        } else {
+            self.enforced.checks.push(check);
+            self.enforced.rules.push(rule);
+        }
+    }
+
     /// No rule applies.
     pub(crate) fn is_empty(&self) -> bool {
         self.enforced.is_empty() && self.shadow.is_empty()
@@ -44,6 +56,22 @@ impl<I: ?Sized> Plan<I> {
 }
 
 impl<St, I: ?Sized + 'static> Limiter<St, I> {
+    /// The one check of `cost` units of `key` under rule `rule` (its base quota), or the
+    /// name back when there is no such rule.
+    pub(crate) fn plan_key(&self, rule: &str, key: Key, cost: u64) -> Result<Plan<I>, Arc<RuleSet<I>>> {
+        let set = self.rules.load();
+        let Some((i, r)) = set.find(rule) else { return Err(set) };
+        let check = Check {
+            rule: r.name.clone(),
+            key,
+            algorithm: r.algorithm_or(set.algorithm),
+            params: r.params(r.quota, cost),
+        };
+        let mut plan = Plan { enforced: Checks::default(), shadow: Checks::default(), set: set.clone() };
+        plan.push(check, i, r.shadow);
+        Ok(plan)
+    }
+
     /// The checks `input` asks for: each rule that applies, with its key, quota and cost.
     pub(crate) fn plan(&self, input: &I) -> Plan<I> {
         let set = self.rules.load();
@@ -68,13 +96,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
                 algorithm: rule.algorithm_or(set.algorithm),
                 params: rule.params(quota, cost),
             };
-            if rule.shadow {
-                plan.shadow.checks.push(check);
-                plan.shadow.rules.push(i);
-            } else {
-                plan.enforced.checks.push(check);
-                plan.enforced.rules.push(i);
-            }
+            plan.push(check, i, rule.shadow);
         }
         plan
     }

@@ -83,6 +83,7 @@ impl<I: ?Sized> Draft<I> {
         store: Option<usize>,
         owner: Owner,
         cost: Option<&Shared<I, u64>>,
+        hint: &'static str,
     ) -> Result<RuleSet<I>, BuildError> {
         if self.rules.is_empty() {
             return Err(BuildError::InvalidConfig {
@@ -100,7 +101,7 @@ impl<I: ?Sized> Draft<I> {
         let claim = match store {
             Some(id) => Some(
                 registry::claim(id, owner, self.rules.iter().map(|r| &r.name))
-                    .map_err(|n| BuildError::RuleInUse(n.to_string()))?,
+                    .map_err(|n| BuildError::RuleInUse { rule: n.to_string(), hint })?,
             ),
             None => None,
         };
@@ -180,7 +181,7 @@ impl<I: ?Sized> Rules<I> {
         let set = self.load();
         let mut draft = Draft::of(&set);
         f(&mut draft)?;
-        let next = draft.check(self.store, self.owner, self.cost.as_ref())?;
+        let next = draft.check(self.store, self.owner, self.cost.as_ref(), "in the rules given to LimiterHandle")?;
         tracing::info!(rules = ?next.rules.iter().map(|r| (r.name(), r.quota())).collect::<Vec<_>>(), "tollgate: rules swapped");
         self.current.store(Arc::new(next));
         Ok(())

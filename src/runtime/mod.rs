@@ -175,16 +175,6 @@ pub(crate) async fn ask<St: Store>(store: &St, checks: &[Check]) -> Result<Outco
     }
 }
 
-/// [`ask`] at once, for a store that decides with no future ([`Store::check_now`]):
-/// `check_one_now` when `one` (the whole request has one check), else `check_now`, so a
-/// store that answers `check_now` answers every call of a request or none.
-pub(crate) fn ask_now<St: Store>(store: &St, checks: &[Check], one: bool) -> Option<Result<Outcomes, StoreError>> {
-    match checks {
-        [check] if one => store.check_one_now(check).map(|r| r.map(|o| smallvec::smallvec![Some(o)])),
-        _ => store.check_now(checks).map(|r| r.map(Outcomes::from_vec)),
-    }
-}
-
 /// Counts store calls in flight; `None` when the cap is reached.
 struct InFlight<'a>(&'a AtomicUsize);
 

@@ -1,15 +1,15 @@
 //! [`MemoryStore`]: in-process state, sharded, with idle keys dropped automatically.
 
 use std::fmt;
-use std::future::{ready, Future};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use hashbrown::hash_table::Entry as Slot;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use super::{Check, Outcome, Refund, Store, Taken};
+use super::{Check, LocalStore, Outcome, Refund, Taken};
 use crate::algorithm::State;
 use crate::clock::SharedClock;
 use crate::key::Key;
@@ -255,7 +255,7 @@ impl MemoryStore {
         Ok(outcomes)
     }
 
-    /// Takes what `charges` say at `now`, whatever the decisions (see [`Store::charge`]).
+    /// Takes what `charges` say at `now`, whatever the decisions (see [`LocalStore::charge`]).
     ///
     /// # Errors
     ///
@@ -272,7 +272,7 @@ impl MemoryStore {
         Ok(())
     }
 
-    /// Gives back what `refunds` took, at `now` (see [`Store::refund`]).
+    /// Gives back what `refunds` took, at `now` (see [`LocalStore::refund`]).
     pub fn refund_at(&self, refunds: &[Refund], now: u64) {
         for r in refunds {
             let c = &r.check;
@@ -390,59 +390,52 @@ impl Shard {
     }
 }
 
-impl Store for MemoryStore {
-    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        ready(self.check_one_at(check, self.inner.clock.now()))
+impl LocalStore for MemoryStore {
+    fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
+        self.check_one_at(check, self.inner.clock.now())
     }
 
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
-        ready(self.check_at(checks, self.inner.clock.now()).map(|os| os.into_iter().map(Some).collect()))
+    fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        self.check_at(checks, self.inner.clock.now()).map(|os| os.into_iter().map(Some).collect())
     }
 
-    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
         self.refund_at(refunds, self.inner.clock.now());
-        ready(Ok(()))
+        Ok(())
     }
 
-    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        ready(self.charge_at(charges, self.inner.clock.now()))
+    fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
+        self.charge_at(charges, self.inner.clock.now())
     }
 
-    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+    fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
         let now = self.inner.clock.now();
-        let d = self.with_existing(&check.rule, check.algorithm, &check.key, |t, h| {
+        Ok(self.with_existing(&check.rule, check.algorithm, &check.key, |t, h| {
             match t.find(h, |e| matches(e, &check.rule, check.algorithm, &check.key)) {
                 Some(e) if e.expires_at > now => e.peek(check, now),
                 _ => State::new(check.algorithm).decide(&check.params, now),
             }
-        });
-        ready(Ok(d))
+        }))
     }
 
-    fn reset(
-        &self,
-        rule: &str,
-        key: &Key,
-        algorithm: Algorithm,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
         self.with_existing(rule, algorithm, key, |t, h| {
             if let Ok(e) = t.find_entry(h, |e| matches(e, rule, algorithm, key)) {
                 e.remove();
             }
         });
-        ready(Ok(()))
+        Ok(())
     }
 
-    fn is_local(&self) -> bool {
-        true
-    }
-
-    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
-        Some(self.check_at(checks, self.inner.clock.now()).map(|os| os.into_iter().map(Some).collect()))
-    }
-
-    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
-        Some(self.check_one_at(check, self.inner.clock.now()))
+    fn block(&self, check: &Check, duration: Duration) -> Result<(), StoreError> {
+        let now = self.inner.clock.now();
+        let until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
+        let h = self.hash(&check.rule, check.algorithm, &check.key);
+        let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
+        let e = shard.entry(h, check, now, &self.inner)?;
+        e.blocked_until = if duration.is_zero() { 0 } else { until };
+        e.expires_at = e.expires_at.max(e.blocked_until);
+        Ok(())
     }
 
     fn identity(&self) -> Option<usize> {
@@ -479,7 +472,7 @@ mod tests {
                     tokio::spawn(async move {
                         let mut n = 0;
                         for _ in 0..50 {
-                            if store.check_one(&c).await.unwrap().decision.allowed {
+                            if store.check_one(&c).unwrap().decision.allowed {
                                 n += 1;
                             }
                             tokio::task::yield_now().await;
@@ -575,15 +568,15 @@ mod tests {
         let store = MemoryStore::with_clock(ManualClock::new(T0));
         let c = check("r", "k", Algorithm::TokenBucket, Quota::per_minute(3));
         for _ in 0..3 {
-            store.check(std::slice::from_ref(&c)).await.unwrap();
+            store.check(std::slice::from_ref(&c)).unwrap();
         }
-        let d = store.peek(&c).await.unwrap();
+        let d = store.peek(&c).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.remaining, 0);
-        assert!(!store.peek(&c).await.unwrap().allowed, "peek consumed something");
-        store.reset("r", &c.key, c.algorithm).await.unwrap();
-        assert_eq!(store.peek(&c).await.unwrap().remaining, 2);
-        store.refund(&[Refund { check: c.clone(), taken: Taken { at: T0 } }]).await.unwrap();
+        assert!(!store.peek(&c).unwrap().allowed, "peek consumed something");
+        store.reset("r", &c.key, c.algorithm).unwrap();
+        assert_eq!(store.peek(&c).unwrap().remaining, 2);
+        store.refund(&[Refund { check: c.clone(), taken: Taken { at: T0 } }]).unwrap();
     }
 
     #[test]

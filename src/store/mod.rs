@@ -65,7 +65,16 @@ pub struct Check {
     pub params: Params,
 }
 
-/// A place that keeps limiter state and decides.
+/// A place that keeps limiter state and decides: the async interface, for a store
+/// reached through I/O (`RedisStore`).
+///
+/// **Which trait to implement.** A store that needs no I/O (a table in this process)
+/// implements [`LocalStore`], the synchronous twin, and gets `Store` from the blanket
+/// impl: the limiter then decides in the caller's thread, with no future, no timer and no
+/// runtime, and its refunds and charges are taken before the next decision. A store
+/// reached over the network implements `Store` itself; the limiter calls it under a
+/// deadline, an in-flight cap and a circuit breaker, and sends refunds and charges from
+/// a detached task.
 ///
 /// `check` decides every rule of one request in one call: the request is accepted only
 /// if every rule accepts it, and a request rejected by any rule consumes nothing from
@@ -122,31 +131,26 @@ pub trait Store: Send + Sync + 'static {
     fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm)
         -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Whether the store is in-process (no I/O): the layer then skips the deadline (no
-    /// timer is built for its decisions or its charges), the circuit breaker and the local
-    /// blocked-key cache, which only pay off for a remote store. Default: `false`.
-    fn is_local(&self) -> bool {
-        false
+    /// Blocks `check`'s key under its rule for `duration` from now (the store's time):
+    /// until then, every check of that (rule, key) is refused with the rest of the block as
+    /// its `retry_after`, whatever its algorithm would decide, as a [`Rule::block_for`]
+    /// penalty is. A block replaces the key's earlier one; `Duration::ZERO` lifts it.
+    ///
+    /// The default refuses with [`StoreError::Invalid`]: a store that cannot block says so.
+    ///
+    /// [`Rule::block_for`]: crate::Rule::block_for
+    fn block(&self, check: &Check, duration: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = duration;
+        std::future::ready(Err(StoreError::Invalid(format!("this store cannot block keys (rule {:?})", check.rule))))
     }
 
-    /// Decides `checks` together at once, with no future to build and poll: exactly what
-    /// [`Store::check`] would decide, from a store that needs no I/O. The layer then
-    /// answers a request without allocating for its decision. `None` (the default): this
-    /// store cannot, and callers use `check`. A store answers every call here or none.
-    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
-        let _ = checks;
+    /// This store as an in-process one, when it is: the limiter then decides, gives back
+    /// and charges synchronously, with no future, timer or runtime. Every [`LocalStore`]
+    /// answers `Some(self)` (through the blanket `impl<T: LocalStore> Store for T`); a
+    /// remote store keeps the default `None`, and is called through the async methods
+    /// under the deadline, the in-flight cap and the circuit breaker.
+    fn as_local(&self) -> Option<&dyn LocalStore> {
         None
-    }
-
-    /// [`Store::check_now`] for one rule, without a `Vec`, as [`Store::check_one`] is to
-    /// `check`. The default calls `check_now`; a store that overrides this one must
-    /// override `check_now` too (callers use this one only for requests of one rule, and
-    /// `check_now` for any other).
-    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
-        let outcomes = self.check_now(std::slice::from_ref(check))?;
-        Some(outcomes.and_then(|o| {
-            o.into_iter().next().flatten().ok_or_else(|| StoreError::Backend("the store returned no decision".into()))
-        }))
     }
 
     /// An identity that clones of this store share and no other live store has: two
@@ -163,6 +167,118 @@ pub trait Store: Send + Sync + 'static {
     fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
         let _ = checks;
         StoreError::Timeout(deadline)
+    }
+}
+
+/// A store in this process, with no I/O: the synchronous twin of [`Store`], which every
+/// `LocalStore` is through a blanket impl (its futures are ready at once). The limiter
+/// takes this path for it: an input is decided in the caller's thread, and a refund or a
+/// charge is taken before the call returns — no future, no timer, no tokio runtime.
+/// [`MemoryStore`](crate::MemoryStore) is one; implement this trait, not `Store`, for a
+/// custom in-process store. The contract of each method is that of its `Store` namesake.
+pub trait LocalStore: Send + Sync + 'static {
+    /// Decides `checks` together, committing them only if all are allowed (see
+    /// [`Store::check`]).
+    ///
+    /// # Errors
+    ///
+    /// A check list naming one state twice ([`StoreError::Invalid`]), a full store, …
+    fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError>;
+
+    /// Decides one rule (see [`Store::check_one`]). The default calls `check`.
+    ///
+    /// # Errors
+    ///
+    /// As [`LocalStore::check`].
+    fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
+        self.check(std::slice::from_ref(check))?
+            .into_iter()
+            .next()
+            .flatten()
+            .ok_or_else(|| StoreError::Backend("the store returned no decision".into()))
+    }
+
+    /// Gives back the units of earlier commits (see [`Store::refund`]).
+    ///
+    /// # Errors
+    ///
+    /// The store's own.
+    fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError>;
+
+    /// Takes each check's cost whatever it would decide (see [`Store::charge`]). The
+    /// default refuses with [`StoreError::Invalid`].
+    ///
+    /// # Errors
+    ///
+    /// A store that takes no charges, a full store.
+    fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
+        let rule = charges.first().map(|c| c.rule.to_string()).unwrap_or_default();
+        Err(StoreError::Invalid(format!("this store takes no charges (rule {rule:?})")))
+    }
+
+    /// What `check` would decide now, without consuming anything.
+    ///
+    /// # Errors
+    ///
+    /// The store's own.
+    fn peek(&self, check: &Check) -> Result<Decision, StoreError>;
+
+    /// Forgets the state of one (rule, key, algorithm), and its block.
+    ///
+    /// # Errors
+    ///
+    /// The store's own.
+    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError>;
+
+    /// Blocks `check`'s key under its rule for `duration` (see [`Store::block`]). The
+    /// default refuses with [`StoreError::Invalid`].
+    ///
+    /// # Errors
+    ///
+    /// A store that cannot block, a full store.
+    fn block(&self, check: &Check, duration: Duration) -> Result<(), StoreError> {
+        let _ = duration;
+        Err(StoreError::Invalid(format!("this store cannot block keys (rule {:?})", check.rule)))
+    }
+
+    /// See [`Store::identity`].
+    fn identity(&self) -> Option<usize> {
+        None
+    }
+}
+
+impl<T: LocalStore> Store for T {
+    fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        std::future::ready(LocalStore::check_one(self, check))
+    }
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
+        std::future::ready(LocalStore::check(self, checks))
+    }
+    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(LocalStore::refund(self, refunds))
+    }
+    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(LocalStore::charge(self, charges))
+    }
+    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(LocalStore::peek(self, check))
+    }
+    fn reset(
+        &self,
+        rule: &str,
+        key: &Key,
+        algorithm: Algorithm,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(LocalStore::reset(self, rule, key, algorithm))
+    }
+    fn block(&self, check: &Check, duration: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(LocalStore::block(self, check, duration))
+    }
+    fn as_local(&self) -> Option<&dyn LocalStore> {
+        Some(self)
+    }
+    fn identity(&self) -> Option<usize> {
+        LocalStore::identity(self)
     }
 }
 
@@ -204,14 +320,11 @@ impl<S: Store> Store for Arc<S> {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).reset(rule, key, algorithm)
     }
-    fn is_local(&self) -> bool {
-        (**self).is_local()
+    fn block(&self, check: &Check, duration: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).block(check, duration)
     }
-    fn check_one_now(&self, check: &Check) -> Option<Result<Outcome, StoreError>> {
-        (**self).check_one_now(check)
-    }
-    fn check_now(&self, checks: &[Check]) -> Option<Result<Vec<Option<Outcome>>, StoreError>> {
-        (**self).check_now(checks)
+    fn as_local(&self) -> Option<&dyn LocalStore> {
+        (**self).as_local()
     }
     fn identity(&self) -> Option<usize> {
         (**self).identity()

@@ -7,7 +7,9 @@ use deadpool_redis::redis::{self, ErrorKind, RedisError, ServerErrorKind, Value}
 
 use super::conn::{self, Link, Timeouts};
 use super::origin::Origin;
-use super::script::{parse_check, script_cmd, validate, Reply, Script, MODE_CHECK, MODE_FORCE, MODE_PEEK, SCRIPTS};
+use super::script::{
+    parse_check, script_cmd, validate, Reply, Script, MODE_BLOCK, MODE_CHECK, MODE_FORCE, MODE_PEEK, SCRIPTS,
+};
 use super::{keys, security};
 use crate::clock::SharedClock;
 use crate::key::Key;
@@ -229,6 +231,18 @@ impl Inner {
         let reply = self.run_check(&[check], MODE_PEEK).await?;
         let outcome = reply.outcomes.into_iter().next().flatten();
         outcome.map(|o| o.decision).ok_or_else(|| StoreError::Backend("peek got no decision".into()))
+    }
+
+    /// Blocks `check`'s key under its rule for `duration` from the server's now (lifts
+    /// its block for zero): one call of the check script in block mode.
+    pub(super) async fn block(&self, check: &Check, duration: std::time::Duration) -> Result<(), StoreError> {
+        let mut check = check.clone();
+        check.params.block_us = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX).min(1 << 52);
+        check.params.blockable = true;
+        match self.eval(&SCRIPTS.multi, &[&check], &[], MODE_BLOCK, None).await? {
+            Value::Array(_) => Ok(()),
+            other => Err(StoreError::Backend(format!("unexpected reply from the tollgate block script: {other:?}"))),
+        }
     }
 
     pub(super) async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {

@@ -591,8 +591,8 @@ impl Store for RedisStore {
         self.inner.reset(rule, key, algorithm)
     }
 
-    fn is_local(&self) -> bool {
-        false
+    fn block(&self, check: &Check, duration: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.block(check, duration)
     }
 
     /// On a cluster, [`StoreError::NodeUnavailable`] while calls about other slots

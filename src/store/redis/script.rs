@@ -127,7 +127,7 @@ impl Scripts {
 /// Whether the straight-line scripts (`scripts/<alg>_single.lua`) decide `check`: they know
 /// nothing of blocks, nor of probes (cost 0), which are decided and never written.
 fn straight_line(check: &Check) -> bool {
-    check.params.block_us == 0 && check.params.cost > 0
+    !check.params.reads_block() && check.params.cost > 0
 }
 
 /// The algorithm's place in [`Scripts`]' tables.
@@ -148,6 +148,9 @@ pub(crate) const MODE_CHECK: &str = "c";
 pub(crate) const MODE_PEEK: &str = "p";
 /// Script mode: every rule takes its cost whatever it decides (charges).
 pub(crate) const MODE_FORCE: &str = "f";
+/// Script mode: each rule's block is set to end its block argument from now (lifted for
+/// -1: `Limiter::block` with a zero duration).
+pub(crate) const MODE_BLOCK: &str = "b";
 
 /// Every number a script handles must stay exact in a Lua double.
 const EXACT: u128 = 1 << 52;
@@ -189,7 +192,7 @@ pub(crate) fn script_cmd(
     let mut cmd = redis::Cmd::with_capacity(5 + 10 * checks.len(), script.len() + 16 + 112 * checks.len());
     // A check of a rule that blocks (`Rule::block_for`) also declares its block's key,
     // after every state key, in the order of the checks; refunds never touch blocks.
-    let blocking = |c: &&&Check| ats.is_empty() && c.params.block_us > 0;
+    let blocking = |c: &&&Check| ats.is_empty() && c.params.reads_block();
     cmd.arg(verb).arg(script).arg(checks.len() + checks.iter().filter(blocking).count());
     for c in checks {
         cmd.arg(names.name(&c.rule, &c.key, c.algorithm));
@@ -265,7 +268,16 @@ fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
         .arg(q.emission_interval_micros())
         .arg(check.params.cost.min(MAX_COST))
         .arg(check.params.max_delay_us.min(1 << 53))
-        .arg(check.params.block_us.min(1 << 52));
+        .arg(block_arg(&check.params));
+}
+
+/// A rule's block argument: the block a rejection starts (µs), 0 for none, or -1 for a
+/// rule that starts none but whose block is read (`Rule::blockable`).
+fn block_arg(p: &crate::algorithm::Params) -> i64 {
+    match (p.block_us, p.blockable) {
+        (0, true) => -1,
+        (us, _) => i64::try_from(us.min(1 << 52)).unwrap_or(i64::MAX),
+    }
 }
 
 /// What a check script answered.

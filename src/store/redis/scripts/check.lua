@@ -8,12 +8,26 @@
 -- whatever it decides (State::force: the key may go into debt); no block is started.
 --
 -- Blocks (Rule::block_for, src/algorithm/mod.rs `blocking`): a rule whose block has not
--- ended refuses without deciding; a rejection by the rule's algorithm starts a block, the
+-- ended refuses without deciding (its block is read when its block argument is not 0:
+-- -1 for a rule blocked only by hand, Rule::blockable); a rejection by the rule's algorithm starts a block, the
 -- one write a rejection makes (a rejection during a block does not extend it).
 local now = read_now(ARGV[1])
+local n = (#ARGV - 2) / 8
+-- Mode 'b' (Limiter::block): each rule's block (its key after the state keys) ends its
+-- block argument from now; -1 lifts it. Nothing else is read or written.
+if ARGV[2] == 'b' then
+  for i = 1, n do
+    local p = params(i, 8)
+    if p.blk > 0 then
+      redis.call('SET', KEYS[n + i], fmt(now + p.blk), 'PX', fmt(ttl_ms(now + p.blk, now)))
+    else
+      redis.call('DEL', KEYS[n + i])
+    end
+  end
+  return { now, 1 }
+end
 local commit = ARGV[2] == 'c'
 local force = ARGV[2] == 'f'
-local n = (#ARGV - 2) / 8
 local out = { now, 1 }
 local states, ps, oks = {}, {}, {}
 local all = true
@@ -26,7 +40,7 @@ for i = 1, n do
   end
   local s = a.read(KEYS[i], p, now) or a.default()
   p.blocked = 0
-  if p.blk > 0 then
+  if p.blk ~= 0 then
     blocks = blocks + 1
     p.bkey = KEYS[n + blocks]
     p.blocked = tonumber(redis.call('GET', p.bkey)) or 0
