@@ -220,14 +220,15 @@ impl<R, U> Responder<R, U> {
         ResBody: Default,
     {
         let worst = verdict.worst().expect("a rejected verdict has a rejecting rule");
-        let d = &verdict.decisions[worst];
+        let worst_rule = &verdict.decided[worst];
+        let d = &worst_rule.decision;
         let grpc = is_grpc(req);
         let mut res = if grpc {
             grpc_status(8, "rate limit exceeded")
         } else {
             self.on_rejected.response(&Rejection {
-                rule: &set.names[verdict.rules[worst]],
-                key: &verdict.checks[worst].key,
+                rule: &set.names[worst_rule.rule],
+                key: &worst_rule.check.key,
                 decision: d,
                 decided_by: verdict.source.unwrap_or(DecidedBy::Store),
                 method: req.method(),
@@ -262,8 +263,8 @@ impl<R, U> Responder<R, U> {
         }
         let all: SmallVec<[RuleDecision<'_>; 2]> = verdict
             .decisions()
-            .zip(&verdict.rules)
-            .map(|(d, &rule)| RuleDecision { rule: &set.names[rule], ..d })
+            .zip(&verdict.decided)
+            .map(|(d, decided)| RuleDecision { rule: &set.names[decided.rule], ..d })
             .collect();
         // Several rules: say which one the legacy headers describe.
         headers::apply(h, style, &all[most], &all, set.rules.len() > 1);

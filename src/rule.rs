@@ -335,6 +335,7 @@ impl<I: ?Sized> Rule<I> {
             max_delay_us: self.max_delay_us(),
             block_us: self.block_us(),
             blockable: self.blockable,
+            shadow: self.shadow,
         }
     }
 }

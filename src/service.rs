@@ -1,7 +1,9 @@
 //! [`RateLimit`]: the service. `poll_ready` only forwards; `call` asks the
-//! [`Limiter`] and answers or forwards. An in-process store decides within `call`, and
-//! a refusal is then answered with no future allocated; the inner service is called only
-//! when the response future is polled.
+//! [`Limiter`], then answers or forwards, on one path ([`Step`]): an in-process store
+//! decides within `call`, and a refusal is then answered with no future allocated; a
+//! remote store decides in the response future. An admitted request holds a
+//! [`Lease`] on its units until it is forwarded, then its `Forwarded` stage until its
+//! response settles it; the inner service is called only when the future is polled.
 
 use std::fmt;
 use std::future::Future;
@@ -13,7 +15,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
-use crate::limiter::{GiveBackOnDrop, Now, RuleSet};
+use crate::limiter::{Lease, Now, RuleSet};
 use crate::response::{DefaultUnavailable, OnRejected, OnUnavailable, Responder};
 use crate::store::Store;
 use crate::verdict::State;
@@ -103,25 +105,13 @@ where
             // No rule applies: forwarded too, when the future is first polled.
             return ResponseFuture::new(Box::pin(async move { inner.call(req).await }));
         }
+        // One path: decide (at once in process, else in the future), then answer a
+        // refusal or run the admitted request. A refusal decided here needs no future.
         match limiter.decide_now(plan) {
-            // An in-process store decided at once: a refusal is answered here, with no
-            // future to allocate; an admission is forwarded when its future is polled (after
-            // a leaky bucket's wait, if any).
-            Now::Decided(verdict, set) => {
-                if let Some(res) = refusal(&self.shared.responder, &verdict, &set, &req) {
-                    return ResponseFuture::ready(Ok(res));
-                }
-                let admitted = Admitted::new(self.shared.clone(), verdict);
-                let delay = admitted.verdict.delay();
-                if delay.is_zero() {
-                    ResponseFuture::new(Box::pin(forward(inner, req, admitted, set)))
-                } else {
-                    // The slot is `delay` after the decision, however late the future is
-                    // first polled.
-                    let slot = Instant::now() + delay;
-                    ResponseFuture::new(Box::pin(wait_then_forward(inner, req, admitted, set, slot)))
-                }
-            }
+            Now::Decided(verdict, set) => match Step::of(&self.shared, verdict, set, &req) {
+                Step::Refused(res) => ResponseFuture::ready(Ok(res)),
+                Step::Admitted(admitted) => ResponseFuture::new(Box::pin(admitted.run(inner, req))),
+            },
             Now::Later(plan) => {
                 let shared = self.shared.clone();
                 ResponseFuture::new(Box::pin(async move {
@@ -129,145 +119,108 @@ where
                     // a swap does.
                     let set = plan.set.clone();
                     let verdict = shared.limiter.decide(plan).await;
-                    if let Some(res) = refusal(&shared.responder, &verdict, &set, &req) {
-                        return Ok(res);
+                    match Step::of(&shared, verdict, set, &req) {
+                        Step::Refused(res) => Ok(res),
+                        Step::Admitted(admitted) => admitted.run(inner, req).await,
                     }
-                    let slot = Instant::now() + verdict.delay();
-                    wait_then_forward(inner, req, Admitted::new(shared, verdict), set, slot).await
                 }))
             }
         }
     }
 }
 
-/// The answer to a request its verdict refuses: `429` (gRPC: `RESOURCE_EXHAUSTED`), or
-/// the fail mode's `503` when the store failed and a rule fails closed. `None`: forward
-/// it (allowed, or failed open — with no rate-limit headers, nothing being known).
-fn refusal<ResBody, B, R, U>(
-    responder: &Responder<R, U>,
-    verdict: &Verdict,
-    set: &RuleSet<Request<B>>,
-    req: &Request<B>,
-) -> Option<Response<ResBody>>
+/// What a decided request comes to.
+#[allow(clippy::large_enum_variant, reason = "made once per request and matched at once: boxing would allocate")]
+enum Step<St: Store, B: 'static, R, U, ResBody> {
+    /// `429` (gRPC: `RESOURCE_EXHAUSTED`), or the fail mode's `503` when the store failed
+    /// and a rule fails closed.
+    Refused(Response<ResBody>),
+    /// Forward it (allowed, or failed open — with no rate-limit headers, nothing being
+    /// known).
+    Admitted(Admitted<St, B, R, U>),
+}
+
+impl<St: Store, B: 'static, R, U, ResBody> Step<St, B, R, U, ResBody>
 where
     R: OnRejected<ResBody>,
     U: OnUnavailable<ResBody>,
     ResBody: Default,
 {
-    match &verdict.state {
-        State::Rejected => Some(responder.rejected(verdict, set, req)),
-        State::Failed { error, closed: true } => Some(responder.unavailable(error, req)),
-        State::Failed { closed: false, .. } | State::Allowed => None,
+    fn of(
+        shared: &Arc<Shared<St, B, R, U>>,
+        mut verdict: Verdict,
+        set: Arc<RuleSet<Request<B>>>,
+        req: &Request<B>,
+    ) -> Self {
+        match &verdict.state {
+            State::Rejected => Step::Refused(shared.responder.rejected(&verdict, &set, req)),
+            State::Failed { error, closed: true } => Step::Refused(shared.responder.unavailable(error, req)),
+            State::Failed { closed: false, .. } | State::Allowed => {
+                // A leaky bucket's slot is `delay` after the decision, however late the
+                // future is first polled.
+                let delay = verdict.delay();
+                let slot = (!delay.is_zero()).then(|| Instant::now() + delay);
+                let held = std::mem::take(&mut verdict.held);
+                let lease = shared.limiter.lease(held, "a request dropped before it was forwarded");
+                Step::Admitted(Admitted { shared: shared.clone(), verdict, set, lease, slot })
+            }
+        }
     }
 }
 
-/// An admitted request's verdict, until the request reaches the inner service: dropped
-/// before that (its response future dropped unpolled, or while it waits for a leaky
-/// bucket's slot), it gives back everything the verdict took, as a request that never
-/// happened. It holds the verdict itself, so arming it costs nothing.
+/// An admitted request, until it is forwarded: its lease gives back everything it took if
+/// it is dropped first (its response future dropped unpolled, or while it waits for a
+/// leaky bucket's slot), as a request that never happened.
 struct Admitted<St: Store, B: 'static, R, U> {
     shared: Arc<Shared<St, B, R, U>>,
     verdict: Verdict,
-    armed: bool,
+    set: Arc<RuleSet<Request<B>>>,
+    lease: Lease<St>,
+    /// A leaky bucket's slot, to wait for first.
+    slot: Option<Instant>,
 }
 
 impl<St: Store, B: 'static, R, U> Admitted<St, B, R, U> {
-    fn new(shared: Arc<Shared<St, B, R, U>>, verdict: Verdict) -> Self {
-        Self { shared, verdict, armed: true }
-    }
-
-    /// The request has reached the inner service: what it took stays taken.
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl<St: Store, B: 'static, R, U> Drop for Admitted<St, B, R, U> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.shared.limiter.give_back(&self.verdict, |_| true).spawn("a request dropped before it was forwarded");
-        }
-    }
-}
-
-/// An admitted request: wait for a leaky bucket's slot (the instant `slot`), then
-/// [`forward`] it. A request dropped while it waits gives back all it took.
-async fn wait_then_forward<S, St, B, R, U, ResBody>(
-    mut inner: S,
-    req: Request<B>,
-    admitted: Admitted<St, B, R, U>,
-    set: Arc<RuleSet<Request<B>>>,
-    slot: Instant,
-) -> Result<Response<ResBody>, S::Error>
-where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
-    St: Store,
-    B: 'static,
-    R: OnRejected<ResBody>,
-    U: OnUnavailable<ResBody>,
-{
-    if !admitted.verdict.delay().is_zero() {
-        // Leaky bucket (rare): boxed, so the common request's future stays small.
-        inner = Box::pin(wait_for_slot(inner, slot)).await?;
-    }
-    forward(inner, req, admitted, set).await
-}
-
-/// Forwards an admitted request when first polled — the decision into its extensions, the
-/// inner service called — then adds the rate-limit headers to its response and gives back
-/// count-by-outcome units.
-///
-/// Built as a plain function returning an `async` block: the block holds each value once,
-/// where an `async fn` keeps its arguments and their moved copies side by side (1,320
-/// against 2,232 bytes behind `http_bench`'s router), and the request's future is that
-/// much smaller to allocate and move.
-///
-/// Until its first poll the request has not reached the inner service (not even its
-/// `call`, which may start work): dropped then, it gives back all it took. From there on
-/// it counts; dropped before the handler answers, it gives back the units of its
-/// count-by-outcome rules (it has no status to be counted by).
-#[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see above)")]
-fn forward<S, St, B, R, U, ResBody>(
-    mut inner: S,
-    mut req: Request<B>,
-    mut admitted: Admitted<St, B, R, U>,
-    set: Arc<RuleSet<Request<B>>>,
-) -> impl Future<Output = Result<Response<ResBody>, S::Error>>
-where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-    St: Store,
-    B: 'static,
-    R: OnRejected<ResBody>,
-    U: OnUnavailable<ResBody>,
-{
-    async move {
-        admitted.disarm();
-        let (shared, verdict) = (&admitted.shared, &admitted.verdict);
-        if let Some(most) = verdict.most_restrictive() {
-            req.extensions_mut().insert(most.decision.clone());
-        }
-        // Most rule sets count every outcome: then there is nothing to arm.
-        let count_if = set.rules.iter().any(|r| r.count_if.is_some()).then(|| {
-            GiveBackOnDrop::new(
-                shared.limiter.give_back(verdict, |rule| set.rules[rule].count_if.is_some()),
-                "a count-by-outcome rule whose handler did not answer",
-            )
-        });
-        let mut res = inner.call(req).await?;
-        shared.responder.allowed(res.headers_mut(), verdict, &set);
-        // Units the handler reports it used: taken after the response, detached.
-        if let Some(&Charge(units)) = res.extensions().get::<Charge>() {
-            if let Some(charging) = shared.limiter.charging(verdict, units) {
-                charging.spawn();
+    /// Waits for a leaky bucket's slot, if any; forwards the request — the decision into
+    /// its extensions, the inner service called — then adds the rate-limit headers to its
+    /// response and settles the lease with the response's status and `Charge`.
+    ///
+    /// Built as a plain function returning an `async` block: the block holds each value
+    /// once, where an `async fn` keeps its arguments and their moved copies side by side,
+    /// and the request's future is that much smaller to allocate and move.
+    ///
+    /// Until its first poll the request has not reached the inner service (not even its
+    /// `call`, which may start work): dropped then, the lease gives back all it took. From
+    /// there on it counts; dropped before the handler answers, it gives back the units of
+    /// its count-by-outcome rules (it has no status to be counted by).
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see above)")]
+    fn run<S, ResBody>(
+        self,
+        mut inner: S,
+        mut req: Request<B>,
+    ) -> impl Future<Output = Result<Response<ResBody>, S::Error>>
+    where
+        S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+        R: OnRejected<ResBody>,
+        U: OnUnavailable<ResBody>,
+    {
+        async move {
+            let Admitted { shared, verdict, set, lease, slot } = self;
+            if let Some(slot) = slot {
+                // Leaky bucket (rare): boxed, so the common request's future stays small.
+                inner = Box::pin(wait_for_slot(inner, slot)).await?;
             }
+            let forwarded = lease.forward();
+            if let Some(most) = verdict.most_restrictive() {
+                req.extensions_mut().insert(most.decision.clone());
+            }
+            let mut res = inner.call(req).await?;
+            shared.responder.allowed(res.headers_mut(), &verdict, &set);
+            // Units the handler reports it used are taken after the response.
+            let charge = res.extensions().get::<Charge>().map(|&Charge(units)| units);
+            forwarded.settle(res.status(), charge);
+            Ok(res)
         }
-        // Count by outcome: give back the units of rules that do not count this status.
-        if let Some(mut give_back) = count_if.and_then(GiveBackOnDrop::disarm) {
-            let status = res.status();
-            give_back.retain(|r| set.rules[r].count_if.as_ref().is_some_and(|f| !f(status)));
-            give_back.spawn("a count-by-outcome rule");
-        }
-        Ok(res)
     }
 }
 

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::store::{Check, Outcomes, Refund, Taken};
+use crate::limiter::Held;
+use crate::store::{Check, Taken};
 use crate::{Decision, Quota, StoreError};
 
 /// What a [`Limiter`](crate::Limiter) decided for one input: allowed, rejected, or
@@ -24,29 +25,23 @@ use crate::{Decision, Quota, StoreError};
 #[derive(Debug)]
 pub struct Verdict {
     pub(crate) state: State,
-    /// The enforced rules the store decided: their checks, rule indexes, decisions, and
-    /// what each commit took.
-    pub(crate) checks: SmallVec<[Check; 2]>,
-    pub(crate) rules: SmallVec<[usize; 2]>,
-    pub(crate) decisions: SmallVec<[Decision; 2]>,
-    pub(crate) taken: SmallVec<[Option<Taken>; 2]>,
+    /// The enforced rules that were decided, in the order of the rules.
+    pub(crate) decided: SmallVec<[Decided; 1]>,
     /// Who decided the enforced rules (`None` when nothing was decided).
     pub(crate) source: Option<DecidedBy>,
-    /// What shadow rules took: they are given back like the others.
-    pub(crate) shadow: Vec<Commit>,
-    /// The generation of the rule set it was decided under (rule indexes are into it).
-    pub(crate) generation: u64,
-    /// The probes of its charged rules (enforced and shadow, cost 0): what a charge
-    /// after the work takes from, each from whoever decided it.
-    pub(crate) charged: Vec<(Check, DecidedBy)>,
+    /// What the input holds (an allowed verdict): the units its rules took, enforced and
+    /// shadow, and its charged rules' probes. Kept when the verdict is dropped; given back
+    /// by [`Limiter::refund`](crate::Limiter::refund).
+    pub(crate) held: Held,
 }
 
-/// Units one commit took, for a refund: the check, its rule, and who holds the units.
-#[derive(Debug, Clone)]
-pub(crate) struct Commit {
-    pub(crate) refund: Refund,
+/// One enforced rule's decision: its check (as planned), its rule index in the rule set
+/// the input was decided under, and what was decided.
+#[derive(Debug)]
+pub(crate) struct Decided {
+    pub(crate) check: Check,
     pub(crate) rule: usize,
-    pub(crate) by: DecidedBy,
+    pub(crate) decision: Decision,
 }
 
 #[derive(Debug, Clone)]
@@ -87,44 +82,9 @@ pub struct RuleDecision<'a> {
 }
 
 impl Verdict {
-    /// The verdict of `outcomes` (one per check; `None`: a check the store could not
-    /// decide while another rejected — left out).
-    pub(crate) fn decided(
-        checks: SmallVec<[Check; 2]>,
-        rules: SmallVec<[usize; 2]>,
-        outcomes: Outcomes,
-        by: DecidedBy,
-        generation: u64,
-    ) -> Self {
-        let mut v = Self::empty(State::Allowed, generation);
-        // No enforced rule (shadow rules only): nothing was decided.
-        v.source = (!checks.is_empty()).then_some(by);
-        for ((check, rule), outcome) in checks.into_iter().zip(rules).zip(outcomes) {
-            let Some(o) = outcome else { continue };
-            if !o.decision.allowed {
-                v.state = State::Rejected;
-            }
-            v.checks.push(check);
-            v.rules.push(rule);
-            v.decisions.push(o.decision);
-            v.taken.push(o.taken);
-        }
-        v
-    }
-
-    /// A verdict with no decisions: allowed (no rule applied) or failed.
-    pub(crate) fn empty(state: State, generation: u64) -> Self {
-        Self {
-            generation,
-            charged: Vec::new(),
-            state,
-            checks: SmallVec::new(),
-            rules: SmallVec::new(),
-            decisions: SmallVec::new(),
-            taken: SmallVec::new(),
-            source: None,
-            shadow: Vec::new(),
-        }
+    /// A verdict of `state` with no decisions (allowed: no rule applied; or failed).
+    pub(crate) fn empty(state: State, held: Held) -> Self {
+        Self { state, decided: SmallVec::new(), source: None, held }
     }
 
     /// Whether the caller may go ahead: every rule accepted (after waiting
@@ -166,32 +126,34 @@ impl Verdict {
     /// Each enforced rule's decision, in the order of the rules (none when the store
     /// failed, or when no rule applied).
     pub fn decisions(&self) -> impl Iterator<Item = RuleDecision<'_>> + '_ {
-        (0..self.checks.len()).map(|i| self.at(i))
+        (0..self.decided.len()).map(|i| self.at(i))
     }
 
     /// The index (in `checks`) of the rejecting rule that makes the caller wait longest
     /// (a rule that can never accept counts as longest).
     pub(crate) fn worst(&self) -> Option<usize> {
-        self.decisions
+        self.decided
             .iter()
             .enumerate()
-            .filter(|(_, d)| !d.allowed)
-            .max_by_key(|(_, d)| d.retry_after.unwrap_or(Duration::MAX))
+            .filter(|(_, d)| !d.decision.allowed)
+            .max_by_key(|(_, d)| d.decision.retry_after.unwrap_or(Duration::MAX))
             .map(|(i, _)| i)
     }
 
     /// The index of the most restrictive rule: the worst rejecting one, else the one with
     /// the fewest units left.
     pub(crate) fn most(&self) -> Option<usize> {
-        self.worst().or_else(|| self.decisions.iter().enumerate().min_by_key(|(_, d)| d.remaining).map(|(i, _)| i))
+        self.worst()
+            .or_else(|| self.decided.iter().enumerate().min_by_key(|(_, d)| d.decision.remaining).map(|(i, _)| i))
     }
 
     fn at(&self, i: usize) -> RuleDecision<'_> {
+        let d = &self.decided[i];
         RuleDecision {
-            rule: &self.checks[i].rule,
-            quota: self.checks[i].params.quota,
-            decision: &self.decisions[i],
-            taken: self.taken[i],
+            rule: &d.check.rule,
+            quota: d.check.params.quota,
+            decision: &d.decision,
+            taken: self.held.taken_by(d.rule),
         }
     }
 
@@ -222,18 +184,6 @@ impl Verdict {
         if !matches!(self.state, State::Allowed) {
             return Duration::ZERO;
         }
-        self.decisions.iter().map(|d| d.delay).max().unwrap_or(Duration::ZERO)
-    }
-
-    /// Every commit of this verdict whose rule `give_back` selects: enforced and shadow.
-    pub(crate) fn commits(&self, give_back: impl Fn(usize) -> bool) -> Vec<Commit> {
-        let Some(by) = self.source.filter(|_| matches!(self.state, State::Allowed)) else {
-            return self.shadow.iter().filter(|c| give_back(c.rule)).cloned().collect();
-        };
-        let enforced = self.checks.iter().zip(&self.rules).zip(&self.taken).filter_map(|((check, &rule), taken)| {
-            let taken = (*taken)?;
-            give_back(rule).then(|| Commit { refund: Refund { check: check.clone(), taken }, rule, by })
-        });
-        enforced.chain(self.shadow.iter().filter(|c| give_back(c.rule)).cloned()).collect()
+        self.decided.iter().map(|d| d.decision.delay).max().unwrap_or(Duration::ZERO)
     }
 }

@@ -145,9 +145,9 @@ impl Store for OneNodeDown {
     }
 }
 
-/// The enforced rule decided by the fallback (its node is down), the shadow rule by the
-/// store: each takes its own rule's charge (the store's part used to go to the fallback
-/// with the rest).
+/// The enforced rule's node is down: the one call of the enforced and the shadow rule
+/// fails, and the fallback decides both; each rule's charge goes to the fallback, once,
+/// and none to the store.
 #[tokio::test]
 async fn a_charge_goes_to_whoever_decided_each_rule() {
     let (inner, fallback) = (MemoryStore::new(), MemoryStore::new());
@@ -163,9 +163,9 @@ async fn a_charge_goes_to_whoever_decided_each_rule() {
     assert!(verdict.is_allowed());
     assert_eq!(verdict.decided_by(), Some(tollgate::DecidedBy::Fallback));
     limiter.charge(&verdict, 30).await.unwrap();
-    assert_eq!(remaining(&inner, "shadow-tokens", "ada").await, 69, "the store decided the shadow rule");
+    assert_eq!(remaining(&inner, "shadow-tokens", "ada").await, 99, "the store decided nothing");
     assert_eq!(remaining(&fallback, "tokens", "ada").await, 69, "the fallback decided the enforced rule");
-    assert_eq!(remaining(&fallback, "shadow-tokens", "ada").await, 99, "nor twice");
+    assert_eq!(remaining(&fallback, "shadow-tokens", "ada").await, 69, "and the shadow rule, in the same call");
 }
 
 // ---------------------------------------------------------------------------------------

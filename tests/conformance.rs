@@ -35,10 +35,17 @@ struct Rule {
     max_delay_us: Option<u64>,
     /// `Rule::block_for`, in µs.
     block_us: u64,
+    /// The check's role: `Rule::shadow` (decided in the same call, never refuses it,
+    /// committed only when every enforced check passes).
+    shadow: bool,
 }
 
 fn rule(name: &'static str, key: &'static str, algorithm: Algorithm, quota: Quota) -> Rule {
-    Rule { name, key, algorithm, quota, max_delay_us: None, block_us: 0 }
+    Rule { name, key, algorithm, quota, max_delay_us: None, block_us: 0, shadow: false }
+}
+
+fn shadow(name: &'static str, key: &'static str, algorithm: Algorithm, quota: Quota) -> Rule {
+    Rule { shadow: true, ..rule(name, key, algorithm, quota) }
 }
 
 #[derive(Debug, Clone)]
@@ -319,6 +326,25 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(3 * MIN), one(0, 1), Step::Check(vec![(0, 1), (2, 1)]), Peek(2, 1)],
             ],
         ));
+        // Roles: shadow checks ride in the enforced checks' call. A shadow check never
+        // refuses the call, is committed only when it and every enforced check accept,
+        // and nothing is committed when an enforced check rejects. "t" sits on another
+        // key (another slot on a cluster: a slot of shadow checks only).
+        out.push(scenario(
+            format!("{a}: shadow checks in the enforced checks' call"),
+            T0 + 11 * SEC,
+            vec![
+                rule("e", "k", a, Quota::per_minute(3)),
+                shadow("s", "k", partner(a), Quota::per_minute(2)),
+                shadow("t", "j", a, Quota::per_minute(5)),
+            ],
+            vec![
+                times(2, all(3)),
+                vec![all(3), all(3), Peek(1, 1), Peek(2, 1), Undo(2), Peek(0, 1), Peek(2, 1)],
+                vec![one(1, 1), one(2, 4), Step::Check(vec![(1, 1), (2, 1)]), Peek(2, 1)],
+                vec![Advance(MIN), all(3), Step::Check(vec![(0, 2), (1, 3), (2, 1)]), Peek(1, 1)],
+            ],
+        ));
         // Charges (Rule::charged): a probe (cost 0) takes nothing and admits while the key
         // is within its quota; a charge takes its units whatever the decision, into debt;
         // a key in debt is refused (the probe too) until the debt is paid. A probe beside
@@ -386,6 +412,7 @@ fn scenarios() -> Vec<Scenario> {
                 quota: Quota::new(5, Duration::from_secs(10)).burst(10),
                 max_delay_us: Some(5 * SEC),
                 block_us: 0,
+                shadow: false,
             },
         ],
         vec![
@@ -440,6 +467,7 @@ fn check_of(ns: &str, r: &Rule, cost: u64) -> Check {
         params.max_delay_us = d;
     }
     params.block_us = r.block_us;
+    params.shadow = r.shadow;
     Check { rule: format!("{ns}/{}", r.name).into(), key: Key::from(r.key), algorithm: r.algorithm, params }
 }
 
@@ -673,4 +701,49 @@ async fn a_sliding_log_refund_gives_back_its_own_units_on_redis_and_cluster() {
     let clustered =
         RedisStore::cluster(cluster.urls()).unwrap().response_timeout(RESPONSE_TIMEOUT).with_clock(clock.clone());
     sliding_log_refund_example(clustered, &clock).await;
+}
+
+/// The roles' semantics, asserted outright on every store (the table above only compares
+/// the stores with each other): a shadow check never refuses the call, is committed only
+/// when it and every enforced check accept, and nothing is committed when an enforced
+/// check rejects — on a cluster also when the shadow check sits in a slot of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_checks_ride_in_the_call_on_every_store() {
+    let (server, cluster, clock) = (RedisServer::start(), RedisCluster::start(3), ManualClock::new(T0));
+    let (yes, no) = ((true, true), (false, false));
+    let want = [
+        vec![yes, yes, yes],
+        vec![yes, yes, yes],
+        // s is full: it says so, takes nothing, and refuses nothing.
+        vec![yes, no, yes],
+        // e is full: the call is refused, and nothing is taken (t accepted alone).
+        vec![no, no, (true, false)],
+    ];
+    let memory = MemoryStore::with_clock(clock.clone());
+    assert_eq!(roles(&memory, "memory").await, want, "memory");
+    let redis = RedisStore::from_url(&server.url()).unwrap().with_clock(clock.clone());
+    assert_eq!(roles(&redis, "redis").await, want, "redis");
+    let clustered = RedisStore::cluster(cluster.urls()).unwrap().with_clock(clock.clone());
+    assert_eq!(roles(&clustered, "cluster").await, want, "redis cluster");
+}
+
+/// Four calls of one enforced and two shadow checks: each check's (allowed, taken).
+async fn roles<S: Store>(store: &S, ns: &str) -> Vec<Vec<(bool, bool)>> {
+    let rules = [
+        rule("e", "k", Algorithm::Gcra, Quota::per_minute(3)),
+        shadow("s", "k", Algorithm::SlidingWindowLog, Quota::per_minute(2)),
+        shadow("t", "j", Algorithm::FixedWindow, Quota::per_minute(5)),
+    ];
+    let checks: Vec<Check> = rules.iter().map(|r| check_of(ns, r, 1)).collect();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let outcomes = store.check(&checks).await.unwrap_or_else(|e| panic!("{ns}: {e}"));
+        seen.push(
+            outcomes
+                .iter()
+                .map(|o| o.as_ref().map_or((false, false), |o| (o.decision.allowed, o.taken.is_some())))
+                .collect(),
+        );
+    }
+    seen
 }

@@ -399,3 +399,22 @@ fn an_in_process_limiter_needs_no_runtime() {
     at_once(std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
     assert_eq!(at_once(svc.call(get())).unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
 }
+
+/// A check by key of a charged rule may take units now, and a charge after it still goes
+/// to that rule; a check of cost 0 of a rule that is not charged is no probe: a charge
+/// takes nothing from it.
+#[tokio::test]
+async fn a_charge_after_a_check_by_key_goes_to_charged_rules_only() {
+    let limiter = Limiter::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .add_rule(Rule::new("tokens", Quota::per_minute(100), user).charged())
+        .rule("plain", Quota::per_minute(10), user)
+        .build()
+        .unwrap();
+    let v = limiter.check_key("tokens", "ada", 1).await;
+    limiter.charge(&v, 500).await.unwrap();
+    assert!(!limiter.peek("tokens", "ada").await.unwrap().unwrap().allowed, "in debt after the charge");
+    let v = limiter.check_key("plain", "ada", 0).await;
+    assert!(v.is_allowed());
+    limiter.charge(&v, 7).await.unwrap();
+    assert_eq!(limiter.peek("plain", "ada").await.unwrap().unwrap().remaining, 9, "nothing charged");
+}

@@ -275,8 +275,8 @@ struct Config {
     fallback: bool,
     /// The per-key rule is charged: it takes what each response reports (its cost).
     charged: bool,
-    /// A shadow rule per key ("s"): decided by a store call of its own, beside the
-    /// enforced rules' call, and given back when they refuse.
+    /// A shadow rule per key ("s"): decided in the enforced rules' store call, committed
+    /// only when they all accept.
     shadow: Option<(Algorithm, Quota)>,
 }
 

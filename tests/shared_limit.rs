@@ -227,10 +227,14 @@ async fn a_block_holds_on_every_server(urls: &[String], cluster: bool) {
     // By key too, on another server.
     let verdict = limiters[2].check_key("per-key", "mallory", 1).await;
     assert!(verdict.is_rejected() && verdict.retry_after() > Some(Duration::from_secs(590)), "{verdict:?}");
-    // Lifted where it is lifted (other servers' blocked-key caches keep their entries
-    // until they run out, as after `reset`).
+    // Lifted at once where it is lifted; on the others within a second (their
+    // blocked-key caches ask the store again after one).
     assert!(limiters[1].block("per-key", "mallory", Duration::ZERO).await.unwrap());
     assert_eq!(status(servers[1], "mallory").await, 200, "lifted");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for &server in &servers {
+        assert_eq!(status(server, "mallory").await, 200, "lifted on every server within a second");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,4 +285,34 @@ async fn check_key_through_redis() {
 async fn check_key_through_a_cluster() {
     let cluster = RedisCluster::start(3);
     check_key_by_cost_and_refund(&cluster.urls(), true).await;
+}
+
+/// A request with an enforced and a shadow rule makes one store call: the shadow check
+/// rides in the enforced one's script call (`INFO commandstats`), and both count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforced_and_shadow_rules_make_one_store_call() {
+    let redis = RedisServer::start();
+    let store = stores(&[redis.url()], false).remove(0);
+    let limiter = Limiter::builder(store)
+        .rule("api", Quota::per_hour(100), key::header("x-api-key"))
+        .add_rule(Rule::new("trial", Quota::per_hour(5), key::header("x-api-key")).shadow(true))
+        .fail_mode(FailMode::Closed)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::from_limiter(limiter);
+    let limiter = layer.limiter().clone();
+    let server = serve_layer(layer).await;
+    assert_eq!(status(server, "warm-up").await, 200); // loads the script (EVAL after NOSCRIPT)
+    redis.cmd(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..10 {
+        assert_eq!(status(server, "ada").await, 200, "the shadow rule never refuses");
+    }
+    let stats = redis.commandstats();
+    assert_eq!(stats.get("evalsha"), Some(&10), "one call a request: {stats:?}");
+    assert_eq!(stats.get("eval"), None, "{stats:?}");
+    assert_eq!(limiter.peek("api", "ada").await.unwrap().unwrap().remaining, 89, "10 taken, less the peek's own");
+    // The shadow rule took its 5 (no more: a shadow rejection takes nothing).
+    assert_eq!(limiter.peek("trial", "ada").await.unwrap().unwrap().remaining, 0);
+    assert!(!limiter.peek("trial", "ada").await.unwrap().unwrap().allowed);
 }

@@ -111,13 +111,17 @@ pub struct Params {
     /// Whether the key can be blocked by hand (`Limiter::block`, `Rule::blockable`): a
     /// remote store then reads the key's block on every check even when `block_us` is 0.
     pub blockable: bool,
+    /// The check's role in its call: a shadow check (`Rule::shadow`) is decided and
+    /// recorded but never refuses the call, and is committed only when it and every
+    /// enforced check of the call accept.
+    pub shadow: bool,
 }
 
 impl Params {
     /// Parameters with cost 1, the default 10 s max delay and no block.
     #[must_use]
     pub const fn new(quota: Quota) -> Self {
-        Self { quota, cost: 1, max_delay_us: 10_000_000, block_us: 0, blockable: false }
+        Self { quota, cost: 1, max_delay_us: 10_000_000, block_us: 0, blockable: false, shadow: false }
     }
 
     /// Whether a check reads the key's block: the rule blocks on rejection, or may be

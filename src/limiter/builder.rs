@@ -185,10 +185,11 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
         };
         let owner = super::registry::new_owner();
         let set = draft.check(identity, owner, self.cost.as_ref(), self.hint)?;
+        let runtime = Runtime::new(self.settings);
         Ok(Limiter {
-            store: Arc::new(self.store),
+            holders: Arc::new(super::Holders::new(Arc::new(self.store), &runtime)),
             rules: Arc::new(Rules::new(set, identity, owner, self.cost)),
-            runtime: Runtime::new(self.settings),
+            runtime,
         })
     }
 }

@@ -2,8 +2,8 @@
 //! nothing about HTTP. [`RateLimitLayer`](crate::RateLimitLayer) is its HTTP adapter.
 
 mod builder;
-mod charging;
-mod giveback;
+mod holders;
+mod lease;
 mod plan;
 mod registry;
 mod rules;
@@ -11,23 +11,23 @@ mod rules;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
-use smallvec::smallvec;
+use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
 pub(crate) use self::builder::Config;
 pub use self::builder::LimiterBuilder;
-pub(crate) use self::charging::Charging;
-pub(crate) use self::giveback::{GiveBack, GiveBackOnDrop};
-pub(crate) use self::plan::{Checks, Plan};
+pub(crate) use self::holders::Holders;
+use self::lease::{Exit, Holder, Probe, Unit};
+pub(crate) use self::lease::{Held, Lease};
+pub(crate) use self::plan::Plan;
 pub use self::rules::LimiterHandle;
 pub(crate) use self::rules::{Draft, RuleSet, Rules};
 use crate::key::Key;
 use crate::runtime::Runtime;
-use crate::store::{Check, Outcome, Outcomes, Store};
-use crate::verdict::{Commit, DecidedBy, State};
+use crate::store::{Check, Outcome, Outcomes, Refund, Store};
+use crate::verdict::{Decided, DecidedBy, State};
 use crate::{Decision, FailMode, Quota, Rule, StoreError, Verdict};
 
 /// Decides whether inputs of type `I` are within their limits: the rules, the store, and
@@ -64,7 +64,9 @@ use crate::{Decision, FailMode, Quota, Rule, StoreError, Verdict};
 /// # Ok(()) }
 /// ```
 pub struct Limiter<St, I: ?Sized> {
-    store: Arc<St>,
+    /// The store, and whatever else holds units (the fallback): the one router of
+    /// give-backs and charges.
+    holders: Arc<Holders<St>>,
     /// The rules, with the algorithm, fail mode and deadline: swappable at run time.
     rules: Arc<Rules<I>>,
     pub(crate) runtime: Runtime,
@@ -74,7 +76,7 @@ impl<St: fmt::Debug, I: ?Sized> fmt::Debug for Limiter<St, I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let set = self.rules.load();
         f.debug_struct("Limiter")
-            .field("store", &self.store)
+            .field("store", &self.holders.store)
             .field("rules", &set.rules)
             .field("algorithm", &set.algorithm)
             .field("fail_mode", &set.fail_mode)
@@ -108,16 +110,17 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
     /// The store.
     #[must_use]
     pub fn store(&self) -> &St {
-        &self.store
+        &self.holders.store
     }
 
     /// The same configuration with fresh runtime state (a layer reconfigured after it was
     /// cloned is a limiter of its own, holding the same rule names).
     pub(crate) fn fresh_copy(&self) -> Self {
+        let runtime = Runtime::new(self.runtime.settings.clone());
         Self {
-            store: self.store.clone(),
+            holders: Arc::new(Holders::new(self.holders.store.clone(), &runtime)),
             rules: Arc::new(self.rules.copy()),
-            runtime: Runtime::new(self.runtime.settings.clone()),
+            runtime,
         }
     }
 
@@ -138,10 +141,12 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
             });
         });
         self.runtime = Runtime::new(settings);
+        self.holders = Arc::new(Holders::new(self.holders.store.clone(), &self.runtime));
     }
 }
 
 /// What [`Limiter::decide_now`] gives.
+#[allow(clippy::large_enum_variant, reason = "returned once per input and matched at once: boxing would allocate")]
 pub(crate) enum Now<I: ?Sized> {
     /// Decided, under this rule set.
     Decided(Verdict, Arc<RuleSet<I>>),
@@ -282,7 +287,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             Check { rule: r.name.clone(), key, algorithm: r.algorithm_or(set.algorithm), params: r.params(r.quota, 1) };
         let id = set.id(i);
         drop(set);
-        self.store.block(&check, duration).await?;
+        self.holders.store.block(&check, duration).await?;
         // A rejection this process cached for the key may end before a new block, or
         // after a lifted one.
         self.runtime.cache.forget(id, &check.key);
@@ -293,13 +298,13 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     async fn wait_plan(&self, plan: Plan<I>, max_wait: Duration) -> Verdict {
         let until = Instant::now() + max_wait;
         loop {
-            let verdict = self.decide(plan.clone()).await;
+            let mut verdict = self.decide(plan.clone()).await;
             match (&verdict.state, verdict.retry_after()) {
                 (State::Rejected, Some(retry)) if Instant::now() + retry <= until => {
                     tokio::time::sleep(retry).await;
                 }
                 (State::Allowed, _) => {
-                    self.wait_for_slot(&verdict).await;
+                    self.wait_for_slot(&mut verdict).await;
                     return verdict;
                 }
                 _ => return verdict,
@@ -309,14 +314,19 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     /// Sleeps for an allowed verdict's leaky-bucket delay; dropped during the sleep, gives
     /// back everything the verdict took.
-    pub(crate) async fn wait_for_slot(&self, verdict: &Verdict) {
+    pub(crate) async fn wait_for_slot(&self, verdict: &mut Verdict) {
         let delay = verdict.delay();
         if delay.is_zero() {
             return;
         }
-        let guard = GiveBackOnDrop::new(self.give_back(verdict, |_| true), "a request dropped before its slot");
+        let lease = self.lease(std::mem::take(&mut verdict.held), "an input dropped before its slot");
         tokio::time::sleep(delay).await;
-        guard.disarm();
+        verdict.held = lease.keep();
+    }
+
+    /// A lease on what an admitted input holds: dropped, it gives everything back.
+    pub(crate) fn lease(&self, held: Held, what: &'static str) -> Lease<St> {
+        Lease::new(held, self.holders.clone(), what)
     }
 
     /// Gives back the units an allowed verdict took (work that was not done after all):
@@ -366,27 +376,26 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// spent either way: after a timeout the store may have given the units back, and
     /// trying again could give them twice.
     pub async fn refund(&self, verdict: Verdict) -> Result<(), StoreError> {
-        let verdict = &verdict;
-        // Units come back: a rejection this process remembers for these keys may no
-        // longer hold — under the rules the verdict was decided by, and under the rules
-        // in force (a swap since may have cached one of its own for the same rule).
+        // A rule set swapped in since may have cached a rejection of its own for the same
+        // rule and key: forgotten too (the holders forget the verdict's own set's).
         let current = self.rules.load();
-        for (check, &rule) in verdict.checks.iter().zip(&verdict.rules) {
-            self.runtime.cache.forget((verdict.generation, rule), &check.key);
-            if let Some((i, _)) = current.find(&check.rule) {
-                self.runtime.cache.forget(current.id(i), &check.key);
+        for u in &verdict.held.units {
+            if let Some((i, _)) = current.find(&u.refund.check.rule) {
+                self.runtime.cache.forget(current.id(i), &u.refund.check.key);
             }
         }
-        self.give_back(verdict, |_| true).run().await
+        drop(current);
+        self.holders.give_back_now(verdict.held).await
     }
 
     /// Takes `units` from the charged rules ([`Rule::charged`]) of an allowed verdict:
     /// what the work it admitted used, known once the work is done (tokens, bytes, rows).
     /// The key may go into debt; its later inputs are then rejected until the debt is paid.
     /// Each rule's units are taken by whoever decided that rule (the store, or the fallback
-    /// limiter); a remote store's within the deadline, an in-process store's at once, as its
-    /// decisions are (it needs no I/O; see [`LocalStore`](crate::store::LocalStore)). Nothing happens for a
-    /// verdict that was not allowed, with no charged rule, or for 0 units.
+    /// limiter); a remote store's within the deadline, an in-process store's at once, as
+    /// its decisions are (it needs no I/O; see [`LocalStore`](crate::store::LocalStore)).
+    /// Nothing happens for a verdict that was not allowed, with no charged rule, or for 0
+    /// units.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -408,203 +417,110 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// The store's (or the fallback's) error, or [`StoreError::Timeout`] past the deadline
     /// (a remote store).
     pub async fn charge(&self, verdict: &Verdict, units: u64) -> Result<(), StoreError> {
-        match self.charging(verdict, units) {
-            Some(charging) => charging.run().await,
-            None => Ok(()),
+        if units == 0 || !verdict.is_allowed() {
+            return Ok(());
         }
+        self.holders.charge_now(&verdict.held, units).await
     }
 
-    /// What charging `units` to `verdict` takes: run it, or spawn it after a response.
-    pub(crate) fn charging(&self, verdict: &Verdict, units: u64) -> Option<Charging<St>> {
-        let deadline = self.rules.load().deadline;
-        Charging::new(self.store.clone(), &self.runtime.settings, deadline, verdict, units)
-    }
-
-    /// What giving back the commits of `verdict`'s rules (by index in the rule set it was
-    /// decided under) that `select` picks takes: run it, spawn it, or arm it for a drop.
-    pub(crate) fn give_back(&self, verdict: &Verdict, select: impl Fn(usize) -> bool) -> GiveBack<St> {
-        GiveBack::new(self.store.clone(), &self.runtime, verdict.generation, verdict.commits(select))
-    }
-
-    /// A refused input did not happen: what its shadow rules took goes back, as an
-    /// enforced rule's would (a rejection by one rule consumes nothing from the others).
-    /// Detached, like every give-back.
-    fn give_back_shadow(&self, verdict: &mut Verdict) {
-        let commits = std::mem::take(&mut verdict.shadow);
-        GiveBack::new(self.store.clone(), &self.runtime, verdict.generation, commits)
-            .spawn("the shadow rules of a refused input");
-    }
-
-    /// Decides a plan: the blocked-key cache, then one guarded store call (shadow rules
-    /// beside it), the fail mode when the store cannot decide. A refused input keeps
-    /// nothing its shadow rules took.
+    /// Decides a plan: the blocked-key cache, then one guarded store call for every check
+    /// (shadow checks inside it), the fail mode when the store cannot decide.
     pub(crate) async fn decide(&self, plan: Plan<I>) -> Verdict {
         let plan = match self.decide_now(plan) {
             Now::Decided(verdict, _) => return verdict,
             Now::Later(plan) => plan,
         };
         if self.runtime.settings.cache_enabled {
-            if let Some(verdict) = self.blocked(&plan.set, &plan.enforced) {
+            if let Some(verdict) = self.blocked(&plan) {
                 return verdict;
             }
         }
         // Timed only for the debug event that reports it (two clock reads a decision).
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        let (enforced, shadow, deadline) = (&plan.enforced, &plan.shadow, plan.set.deadline);
-        let (result, shadow_result) = if shadow.is_empty() {
-            (self.ask(&enforced.checks, deadline).await, Ok((Outcomes::new(), DecidedBy::Store)))
-        } else if enforced.is_empty() {
-            (Ok((Outcomes::new(), DecidedBy::Store)), self.ask(&shadow.checks, deadline).await)
-        } else {
-            // Boxed: inline, the two calls and their answers would grow every request's
-            // future, most of which have no shadow rule.
-            Box::pin(self.ask_both(plan.set.generation(), enforced, shadow, deadline)).await
-        };
-        self.conclude(plan, result, shadow_result, started).0
-    }
-
-    /// The enforced and the shadow rules' store calls, side by side. What the first to
-    /// answer took goes back if the input is dropped before the other answers: it never
-    /// reaches its verdict, nor the work the units were for.
-    async fn ask_both(
-        &self,
-        generation: u64,
-        enforced: &Checks<2>,
-        shadow: &Checks<1>,
-        deadline: Duration,
-    ) -> (Answer, Answer) {
-        let mut first = std::pin::pin!(self.ask(&enforced.checks, deadline));
-        let mut second = std::pin::pin!(self.ask(&shadow.checks, deadline));
-        let (mut a, mut b): (Option<Answer>, Option<Answer>) = (None, None);
-        let mut armed = None;
-        let what = "an input dropped while its other store call was on its way";
-        std::future::poll_fn(|cx| {
-            if a.is_none() {
-                if let Poll::Ready(answer) = first.as_mut().poll(cx) {
-                    if b.is_none() {
-                        armed = Some(GiveBackOnDrop::new(self.give_back_of(generation, enforced, &answer), what));
-                    }
-                    a = Some(answer);
-                }
-            }
-            if b.is_none() {
-                if let Poll::Ready(answer) = second.as_mut().poll(cx) {
-                    if a.is_none() {
-                        armed = Some(GiveBackOnDrop::new(self.give_back_of(generation, shadow, &answer), what));
-                    }
-                    b = Some(answer);
-                }
-            }
-            if a.is_some() && b.is_some() {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
-        // Both answered: the verdict decides what is kept.
-        armed.map(GiveBackOnDrop::disarm);
-        match (a, b) {
-            (Some(a), Some(b)) => (a, b),
-            _ => unreachable!("both calls answered"),
-        }
-    }
-
-    /// Giving back what one store answer took.
-    fn give_back_of<const N: usize>(&self, generation: u64, checks: &Checks<N>, answer: &Answer) -> GiveBack<St> {
-        GiveBack::new(self.store.clone(), &self.runtime, generation, commits_of(checks, answer))
+        let answer = self.ask(&plan.checks, plan.set.deadline).await;
+        self.conclude(plan, answer, started).0
     }
 
     /// [`Limiter::decide`] at once, with no future, for an in-process store
     /// ([`Store::as_local`]): its answer is synchronous.
     pub(crate) fn decide_now(&self, plan: Plan<I>) -> Now<I> {
-        let Some(local) = self.store.as_local() else { return Now::Later(plan) };
+        let Some(local) = self.holders.store.as_local() else { return Now::Later(plan) };
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        let ask = |checks: &[Check]| -> Answer {
-            let outcomes = match checks {
-                [] => Ok(Outcomes::new()),
-                [one] => local.check_one(one).map(|o| smallvec![Some(o)]),
-                _ => local.check(checks).map(Outcomes::from_vec),
-            };
-            outcomes.map(|o| (o, DecidedBy::Store))
+        let outcomes = match plan.checks.as_slice() {
+            [one] => local.check_one(one).map(|o| smallvec![Some(o)]),
+            checks => local.check(checks).map(Outcomes::from_vec),
         };
-        let result = ask(&plan.enforced.checks);
-        let shadow_result = ask(&plan.shadow.checks);
-        let (verdict, set) = self.conclude(plan, result, shadow_result, started);
+        let answer = outcomes.map(|outcomes| Answered { outcomes, by: DecidedBy::Store, fallback: None });
+        let (verdict, set) = self.conclude(plan, answer, started);
         Now::Decided(verdict, set)
     }
 
-    /// The verdict of a plan's store answers: the fail mode for an error, metrics and
-    /// events, the blocked-key cache, and the shadow rules' give-back on a refusal.
-    fn conclude(
-        &self,
-        plan: Plan<I>,
-        result: Answer,
-        shadow_result: Answer,
-        started: Option<Instant>,
-    ) -> (Verdict, Arc<RuleSet<I>>) {
-        let Plan { enforced, shadow, set } = plan;
-        let remote = self.store.as_local().is_none();
-        // A charged rule's probe (cost 0): what a charge after the work takes from, from
-        // whoever decided it (enforced and shadow rules may be decided by different ones).
-        let by_of = |r: &Answer| r.as_ref().map_or(DecidedBy::Store, |(_, by)| *by);
-        let (enforced_by, shadow_by) = (by_of(&result), by_of(&shadow_result));
-        let probes = |checks: &[Check], by| {
-            checks.iter().filter(|c| c.params.cost == 0).map(move |c| (c.clone(), by)).collect::<Vec<_>>()
-        };
-        let mut charged = probes(&enforced.checks, enforced_by);
-        charged.extend(probes(&shadow.checks, shadow_by));
-        let shadow_commits = record_shadow(&shadow, &shadow_result);
-        let (outcomes, by) = match result {
-            Ok(answer) => answer,
+    /// The verdict of a plan's store answer: the fail mode for an error, metrics and
+    /// events, the blocked-key cache, and what the input holds.
+    fn conclude(&self, plan: Plan<I>, answer: Answer, started: Option<Instant>) -> (Verdict, Arc<RuleSet<I>>) {
+        let Plan { checks, rules, enforced, set } = plan;
+        let mut held = Held { generation: set.generation(), deadline: set.deadline, ..Held::default() };
+        let answered = match answer {
+            Ok(answered) => answered,
             Err(error) => {
                 crate::metrics::store_error(&error);
-                let closed = enforced.rules.iter().any(|&r| set.fail_mode_of(r) == FailMode::Closed);
+                let closed = rules[..enforced].iter().any(|&r| set.fail_mode_of(r) == FailMode::Closed);
                 self.runtime.warn_store_failure(&error, !closed);
                 if closed {
                     crate::metrics::fail_closed();
                 } else {
                     crate::metrics::fail_open();
+                    // A charge after a fail-open pass goes to the store.
+                    held.probes = probes(&set, &checks, &rules, Holder::Store);
                 }
-                let mut verdict = Verdict::empty(State::Failed { error, closed }, set.generation());
-                verdict.shadow = shadow_commits;
-                verdict.charged = charged;
-                if closed {
-                    self.give_back_shadow(&mut verdict);
-                }
-                return (verdict, set);
+                return (Verdict::empty(State::Failed { error, closed }, held), set);
             }
         };
-        for (c, o) in enforced.checks.iter().zip(&outcomes) {
-            let Some(Outcome { decision: d, .. }) = o else { continue };
-            tracing::debug!(
-                rule = %c.rule,
-                allowed = d.allowed,
-                remaining = d.remaining,
-                store_latency_us = started.map_or(0, |t| u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)),
-                "tollgate decision"
-            );
-            crate::metrics::decision(&c.rule, if d.allowed { "allowed" } else { "rejected" });
-        }
-        let Checks { checks, rules } = enforced;
-        let mut verdict = Verdict::decided(checks, rules, outcomes, by, set.generation());
-        if verdict.is_allowed() {
-            // Near the limit: what this input leaves in use (a rejected one takes nothing).
-            for (c, d) in verdict.checks.iter().zip(&verdict.decisions) {
-                if d.is_near_limit(self.runtime.settings.near_limit) {
-                    crate::metrics::near_limit(&c.rule);
+        let Answered { outcomes, by, fallback } = answered;
+        let holder = if by == DecidedBy::Fallback { Holder::Fallback } else { Holder::Store };
+        // What each holder decided: the fallback's share of each quota, for the fallback.
+        let as_held = fallback.as_deref().unwrap_or(&checks);
+        let mut verdict = Verdict::empty(State::Allowed, Held::default());
+        // No enforced rule (shadow rules only): nothing was decided.
+        verdict.source = (enforced > 0).then_some(by);
+        for (i, (check, &rule)) in checks.iter().zip(&rules).enumerate() {
+            let Some(Outcome { decision: d, taken }) = &outcomes[i] else { continue };
+            let shadow = i >= enforced;
+            record(check, d, shadow, started);
+            if let Some(taken) = *taken {
+                let exit = match &set.rules[rule].count_if {
+                    Some(counts) => Exit::UnlessCounted(counts.clone()),
+                    None => Exit::Kept,
+                };
+                let refund = Refund { check: as_held[i].clone(), taken };
+                held.units.push(Unit { refund, rule, holder, exit });
+            }
+            if !shadow {
+                if !d.allowed {
+                    verdict.state = State::Rejected;
                 }
+                verdict.decided.push(Decided { check: check.clone(), rule, decision: d.clone() });
             }
         }
-        verdict.shadow = shadow_commits;
-        verdict.charged = charged;
+        if verdict.is_allowed() {
+            held.probes = probes(&set, as_held, &rules, holder);
+            // Near the limit: what this input leaves in use (a rejected one takes nothing).
+            for d in &verdict.decided {
+                if d.decision.is_near_limit(self.runtime.settings.near_limit) {
+                    crate::metrics::near_limit(&d.check.rule);
+                }
+            }
+        } else {
+            // A refused input takes nothing: the store committed none of its checks.
+            debug_assert!(held.units.is_empty(), "a refused input holds units");
+            held.units.clear();
+        }
+        verdict.held = held;
         // Only the store's own rejections are final: the fallback's limits are its own
         // (a share for one server) and end with the outage.
+        let remote = self.holders.store.as_local().is_none();
         if verdict.is_rejected() && remote && by == DecidedBy::Store && self.runtime.settings.cache_enabled {
             self.remember_rejections(&set, &verdict);
-        }
-        if verdict.is_rejected() {
-            self.give_back_shadow(&mut verdict);
         }
         (verdict, set)
     }
@@ -612,22 +528,20 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// One call to a remote store, guarded, with the fallback limiter when the store
     /// fails (an in-process store is asked in [`Limiter::decide_now`]).
     async fn ask(&self, checks: &[Check], deadline: Duration) -> Answer {
-        if checks.is_empty() {
-            return Ok((Outcomes::new(), DecidedBy::Store));
-        }
-        match self.runtime.call(&*self.store, checks, deadline).await {
-            Ok(outcomes) => Ok((outcomes, DecidedBy::Store)),
+        match self.runtime.call(&*self.holders.store, checks, deadline).await {
+            Ok(outcomes) => Ok(Answered { outcomes, by: DecidedBy::Store, fallback: None }),
             Err(err) => match self.runtime.fallback(&err, checks) {
-                Some(outcomes) => Ok((outcomes, DecidedBy::Fallback)),
+                Some((outcomes, local)) => Ok(Answered { outcomes, by: DecidedBy::Fallback, fallback: Some(local) }),
                 None => Err(err),
             },
         }
     }
 
     /// A rejection from the blocked-key cache, when one of the enforced keys is blocked.
-    fn blocked(&self, set: &RuleSet<I>, enforced: &Checks<2>) -> Option<Verdict> {
+    fn blocked(&self, plan: &Plan<I>) -> Option<Verdict> {
         let now = self.runtime.mono_us();
-        for (check, &rule) in enforced.checks.iter().zip(&enforced.rules) {
+        let set = &plan.set;
+        for (check, rule) in plan.enforced() {
             let r = &set.rules[rule];
             if r.count_if.is_some() && r.block.is_zero() {
                 continue; // units may be given back: a rejection is not final (a block is)
@@ -636,16 +550,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             if let Some(decision) = self.runtime.cache.blocked(set.id(rule), &check.key, check.params.cost, quota, now)
             {
                 crate::metrics::decision(&check.rule, "local_rejected");
-                let outcome = Outcome { decision, taken: None };
-                let (checks, rules) = (smallvec![check.clone()], smallvec![rule]);
-                let generation = set.generation();
-                return Some(Verdict::decided(
-                    checks,
-                    rules,
-                    smallvec![Some(outcome)],
-                    DecidedBy::LocalCache,
-                    generation,
-                ));
+                let held = Held { generation: set.generation(), deadline: set.deadline, ..Held::default() };
+                let mut verdict = Verdict::empty(State::Rejected, held);
+                verdict.source = Some(DecidedBy::LocalCache);
+                verdict.decided.push(Decided { check: check.clone(), rule, decision });
+                return Some(verdict);
             }
         }
         None
@@ -653,15 +562,18 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     fn remember_rejections(&self, set: &RuleSet<I>, verdict: &Verdict) {
         let now = self.runtime.mono_us();
-        for ((check, &rule), d) in verdict.checks.iter().zip(&verdict.rules).zip(&verdict.decisions) {
-            let r = &set.rules[rule];
+        for Decided { check, rule, decision: d } in &verdict.decided {
+            let r = &set.rules[*rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.
             if d.allowed || d.retry_after.is_none() || (r.count_if.is_some() && r.block.is_zero()) {
                 continue;
             }
             // A block refuses every cost: cached as cost 0, which every request reaches.
             let cost = if r.block.is_zero() { check.params.cost } else { 0 };
-            self.runtime.cache.insert(set.id(rule), &check.key, cost, check.params.quota, now, d);
+            // A rule whose blocks can be lifted or shortened by hand (`Limiter::block`) is
+            // asked again after a second: the lift reaches every server within it.
+            let max_age = if check.params.reads_block() { BLOCK_RECHECK_US } else { u64::MAX };
+            self.runtime.cache.insert(set.id(*rule), &check.key, cost, check.params.quota, now, d, max_age);
         }
     }
 
@@ -702,7 +614,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             params: r.params(quota, 1),
         };
         drop(set);
-        self.store.peek(&check).await.map(Some)
+        self.holders.store.peek(&check).await.map(Some)
     }
 
     /// Forgets the state of `key` under rule `rule`, in the store and in this process's
@@ -717,25 +629,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let set = self.rules.load();
         let Some((i, r)) = set.find(rule) else { return Ok(false) };
         let key = key.into();
-        self.store.reset(rule, &key, r.algorithm_or(set.algorithm)).await?;
+        self.holders.store.reset(rule, &key, r.algorithm_or(set.algorithm)).await?;
         self.runtime.cache.forget(set.id(i), &key);
         Ok(true)
     }
-}
-
-/// Records what shadow rules decided (a metric, a log line when one would reject), and
-/// returns what they took, to be given back like the enforced rules' units.
-fn record_shadow(shadow: &Checks<1>, answer: &Answer) -> Vec<Commit> {
-    let Ok((outcomes, _)) = answer else { return Vec::new() };
-    for (check, o) in shadow.checks.iter().zip(outcomes) {
-        let Some(Outcome { decision: d, .. }) = o else { continue };
-        let outcome = if d.allowed { "allowed" } else { "shadow_rejected" };
-        crate::metrics::decision(&check.rule, outcome);
-        if !d.allowed {
-            tracing::info!(rule = %check.rule, key = ?check.key, "tollgate: shadow rule would reject");
-        }
-    }
-    commits_of(shadow, answer)
 }
 
 /// The verdict of a check by key under a rule the limiter does not have: refused, and
@@ -743,20 +640,49 @@ fn record_shadow(shadow: &Checks<1>, answer: &Answer) -> Vec<Commit> {
 fn unknown_rule<I: ?Sized>(rule: &str, set: &RuleSet<I>) -> Verdict {
     tracing::warn!(rule, "tollgate: check by key under a rule this limiter does not have");
     let error = StoreError::Invalid(format!("this limiter has no rule named {rule:?}"));
-    Verdict::empty(State::Failed { error, closed: true }, set.generation())
+    let held = Held { generation: set.generation(), deadline: set.deadline, ..Held::default() };
+    Verdict::empty(State::Failed { error, closed: true }, held)
 }
 
-/// A store call's answer: the outcomes, and who decided them.
-type Answer = Result<(Outcomes, DecidedBy), StoreError>;
+/// How long this process answers a key blocked under a rule that reads blocks from its
+/// blocked-key cache before it asks the store again, µs: a lifted or shortened block
+/// (`Limiter::block`, `reset`) reaches every server within this.
+const BLOCK_RECHECK_US: u64 = 1_000_000;
 
-/// What the commits of one answer took, each with its identity and rule.
-fn commits_of<const N: usize>(checks: &Checks<N>, answer: &Answer) -> Vec<Commit> {
-    let Ok((outcomes, by)) = answer else { return Vec::new() };
-    let taken = checks.checks.iter().zip(&checks.rules).zip(outcomes);
-    taken
-        .filter_map(|((check, &rule), o)| {
-            let taken = o.as_ref()?.taken?;
-            Some(Commit { refund: crate::store::Refund { check: check.clone(), taken }, rule, by: *by })
-        })
-        .collect()
+/// A store call's answer: the outcomes, who decided them, and for the fallback the checks
+/// as it decided them (its share of each quota).
+struct Answered {
+    outcomes: Outcomes,
+    by: DecidedBy,
+    fallback: Option<Vec<Check>>,
+}
+
+type Answer = Result<Answered, StoreError>;
+
+/// Records one check's decision: a debug event and a metric; a shadow rule that would
+/// reject is logged.
+fn record(check: &Check, d: &Decision, shadow: bool, started: Option<Instant>) {
+    if shadow {
+        crate::metrics::decision(&check.rule, if d.allowed { "allowed" } else { "shadow_rejected" });
+        if !d.allowed {
+            tracing::info!(rule = %check.rule, key = ?check.key, "tollgate: shadow rule would reject");
+        }
+        return;
+    }
+    tracing::debug!(
+        rule = %check.rule,
+        allowed = d.allowed,
+        remaining = d.remaining,
+        store_latency_us = started.map_or(0, |t| u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)),
+        "tollgate decision"
+    );
+    crate::metrics::decision(&check.rule, if d.allowed { "allowed" } else { "rejected" });
+}
+
+/// The checks of the charged rules (`Rule::charged`) among `checks` (of `rules`), as
+/// probes held by `holder`: what a charge after the work takes from. A check by key of a
+/// charged rule may take units now too; a check of cost 0 of another rule is no probe.
+fn probes<I: ?Sized>(set: &RuleSet<I>, checks: &[Check], rules: &[usize], holder: Holder) -> SmallVec<[Probe; 1]> {
+    let charged = checks.iter().zip(rules).filter(|&(_, &rule)| set.rules[rule].charged);
+    charged.map(|(c, _)| Probe { check: c.clone(), holder }).collect()
 }

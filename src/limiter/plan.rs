@@ -8,56 +8,58 @@ use super::{Limiter, RuleSet};
 use crate::key::Key;
 use crate::store::Check;
 
-/// The checks of one input for one kind of rule (enforced or shadow), with each one's rule
-/// index. Up to `N` are kept inline: no allocation per request.
-#[derive(Clone, Default)]
-pub(crate) struct Checks<const N: usize> {
-    pub(crate) checks: SmallVec<[Check; N]>,
-    pub(crate) rules: SmallVec<[usize; N]>,
-}
-
-impl<const N: usize> Checks<N> {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.checks.is_empty()
-    }
-}
-
-/// What one input asks of the store: two enforced rules (say per IP and per key) and one
-/// shadow rule fit inline. Rule indexes are into `set`, the rules it was planned under:
-/// the input is decided and answered under them, whatever a swap does meanwhile.
+/// What one input asks of the store, in one call: each rule that applies, enforced rules
+/// first, then shadow ones (each check carries its role, `Params::shadow`). Two checks fit
+/// inline: no allocation for most requests. Rule indexes are into `set`, the rules it was
+/// planned under: the input is decided and answered under them, whatever a swap does
+/// meanwhile.
 pub(crate) struct Plan<I: ?Sized> {
-    pub(crate) enforced: Checks<2>,
-    pub(crate) shadow: Checks<1>,
+    pub(crate) checks: SmallVec<[Check; 2]>,
+    /// Each check's rule.
+    pub(crate) rules: SmallVec<[usize; 2]>,
+    /// How many of the checks, at the front, are enforced.
+    pub(crate) enforced: usize,
     pub(crate) set: Arc<RuleSet<I>>,
 }
 
 impl<I: ?Sized> Clone for Plan<I> {
     fn clone(&self) -> Self {
-        Self { enforced: self.enforced.clone(), shadow: self.shadow.clone(), set: self.set.clone() }
+        Self { checks: self.checks.clone(), rules: self.rules.clone(), enforced: self.enforced, set: self.set.clone() }
     }
 }
 
 impl<I: ?Sized> Plan<I> {
-    /// Adds the check of rule `rule` (an index into `set`).
-    fn push(&mut self, check: Check, rule: usize, shadow: bool) {
-        if shadow {
-            self.shadow.checks.push(check);
-            self.shadow.rules.push(rule);
+    fn new(set: Arc<RuleSet<I>>) -> Self {
+        Self { checks: SmallVec::new(), rules: SmallVec::new(), enforced: 0, set }
+    }
+
+    /// Adds the check of rule `rule` (an index into `set`): an enforced one after the
+    /// other enforced ones, a shadow one at the end.
+    fn push(&mut self, check: Check, rule: usize) {
+        if check.params.shadow {
+            self.checks.push(check);
+            self.rules.push(rule);
         } else {
-            self.enforced.checks.push(check);
-            self.enforced.rules.push(rule);
+            self.checks.insert(self.enforced, check);
+            self.rules.insert(self.enforced, rule);
+            self.enforced += 1;
         }
     }
 
     /// No rule applies.
     pub(crate) fn is_empty(&self) -> bool {
-        self.enforced.is_empty() && self.shadow.is_empty()
+        self.checks.is_empty()
+    }
+
+    /// The enforced checks, with their rules.
+    pub(crate) fn enforced(&self) -> impl Iterator<Item = (&Check, usize)> {
+        self.checks[..self.enforced].iter().zip(self.rules[..self.enforced].iter().copied())
     }
 }
 
 impl<St, I: ?Sized + 'static> Limiter<St, I> {
     /// The one check of `cost` units of `key` under rule `rule` (its base quota), or the
-    /// name back when there is no such rule.
+    /// rule set back when there is no such rule.
     pub(crate) fn plan_key(&self, rule: &str, key: Key, cost: u64) -> Result<Plan<I>, Arc<RuleSet<I>>> {
         let set = self.rules.load();
         let Some((i, r)) = set.find(rule) else { return Err(set) };
@@ -67,15 +69,15 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
             algorithm: r.algorithm_or(set.algorithm),
             params: r.params(r.quota, cost),
         };
-        let mut plan = Plan { enforced: Checks::default(), shadow: Checks::default(), set: set.clone() };
-        plan.push(check, i, r.shadow);
+        let mut plan = Plan::new(set.clone());
+        plan.push(check, i);
         Ok(plan)
     }
 
     /// The checks `input` asks for: each rule that applies, with its key, quota and cost.
     pub(crate) fn plan(&self, input: &I) -> Plan<I> {
         let set = self.rules.load();
-        let mut plan = Plan { enforced: Checks::default(), shadow: Checks::default(), set: set.clone() };
+        let mut plan = Plan::new(set.clone());
         for (i, rule) in set.rules.iter().enumerate() {
             if rule.bypass.as_ref().is_some_and(|f| f(input)) {
                 continue;
@@ -96,7 +98,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
                 algorithm: rule.algorithm_or(set.algorithm),
                 params: rule.params(quota, cost),
             };
-            plan.push(check, i, rule.shadow);
+            plan.push(check, i);
         }
         plan
     }

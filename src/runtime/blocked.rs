@@ -34,6 +34,8 @@ struct BlockedEntry {
     cost: u64,
     quota: Quota,
     until: u64,
+    /// Until when the entry answers (`until`, or sooner: see `insert`'s `max_age`).
+    fresh_until: u64,
     /// The store's rejection, and when it was made: a cached answer says what the store
     /// said (its remaining units, its times less what has passed since).
     decision: Decision,
@@ -72,7 +74,7 @@ impl BlockedCache {
         }
         let (h, shard) = self.shard(rule, key);
         let e = shard.table.find(h, |e| e.rule == rule && e.key == *key)?;
-        (e.until > now && cost >= e.cost && quota == e.quota).then(|| {
+        (e.fresh_until > now && cost >= e.cost && quota == e.quota).then(|| {
             let left = Duration::from_micros(e.until - now);
             let passed = Duration::from_micros(now.saturating_sub(e.at));
             let d = &e.decision;
@@ -87,26 +89,48 @@ impl BlockedCache {
         })
     }
 
-    /// Records that (rule, key) rejects `cost`, as `decision` says (until its retry).
-    pub(crate) fn insert(&self, rule: RuleId, key: &Key, cost: u64, quota: Quota, now: u64, decision: &Decision) {
+    /// Records that (rule, key) rejects `cost`, as `decision` says: until its retry, or
+    /// for `max_age` µs at most (then the store is asked again; the answers given until
+    /// then still say the whole retry).
+    #[allow(clippy::too_many_arguments, reason = "one entry's fields")]
+    pub(crate) fn insert(
+        &self,
+        rule: RuleId,
+        key: &Key,
+        cost: u64,
+        quota: Quota,
+        now: u64,
+        decision: &Decision,
+        max_age: u64,
+    ) {
         let Some(retry) = decision.retry_after else { return };
         let until = now.saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX));
+        let fresh_until = until.min(now.saturating_add(max_age));
         let (h, mut shard) = self.shard(rule, key);
         // A lookup racing with this may miss the new entry and ask the store: harmless.
-        self.last_until.fetch_max(until, Ordering::Relaxed);
+        self.last_until.fetch_max(fresh_until, Ordering::Relaxed);
+        let entry = BlockedEntry {
+            rule,
+            key: key.clone(),
+            cost,
+            quota,
+            until,
+            fresh_until,
+            decision: decision.clone(),
+            at: now,
+        };
         if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
-            *e = BlockedEntry { rule, key: key.clone(), cost, quota, until, decision: decision.clone(), at: now };
+            *e = entry;
             return;
         }
         if shard.table.len() >= shard.sweep_at {
-            shard.table.retain(|e| e.until > now);
+            shard.table.retain(|e| e.fresh_until > now);
             shard.sweep_at = (shard.table.len() * 2).max(64);
         }
         if shard.table.len() >= self.cap_per_shard {
             return; // bounded: under a flood of distinct keys, stop caching
         }
         let hasher = &self.hasher;
-        let entry = BlockedEntry { rule, key: key.clone(), cost, quota, until, decision: decision.clone(), at: now };
         shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key)));
     }
 
@@ -146,7 +170,7 @@ mod tests {
         let cache = BlockedCache::new(SHARDS * 100);
         let k = Key::from("k");
         let q = Quota::per_minute(10);
-        cache.insert((7, 0), &k, 2, q, 1_000, &rejected(500));
+        cache.insert((7, 0), &k, 2, q, 1_000, &rejected(500), u64::MAX);
         let d = cache.blocked((7, 0), &k, 2, q, 1_499).unwrap();
         // The store's answer, 499 µs on.
         assert_eq!((d.allowed, d.limit, d.remaining), (false, 10, 3));
@@ -158,12 +182,23 @@ mod tests {
         assert!(cache.blocked((7, 0), &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
         assert!(cache.blocked((7, 0), &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
         assert!(cache.blocked((7, 0), &k, 2, q, 1_500).is_none());
-        cache.insert((7, 1), &k, 1, q, 1_000, &rejected(100));
+        cache.insert((7, 1), &k, 1, q, 1_000, &rejected(100), u64::MAX);
         assert!(cache.blocked((7, 1), &k, 1, q, 1_050).is_some(), "an earlier end recorded later");
         assert!(cache.blocked((7, 1), &k, 2, q, 1_200).is_none());
         for i in 0..10_000 {
-            cache.insert((7, 0), &Key::from(format!("k{i}")), 1, q, 2_000, &rejected(1_000_000));
+            cache.insert((7, 0), &Key::from(format!("k{i}")), 1, q, 2_000, &rejected(1_000_000), u64::MAX);
         }
         assert!(cache.len() <= SHARDS * 100 + SHARDS);
+    }
+
+    /// An entry with a `max_age` answers for that long only, and says the whole retry.
+    #[test]
+    fn a_short_lived_entry_says_the_whole_retry_and_then_asks_again() {
+        let cache = BlockedCache::new(SHARDS * 100);
+        let (k, q) = (Key::from("k"), Quota::per_minute(10));
+        cache.insert((9, 0), &k, 1, q, 1_000, &rejected(10_000), 100);
+        let d = cache.blocked((9, 0), &k, 1, q, 1_050).expect("fresh");
+        assert_eq!(d.retry_after, Some(Duration::from_micros(9_950)), "the store's retry, not the cache's age");
+        assert!(cache.blocked((9, 0), &k, 1, q, 1_100).is_none(), "asked again after max_age");
     }
 }

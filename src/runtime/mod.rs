@@ -124,9 +124,11 @@ impl Runtime {
     }
 
     /// The fallback limiter's outcomes for `checks` after the store failed with `err`,
-    /// when there is a fallback: each limit divided by the expected number of servers.
+    /// when there is a fallback, and the checks as it decided them: each limit divided by
+    /// the expected number of servers (computed here once; give-backs and charges to the
+    /// fallback use these checks).
     #[cfg(feature = "memory")]
-    pub(crate) fn fallback(&self, err: &StoreError, checks: &[Check]) -> Option<Outcomes> {
+    pub(crate) fn fallback(&self, err: &StoreError, checks: &[Check]) -> Option<(Outcomes, Vec<Check>)> {
         let (fallback, instances) = self.settings.fallback.as_ref()?;
         crate::metrics::store_error(err);
         self.warn_store_failure(err, true);
@@ -135,11 +137,11 @@ impl Runtime {
         for o in &outcomes {
             crate::metrics::fallback(if o.decision.allowed { "allowed" } else { "rejected" });
         }
-        Some(outcomes.into_iter().map(Some).collect())
+        Some((outcomes.into_iter().map(Some).collect(), local))
     }
 
     #[cfg(not(feature = "memory"))]
-    pub(crate) fn fallback(&self, _: &StoreError, _: &[Check]) -> Option<Outcomes> {
+    pub(crate) fn fallback(&self, _: &StoreError, _: &[Check]) -> Option<(Outcomes, Vec<Check>)> {
         None
     }
 
@@ -161,7 +163,7 @@ impl Runtime {
 
 /// `check` as the fallback limiter sees it: its share of the quota.
 #[cfg(feature = "memory")]
-pub(crate) fn local_check(check: &Check, instances: u64) -> Check {
+fn local_check(check: &Check, instances: u64) -> Check {
     let mut c = check.clone();
     c.params.quota = c.params.quota.divided(instances);
     c

@@ -226,7 +226,7 @@ impl MemoryStore {
         super::distinct(checks)?;
         self.sweep_due(now);
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
-        // commit only if all pass.
+        // commit only if every enforced one passes (and then each shadow one that passes).
         let hashes: Vec<u64> = checks.iter().map(|c| self.hash(&c.rule, c.algorithm, &c.key)).collect();
         let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
@@ -241,10 +241,10 @@ impl MemoryStore {
                 Ok(shard.entry(h, c, now, &self.inner)?.decide(c, now, true))
             })
             .collect::<Result<Vec<Decision>, StoreError>>()?;
-        let all = decisions.iter().all(|d| d.allowed);
+        let all = decisions.iter().zip(checks).all(|(d, c)| d.allowed || c.params.shadow);
         let mut outcomes = Vec::with_capacity(checks.len());
         for ((c, &h), decision) in checks.iter().zip(&hashes).zip(decisions) {
-            let taken = if all && c.params.cost > 0 {
+            let taken = if all && decision.allowed && c.params.cost > 0 {
                 let e = guard_for(&mut guards, self.shard_of(h)).entry(h, c, now, &self.inner)?;
                 Some(e.commit(c, now))
             } else {
@@ -316,6 +316,11 @@ fn matches(e: &Entry, rule: &str, algorithm: Algorithm, key: &Key) -> bool {
 }
 
 impl Entry {
+    /// Until when the entry means something: its state's expiry, or its block's end.
+    fn live_until(&self) -> u64 {
+        self.expires_at.max(self.blocked_until)
+    }
+
     /// Decides `check` at `now`, with the key's block (see [`crate::algorithm::blocking`]);
     /// a rejection that starts a block stores it (the one change a rejection makes).
     fn decide(&mut self, check: &Check, now: u64, write: bool) -> Decision {
@@ -323,7 +328,6 @@ impl Entry {
         let (d, block) = crate::algorithm::blocking(d, self.blocked_until, &check.params, now);
         if let (Some(until), true) = (block, write) {
             self.blocked_until = until;
-            self.expires_at = self.expires_at.max(until);
         }
         d
     }
@@ -348,7 +352,7 @@ impl Shard {
         // States stay a second past their expiry: a key whose traffic is below its quota
         // (its state expires between requests) is then not dropped and re-inserted on
         // every visit.
-        self.table.retain(|e| e.expires_at.saturating_add(GRACE_US) > now);
+        self.table.retain(|e| e.live_until().saturating_add(GRACE_US) > now);
         self.sweep_at = (self.table.len() * 2).max(MIN_SWEEP);
     }
 
@@ -363,7 +367,7 @@ impl Shard {
         let find = |e: &Entry| matches(e, &check.rule, check.algorithm, &check.key);
         if self.table.len() >= inner.cap_per_shard && self.table.find(hash, find).is_none() {
             // Full: make room from expired states (any expiry, no grace), or refuse.
-            self.table.retain(|e| e.expires_at > now);
+            self.table.retain(|e| e.live_until() > now);
             if self.table.len() >= inner.cap_per_shard {
                 return Err(StoreError::Full(inner.max_keys.unwrap_or(usize::MAX)));
             }
@@ -381,7 +385,8 @@ impl Shard {
                 })
                 .into_mut(),
         };
-        if e.expires_at <= now && e.expires_at != 0 {
+        let live = e.live_until();
+        if live <= now && live != 0 {
             e.state = State::new(check.algorithm);
             e.expires_at = 0;
             e.blocked_until = 0;
@@ -412,7 +417,7 @@ impl LocalStore for MemoryStore {
         let now = self.inner.clock.now();
         Ok(self.with_existing(&check.rule, check.algorithm, &check.key, |t, h| {
             match t.find(h, |e| matches(e, &check.rule, check.algorithm, &check.key)) {
-                Some(e) if e.expires_at > now => e.peek(check, now),
+                Some(e) if e.live_until() > now => e.peek(check, now),
                 _ => State::new(check.algorithm).decide(&check.params, now),
             }
         }))
@@ -429,12 +434,19 @@ impl LocalStore for MemoryStore {
 
     fn block(&self, check: &Check, duration: Duration) -> Result<(), StoreError> {
         let now = self.inner.clock.now();
-        let until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
+        if duration.is_zero() {
+            // Lifted: nothing to do for a key with no state, and no state to make.
+            self.with_existing(&check.rule, check.algorithm, &check.key, |t, h| {
+                if let Some(e) = t.find_mut(h, |e| matches(e, &check.rule, check.algorithm, &check.key)) {
+                    e.blocked_until = 0;
+                }
+            });
+            return Ok(());
+        }
         let h = self.hash(&check.rule, check.algorithm, &check.key);
         let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
         let e = shard.entry(h, check, now, &self.inner)?;
-        e.blocked_until = if duration.is_zero() { 0 } else { until };
-        e.expires_at = e.expires_at.max(e.blocked_until);
+        e.blocked_until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
         Ok(())
     }
 
@@ -638,5 +650,24 @@ mod tests {
             .unwrap();
         let d = store.check_one_at(&daily, clock.now_micros()).unwrap().decision;
         assert!(!d.allowed, "the daily state was forgotten early: {d:?}");
+    }
+
+    /// A block needs a state; its lift does not make one, and a lifted block no longer
+    /// keeps its key's state alive in a full store (it used to, until the block's end).
+    #[test]
+    fn a_lifted_block_takes_no_room_in_a_full_store() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone()).max_keys(1);
+        let q = Quota::per_minute(10);
+        let key = |i: usize| check("r", &format!("k{i}"), Algorithm::Gcra, q);
+        let shard = |c: &Check| store.shard_of(store.hash(&c.rule, c.algorithm, &c.key));
+        // Two keys of one shard, which holds one state.
+        let (a, b) = (key(0), (1..).map(key).find(|c| shard(c) == shard(&key(0))).unwrap());
+        LocalStore::block(&store, &a, Duration::from_secs(86_400)).unwrap();
+        assert!(matches!(LocalStore::check_one(&store, &b), Err(StoreError::Full(1))), "the block holds the room");
+        LocalStore::block(&store, &b, Duration::ZERO).expect("a lift of a key with no state is a no-op");
+        LocalStore::block(&store, &a, Duration::ZERO).unwrap();
+        clock.advance(Duration::from_secs(2));
+        assert!(LocalStore::check_one(&store, &b).unwrap().decision.allowed, "the lifted block still held the room");
     }
 }

@@ -15,6 +15,9 @@
 //! - If any slot rejected, the request is rejected, whatever another slot's error: the
 //!   rules of a failed slot are reported undecided (`None`). An error is returned only
 //!   when no answer rejects.
+//! - A slot that holds only shadow checks (`Params::shadow`) never rejects, and its error
+//!   fails nothing: its checks are reported undecided. What it took is kept when every
+//!   other slot accepts, and rolled back with theirs otherwise.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -123,7 +126,7 @@ pub(super) async fn check_slots(
                         // it into a store error); what they take is given back when they
                         // answer.
                         if let Some(tx) = tx.take() {
-                            let _ = tx.send(combine(checks.len(), &groups, &replies, false));
+                            let _ = tx.send(combine(&checks, &groups, &replies, false));
                         }
                         continue;
                     }
@@ -141,13 +144,16 @@ pub(super) async fn check_slots(
             grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(LATE_SLOT_GRACE)));
         }
         let Some(tx) = tx else { return };
-        let everyone = replies.iter().all(|r| matches!(r, Some(Ok(reply)) if reply.all));
+        let everyone = groups
+            .iter()
+            .zip(&replies)
+            .all(|(g, r)| shadow_only(&checks, g) || matches!(r, Some(Ok(reply)) if reply.all));
         if !everyone {
             roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
         }
         // Answered once the units are back, so that the caller's next request finds them;
         // a caller gone by then (its deadline passed) changes nothing here.
-        let _ = tx.send(combine(checks.len(), &groups, &replies, everyone));
+        let _ = tx.send(combine(&checks, &groups, &replies, everyone));
     });
     rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("the multi-slot check task ended early".into())))
 }
@@ -190,22 +196,29 @@ fn refunds(checks: &[Check], group: &[usize], reply: &Reply) -> Vec<Refund> {
         .collect()
 }
 
+/// Whether a slot's group holds only shadow checks.
+fn shadow_only(checks: &[Check], group: &[usize]) -> bool {
+    group.iter().all(|&i| checks[i].params.shadow)
+}
+
 /// The outcomes in the order of the checks: all taken when `everyone` accepted; else
 /// decisions with nothing taken (rolled back), `None` for the rules of a slot that failed
-/// or has not answered when another slot rejected, or the first error when none rejected.
+/// or has not answered when another slot rejected (or of a shadow-only slot that failed),
+/// or the first error of a slot with enforced checks when none rejected.
 fn combine(
-    n: usize,
+    checks: &[Check],
     groups: &[Vec<usize>],
     replies: &[Option<Result<Reply, StoreError>>],
     everyone: bool,
 ) -> Result<Vec<Option<Outcome>>, StoreError> {
     let rejected = replies.iter().flatten().any(|r| matches!(r, Ok(reply) if !reply.all));
     if !rejected {
-        if let Some(Err(e)) = replies.iter().flatten().find(|r| r.is_err()) {
+        let enforced_error = groups.iter().zip(replies).filter(|(g, _)| !shadow_only(checks, g));
+        if let Some((_, Some(Err(e)))) = enforced_error.into_iter().find(|(_, r)| matches!(r, Some(Err(_)))) {
             return Err(e.clone());
         }
     }
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; checks.len()];
     for (g, r) in groups.iter().zip(replies) {
         let Some(Ok(reply)) = r else { continue };
         for (&i, o) in g.iter().zip(&reply.outcomes) {

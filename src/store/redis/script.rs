@@ -127,7 +127,7 @@ impl Scripts {
 /// Whether the straight-line scripts (`scripts/<alg>_single.lua`) decide `check`: they know
 /// nothing of blocks, nor of probes (cost 0), which are decided and never written.
 fn straight_line(check: &Check) -> bool {
-    !check.params.reads_block() && check.params.cost > 0
+    !check.params.reads_block() && check.params.cost > 0 && !check.params.shadow
 }
 
 /// The algorithm's place in [`Scripts`]' tables.
@@ -204,7 +204,13 @@ pub(crate) fn script_cmd(
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
-    cmd.arg(mode);
+    if (mode == MODE_CHECK || mode == MODE_PEEK) && checks.iter().any(|c| c.params.shadow) {
+        // Each check's role after the mode: `e`nforced or `s`hadow (see check.lua).
+        let roles: String = checks.iter().map(|c| if c.params.shadow { 's' } else { 'e' }).collect();
+        cmd.arg(format!("{mode}{roles}"));
+    } else {
+        cmd.arg(mode);
+    }
     for (i, c) in checks.iter().enumerate() {
         write_rule_args(&mut cmd, c);
         if let Some(at) = ats.get(i) {
@@ -334,7 +340,8 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Resul
         };
         outcomes.push(Some(outcome(check, now, &read, committed)?));
     }
-    if all != outcomes.iter().flatten().all(|o| o.decision.allowed) {
+    let enforced = checks.iter().zip(&outcomes).filter(|(c, _)| !c.params.shadow);
+    if all != enforced.filter_map(|(_, o)| o.as_ref()).all(|o| o.decision.allowed) {
         return Err(bad_reply("overall verdict does not match the rules'", reply));
     }
     Ok(Reply { all, outcomes })

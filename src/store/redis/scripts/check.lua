@@ -1,21 +1,29 @@
--- Main of the check scripts: decides every rule, commits only if every rule accepts (and
--- the mode is 'c'), and returns what it read so that Rust decides with the same pure
--- functions: { now, all accepted (1/0), then per rule: accepted (1/0), f1, f2, f3, the end
--- of its block (0: none) }. A rule of cost 0 is a probe (a charged rule's admission):
--- decided, never written.
+-- Main of the check scripts: decides every rule, commits only if every enforced rule
+-- accepts (and the mode is 'c'), and returns what it read so that Rust decides with the
+-- same pure functions: { now, every enforced rule accepted (1/0), then per rule: accepted
+-- (1/0), f1, f2, f3, the end of its block (0: none) }. A rule of cost 0 is a probe (a
+-- charged rule's admission): decided, never written.
+--
+-- Roles (Rule::shadow): in modes 'c' and 'p', ARGV[2] may go on with one letter per rule,
+-- 'e' enforced or 's' shadow ('c' alone: all enforced). A shadow rule is decided and reported
+-- but never refuses the call, and is committed only when it and every enforced rule
+-- accept.
 --
 -- Mode 'f' (charges reported after a response, Rule::charged): every rule takes its cost
 -- whatever it decides (State::force: the key may go into debt); no block is started.
 --
 -- Blocks (Rule::block_for, src/algorithm/mod.rs `blocking`): a rule whose block has not
 -- ended refuses without deciding (its block is read when its block argument is not 0:
--- -1 for a rule blocked only by hand, Rule::blockable); a rejection by the rule's algorithm starts a block, the
--- one write a rejection makes (a rejection during a block does not extend it).
+-- -1 for a rule blocked only by hand, Rule::blockable); a rejection by the rule's
+-- algorithm starts a block, the one write a rejection makes (a rejection during a block
+-- does not extend it).
 local now = read_now(ARGV[1])
 local n = (#ARGV - 2) / 8
+local mode = string.sub(ARGV[2], 1, 1)
+local roles = string.sub(ARGV[2], 2)
 -- Mode 'b' (Limiter::block): each rule's block (its key after the state keys) ends its
 -- block argument from now; -1 lifts it. Nothing else is read or written.
-if ARGV[2] == 'b' then
+if mode == 'b' then
   for i = 1, n do
     local p = params(i, 8)
     if p.blk > 0 then
@@ -26,8 +34,8 @@ if ARGV[2] == 'b' then
   end
   return { now, 1 }
 end
-local commit = ARGV[2] == 'c'
-local force = ARGV[2] == 'f'
+local commit = mode == 'c'
+local force = mode == 'f'
 local out = { now, 1 }
 local states, ps, oks = {}, {}, {}
 local all = true
@@ -46,7 +54,7 @@ for i = 1, n do
     p.blocked = tonumber(redis.call('GET', p.bkey)) or 0
   end
   local ok = p.blocked <= now and a.decide(s, p, now)
-  if not ok then all = false end
+  if not ok and string.byte(roles, i) ~= 115 then all = false end -- 115: 's', a shadow rule
   local f1, f2, f3 = a.fields(s)
   out[#out + 1] = ok and 1 or 0
   out[#out + 1] = f1
@@ -73,7 +81,7 @@ if (all and commit) or force then
     if written[KEYS[i]] then s = a.read(KEYS[i], ps[i], now) or a.default() end
     -- A charge takes at most what keeps the debt within MAX_DEBT (State::force).
     if force then ps[i].c = min(ps[i].c, a.room(s, ps[i], now)) end
-    if ps[i].c > 0 then
+    if ps[i].c > 0 and (force or oks[i]) then
       if force and a.force then a.force(KEYS[i], s, ps[i], now) else a.commit(KEYS[i], s, ps[i], now) end
       written[KEYS[i]] = true
     end

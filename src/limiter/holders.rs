@@ -1,0 +1,194 @@
+//! The one router of give-backs and charges: each unit to whoever holds it, each probe's
+//! charge to whoever decided it — the store, or the in-process fallback limiter that
+//! decided while the store was failing — and the blocked-key cache cleared after every
+//! give-back (a rejection it remembers may not hold once the units are back).
+//!
+//! In-process work is done at once, in the caller's thread (the fallback always; the
+//! store when it is a [`LocalStore`](crate::store::LocalStore)): the units are back, or
+//! taken, before the next input is decided, with no runtime needed. A remote store's part
+//! goes to one detached task under the deadline, or is awaited by
+//! [`Limiter::refund`](crate::Limiter::refund) and
+//! [`Limiter::charge`](crate::Limiter::charge).
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::lease::{Held, Holder};
+use crate::runtime::{BlockedCache, Runtime};
+use crate::store::{Check, Refund, Store};
+use crate::StoreError;
+
+/// The holders of one limiter's units.
+pub(crate) struct Holders<St> {
+    pub(crate) store: Arc<St>,
+    #[cfg(feature = "memory")]
+    pub(crate) fallback: Option<crate::MemoryStore>,
+    pub(crate) cache: Arc<BlockedCache>,
+}
+
+/// The store's part of a give-back or a charge.
+type ToStore<T> = SmallVec<[T; 1]>;
+
+impl<St> Holders<St> {
+    /// The holders of a limiter over `store` with `runtime`'s fallback and cache.
+    pub(crate) fn new(store: Arc<St>, runtime: &Runtime) -> Self {
+        Self {
+            store,
+            #[cfg(feature = "memory")]
+            fallback: runtime.settings.fallback.as_ref().map(|(fallback, _)| fallback.clone()),
+            cache: runtime.cache.clone(),
+        }
+    }
+}
+
+impl<St: Store> Holders<St> {
+    /// Gives back what `held` took, without waiting: see the module docs. A failure is
+    /// logged, naming `what` gave the units back.
+    pub(crate) fn give_back(self: &Arc<Self>, held: Held, what: &'static str) {
+        let (refunds, rules) = self.refund_fallback(&held);
+        if refunds.is_empty() {
+            return;
+        }
+        if let Some(local) = self.store.as_local() {
+            match local.refund(&refunds) {
+                Ok(()) => self.forget(&refunds, &rules, held.generation),
+                Err(err) => tracing::warn!(error = %err, "tollgate: could not give back the units of {what}"),
+            }
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("tollgate: no tokio runtime to give back the units of {what}");
+            return;
+        };
+        let this = self.clone();
+        drop(runtime.spawn(async move {
+            match tokio::time::timeout(held.deadline, this.store.refund(&refunds)).await {
+                Ok(Ok(())) => this.forget(&refunds, &rules, held.generation),
+                Ok(Err(err)) => tracing::warn!(error = %err, "tollgate: could not give back the units of {what}"),
+                Err(_) => tracing::warn!("tollgate: the store did not take back the units of {what} in time"),
+            }
+        }));
+    }
+
+    /// Gives back what `held` took, and waits for the store (no deadline: the caller
+    /// asked).
+    pub(crate) async fn give_back_now(&self, held: Held) -> Result<(), StoreError> {
+        let (refunds, rules) = self.refund_fallback(&held);
+        if refunds.is_empty() {
+            return Ok(());
+        }
+        match self.store.as_local() {
+            Some(local) => local.refund(&refunds)?,
+            None => self.store.refund(&refunds).await?,
+        }
+        self.forget(&refunds, &rules, held.generation);
+        Ok(())
+    }
+
+    /// Takes `units` from `held`'s charged rules without waiting (after a response): see
+    /// the module docs. A failure is logged and counted.
+    pub(crate) fn charge(self: &Arc<Self>, held: &Held, units: u64) {
+        let (checks, fallback) = self.charge_fallback(held, units);
+        if let Err((err, local)) = fallback {
+            failed(&local, &err);
+        }
+        if checks.is_empty() {
+            return;
+        }
+        if let Some(local) = self.store.as_local() {
+            if let Err(err) = local.charge(&checks) {
+                failed(&checks, &err);
+            }
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return failed(&checks, &"no tokio runtime to take a charge");
+        };
+        let (this, deadline) = (self.clone(), held.deadline);
+        drop(runtime.spawn(async move {
+            if let Err(err) = this.charge_store(&checks, deadline).await {
+                failed(&checks, &err);
+            }
+        }));
+    }
+
+    /// Takes `units` from `held`'s charged rules, and waits: a remote store's part within
+    /// the deadline.
+    pub(crate) async fn charge_now(&self, held: &Held, units: u64) -> Result<(), StoreError> {
+        let (checks, fallback) = self.charge_fallback(held, units);
+        let store = match (checks.is_empty(), self.store.as_local()) {
+            (true, _) => Ok(()),
+            (false, Some(local)) => local.charge(&checks),
+            (false, None) => self.charge_store(&checks, held.deadline).await,
+        };
+        fallback.map_err(|(err, _)| err).and(store)
+    }
+
+    async fn charge_store(&self, checks: &[Check], deadline: std::time::Duration) -> Result<(), StoreError> {
+        match tokio::time::timeout(deadline, self.store.charge(checks)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(deadline)),
+        }
+    }
+
+    /// Gives the fallback its units at once; the store's refunds, with their rules.
+    fn refund_fallback(&self, held: &Held) -> (ToStore<Refund>, ToStore<usize>) {
+        let (mut refunds, mut rules) = (ToStore::new(), ToStore::new());
+        for u in &held.units {
+            match u.holder {
+                Holder::Store => {
+                    refunds.push(u.refund.clone());
+                    rules.push(u.rule);
+                }
+                Holder::Fallback =>
+                {
+                    #[cfg(feature = "memory")]
+                    if let Some(fallback) = &self.fallback {
+                        fallback.refund_at(std::slice::from_ref(&u.refund), fallback.now_micros());
+                    }
+                }
+            }
+        }
+        (refunds, rules)
+    }
+
+    /// Charges the fallback its probes at once (its error, with its checks); the store's
+    /// probes, each of `units`.
+    #[allow(clippy::type_complexity, reason = "a private helper's pair")]
+    fn charge_fallback(&self, held: &Held, units: u64) -> (ToStore<Check>, Result<(), (StoreError, ToStore<Check>)>) {
+        let (mut to_store, mut local) = (ToStore::new(), ToStore::new());
+        for p in &held.probes {
+            let mut check = p.check.clone();
+            check.params.cost = units;
+            match p.holder {
+                Holder::Store => to_store.push(check),
+                Holder::Fallback => local.push(check),
+            }
+        }
+        #[cfg(feature = "memory")]
+        if let (Some(fallback), false) = (&self.fallback, local.is_empty()) {
+            if let Err(err) = fallback.charge_at(&local, fallback.now_micros()) {
+                return (to_store, Err((err, local)));
+            }
+        }
+        (to_store, Ok(()))
+    }
+
+    /// The store has the units back: the rejections this process cached for their keys
+    /// may not hold any more (forgotten after the refund: one cached before it would stay).
+    fn forget(&self, refunds: &[Refund], rules: &[usize], generation: u64) {
+        for (r, &rule) in refunds.iter().zip(rules) {
+            self.cache.forget((generation, rule), &r.check.key);
+        }
+    }
+}
+
+/// A charge not taken: logged, and counted per rule.
+fn failed<'a>(checks: impl IntoIterator<Item = &'a Check>, err: &dyn std::fmt::Display) {
+    let rules: Vec<&str> = checks.into_iter().map(|c| &*c.rule).collect();
+    for rule in &rules {
+        crate::metrics::charge_failed(rule);
+    }
+    tracing::warn!(error = %err, ?rules, "tollgate: a charge reported after a response was not taken");
+}
