@@ -39,7 +39,7 @@
 //! bottleneck. `--threads N` runs the client on a multi-thread runtime (default: one
 //! current-thread runtime), `--only ALGORITHM` one algorithm (for profiling). The tables
 //! are markdown, then the targets with PASS or FAIL; the exit status is 0 whatever they say
-//! (it is a measurement), 1 only when the run itself failed. See docs/performance-redis.md.
+//! (it is a measurement), 1 only when the run itself failed. See docs/performance.md.
 
 #[cfg(feature = "redis")]
 #[path = "../tests/support/mod.rs"]

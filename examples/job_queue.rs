@@ -85,8 +85,16 @@ fn limiter<St: Store>(store: St) -> Limiter<St, Job> {
         .expect("one valid rule")
 }
 
+/// Errors are printed as their message (`error: …`), not their `Debug` form.
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() {
+    if let Err(err) = start().await {
+        eprintln!("error: {err}");
+        std::process::exit(1);
+    }
+}
+
+async fn start() -> Result<(), Box<dyn std::error::Error>> {
     match std::env::var("REDIS_URL") {
         #[cfg(feature = "redis")]
         Ok(url) => {

@@ -31,11 +31,21 @@ fn app<St: Store>(store: St) -> Router {
             "/api",
             get(|Extension(d): Extension<Decision>| async move { format!("api ok, {} left this minute\n", d.remaining) }),
         )
-        .layer(limits)
+        // `route_layer`: the routes above only, so a request for a path that does not
+        // exist (a 404) uses up no quota. `.layer(limits)` would limit those too.
+        .route_layer(limits)
 }
 
+/// Errors are printed as their message (`error: …`), not their `Debug` form.
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() {
+    if let Err(err) = run().await {
+        eprintln!("error: {err}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let port: u16 = std::env::var("PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(3000);
     let router = match std::env::var("REDIS_URL") {
         #[cfg(feature = "redis")]

@@ -40,8 +40,16 @@ async fn get(addr: SocketAddr, api_key: &str) -> std::io::Result<String> {
     Ok(String::from_utf8_lossy(&buf).lines().next().unwrap_or_default().to_owned())
 }
 
+/// Errors are printed as their message (`error: …`), not their `Debug` form.
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() {
+    if let Err(err) = run().await {
+        eprintln!("error: {err}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let mut servers = Vec::new();
     for _ in 0..3 {

@@ -51,8 +51,9 @@ pub enum BuildError {
     /// A store could not be configured (bad URL, bad prefix, …).
     #[error("invalid store configuration: {0}")]
     InvalidStore(String),
-    /// A configuration entry is wrong; names the rule and the field.
-    #[error("rule {rule:?}, field `{field}`: {why}")]
+    /// A configuration entry is wrong; names the rule (when the entry is a rule's) and the
+    /// field.
+    #[error("{}", config_message(.rule, .field, .why))]
     InvalidConfig {
         /// The rule's name (or its index when it has none).
         rule: String,
@@ -61,6 +62,15 @@ pub enum BuildError {
         /// What is wrong with it.
         why: String,
     },
+}
+
+/// `rule "name", field `f`: why`, or without the rule for a file-level entry.
+fn config_message(rule: &str, field: &str, why: &str) -> String {
+    if rule.is_empty() {
+        format!("field `{field}`: {why}")
+    } else {
+        format!("rule {rule:?}, field `{field}`: {why}")
+    }
 }
 
 /// A store that could not decide. Never becomes the service's error: it goes through
@@ -105,4 +115,17 @@ pub enum StoreError {
     /// caller can.
     #[error("invalid store call: {0}")]
     Invalid(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BuildError;
+
+    #[test]
+    fn a_file_level_config_error_names_no_empty_rule() {
+        let err =
+            |rule: &str| BuildError::InvalidConfig { rule: rule.into(), field: "timeout".into(), why: "bad".into() };
+        assert_eq!(err("").to_string(), "field `timeout`: bad");
+        assert_eq!(err("api").to_string(), "rule \"api\", field `timeout`: bad");
+    }
 }

@@ -145,23 +145,37 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 /// One moment, [`Decision::reset_secs`], is named by the IETF `t` and by
 /// `X-RateLimit-Reset`: on a rejection when the same request is next admitted (what
 /// `Retry-After` says too), else when more quota is available.
+///
+/// Nested layers (a `route_layer` inside a `layer`): `headers` may already hold an inner
+/// layer's headers, describing its own most restrictive rule. They are merged, never
+/// overwritten blindly: the legacy headers describe the more restrictive of the two (the
+/// inner one when it refused the request — `inner_refused`: the response is a 429 — or
+/// has no more left), then naming their rule; `RateLimit-Policy` lists every policy of both; `RateLimit` lists
+/// both, the more restrictive first. So an outer layer never contradicts an inner 429.
 pub(crate) fn apply(
     headers: &mut HeaderMap,
     style: HeaderStyle,
     most: &RuleDecision<'_>,
     all: &[RuleDecision<'_>],
     name_rule: bool,
+    inner_refused: bool,
 ) {
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let d = most.decision;
-        // The wall clock as the crate's clock reads it: a counter read, no system call.
-        let now = SystemClock.now_micros() / 1_000_000;
-        headers.insert(X_RATELIMIT_LIMIT, number(d.limit));
-        headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
-        headers.insert(X_RATELIMIT_RESET, unix_secs(now + d.reset_secs()));
-        if name_rule && !most.rule.is_empty() {
-            if let Ok(v) = HeaderValue::from_str(most.rule) {
-                headers.insert(X_RATELIMIT_RULE, v);
+        let inner = headers.get(X_RATELIMIT_REMAINING).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+        // An inner 429 (a layer, or the handler) is the most restrictive answer there is:
+        // nothing here may contradict its `Retry-After` or `X-RateLimit-Reset`.
+        if !(inner_refused || inner.is_some_and(|left| left <= d.remaining)) {
+            // The wall clock as the crate's clock reads it: a counter read, no system call.
+            let now = SystemClock.now_micros() / 1_000_000;
+            headers.insert(X_RATELIMIT_LIMIT, number(d.limit));
+            headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
+            headers.insert(X_RATELIMIT_RESET, unix_secs(now + d.reset_secs()));
+            // Over an inner layer's headers, say whose these are.
+            let rule = (name_rule || inner.is_some()).then_some(most.rule).filter(|r| !r.is_empty());
+            match rule.and_then(|r| HeaderValue::from_str(r).ok()) {
+                Some(v) => drop(headers.insert(X_RATELIMIT_RULE, v)),
+                None => drop(headers.remove(X_RATELIMIT_RULE)),
             }
         }
     }
@@ -178,7 +192,16 @@ pub(crate) fn apply(
             }
         }
         let d = most.decision;
-        let limit = format!("{};r={};t={}", sf_string(most.rule), d.remaining, d.reset_secs());
+        let mut limit = format!("{};r={};t={}", sf_string(most.rule), d.remaining, d.reset_secs());
+        // An inner layer's: its policies first (they were there first), and its
+        // `RateLimit` first when it is the more restrictive.
+        if let Some(inner) = headers.get(RATELIMIT_POLICY).and_then(|v| v.to_str().ok()) {
+            policy = format!("{inner}, {policy}");
+        }
+        if let Some(inner) = headers.get(RATELIMIT).and_then(|v| v.to_str().ok()) {
+            let inner_first = inner_refused || first_remaining(inner).is_some_and(|left| left <= d.remaining);
+            limit = if inner_first { format!("{inner}, {limit}") } else { format!("{limit}, {inner}") };
+        }
         if let Ok(v) = HeaderValue::from_str(&policy) {
             headers.insert(RATELIMIT_POLICY, v);
         }
@@ -186,6 +209,25 @@ pub(crate) fn apply(
             headers.insert(RATELIMIT, v);
         }
     }
+}
+
+/// The `r` parameter of the first member of a `RateLimit` value this crate wrote
+/// (`"name";r=5;t=10, …`): after the first member's closing quote, up to its end.
+fn first_remaining(value: &str) -> Option<u64> {
+    let mut chars = value.char_indices().skip_while(|&(_, c)| c != '"').skip(1);
+    let mut end = None;
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => drop(chars.next()),
+            '"' => {
+                end = Some(i);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let params = value[end? + 1..].split(',').next()?;
+    params.split(';').find_map(|p| p.trim().strip_prefix("r=")?.parse().ok())
 }
 
 /// A structured-field string: `"…"` with `\` and `"` escaped, non-printable bytes dropped.
@@ -227,7 +269,7 @@ mod tests {
             RuleDecision { rule: "say \"hi\"", quota: Quota::per_day(1000), decision: &b, taken: None },
         ];
         let mut h = HeaderMap::new();
-        apply(&mut h, HeaderStyle::Ietf, &all[0], &all, true);
+        apply(&mut h, HeaderStyle::Ietf, &all[0], &all, true, false);
         assert_eq!(h[&RATELIMIT_POLICY], r#""per-min";q=100;w=60, "say \"hi\"";q=1000;w=86400"#);
         assert_eq!(h[&RATELIMIT], r#""per-min";r=45;t=30"#);
         assert!(h.get(X_RATELIMIT_LIMIT).is_none());
@@ -238,7 +280,7 @@ mod tests {
         let a = decision(7, 1_500);
         let all = [RuleDecision { rule: "r", quota: Quota::per_minute(100), decision: &a, taken: None }];
         let mut h = HeaderMap::new();
-        apply(&mut h, HeaderStyle::Legacy, &all[0], &all, false);
+        apply(&mut h, HeaderStyle::Legacy, &all[0], &all, false, false);
         assert_eq!(h[&X_RATELIMIT_LIMIT], "100");
         assert_eq!(h[&X_RATELIMIT_REMAINING], "7");
         let reset: u64 = h[&X_RATELIMIT_RESET].to_str().unwrap().parse().unwrap();
@@ -255,6 +297,14 @@ mod tests {
         for n in [1_700_000_000, 1_700_000_000, 1_700_000_001, 1_700_000_000, 5, 5, 12_345] {
             assert_eq!(unix_secs(n), n.to_string().as_str());
         }
+    }
+
+    #[test]
+    fn the_first_members_remaining_is_read_past_quoted_commas() {
+        assert_eq!(first_remaining(r#""a";r=5;t=10"#), Some(5));
+        assert_eq!(first_remaining(r#""a, \"b\";r=9";r=0;t=1, "c";r=3;t=2"#), Some(0));
+        assert_eq!(first_remaining(r#""a";t=1"#), None);
+        assert_eq!(first_remaining("garbage"), None);
     }
 
     #[test]

@@ -108,6 +108,7 @@ pub mod key;
 mod layer;
 mod limiter;
 mod metrics;
+mod notice;
 mod quota;
 pub mod response;
 mod rule;

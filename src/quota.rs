@@ -57,7 +57,8 @@ impl Quota {
     pub const fn new(limit: u64, period: Duration) -> Self {
         match Self::check(limit, period) {
             Ok(q) => q,
-            Err(_) => panic!("invalid quota: the limit must be 1..=2^32 and the period 1 µs..=366 days"),
+            // Says which bound (a const panic cannot format the value itself).
+            Err(why) => panic!("{}", why),
         }
     }
 
@@ -68,26 +69,64 @@ impl Quota {
     /// [`BuildError::InvalidQuota`] when `limit` is 0 or above 2^32, or when `period` is
     /// shorter than 1 µs or longer than 366 days.
     pub fn try_new(limit: u64, period: Duration) -> Result<Self, BuildError> {
-        Self::check(limit, period).map_err(|why| BuildError::InvalidQuota(why.to_owned()))
+        Self::check(limit, period)
+            .map_err(|why| BuildError::InvalidQuota(why.trim_start_matches("invalid quota: ").to_owned()))
+    }
+
+    /// [`Quota::per_second`], or an error that says what is wrong (a limit from
+    /// configuration).
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidQuota`] when `n` is 0 or above 2^32.
+    pub fn try_per_second(n: u64) -> Result<Self, BuildError> {
+        Self::try_new(n, Duration::from_secs(1))
+    }
+
+    /// [`Quota::per_minute`], or an error that says what is wrong.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidQuota`] when `n` is 0 or above 2^32.
+    pub fn try_per_minute(n: u64) -> Result<Self, BuildError> {
+        Self::try_new(n, Duration::from_secs(60))
+    }
+
+    /// [`Quota::per_hour`], or an error that says what is wrong.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidQuota`] when `n` is 0 or above 2^32.
+    pub fn try_per_hour(n: u64) -> Result<Self, BuildError> {
+        Self::try_new(n, Duration::from_secs(3600))
+    }
+
+    /// [`Quota::per_day`], or an error that says what is wrong.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::InvalidQuota`] when `n` is 0 or above 2^32.
+    pub fn try_per_day(n: u64) -> Result<Self, BuildError> {
+        Self::try_new(n, Duration::from_secs(86_400))
     }
 
     const fn check(limit: u64, period: Duration) -> Result<Self, &'static str> {
         if limit == 0 {
-            return Err("the limit is 0: a quota must allow at least 1 unit per period");
+            return Err("invalid quota: the limit is 0, and a quota must allow at least 1 unit per period");
         }
         if limit > MAX_UNITS {
-            return Err("the limit is above 2^32 units per period");
+            return Err("invalid quota: the limit is above 2^32 units per period");
         }
         let secs = period.as_secs();
         if secs > MAX_PERIOD_US / 1_000_000 {
-            return Err("the period is longer than 366 days");
+            return Err("invalid quota: the period is longer than 366 days");
         }
         let period_us = secs * 1_000_000 + period.subsec_micros() as u64;
         if period_us == 0 {
-            return Err("the period is 0: it must be at least 1 µs");
+            return Err("invalid quota: the period is 0, and it must be at least 1 µs");
         }
         if period_us > MAX_PERIOD_US {
-            return Err("the period is longer than 366 days");
+            return Err("invalid quota: the period is longer than 366 days");
         }
         Ok(Self { limit, period_us, burst: limit })
     }
@@ -277,7 +316,8 @@ impl FromStr for Quota {
             unit => unit_micros(unit).ok_or_else(|| bad("unknown period unit (use s, min, h or day)"))?,
         };
         let period_us = count.checked_mul(unit_us).ok_or_else(|| bad("the period is longer than 366 days"))?;
-        Self::check(limit, Duration::from_micros(period_us)).map_err(bad)
+        Self::check(limit, Duration::from_micros(period_us))
+            .map_err(|why| bad(why.trim_start_matches("invalid quota: ")))
     }
 }
 
@@ -378,9 +418,19 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "invalid quota")]
-    fn zero_shorthand_panics() {
+    #[should_panic(expected = "invalid quota: the limit is 0")]
+    fn zero_shorthand_panics_and_says_why() {
         let _ = Quota::per_minute(0);
+    }
+
+    #[test]
+    fn the_try_twins_say_what_is_wrong() {
+        let err = Quota::try_per_minute(0).unwrap_err().to_string();
+        assert!(err.starts_with("invalid quota: the limit is 0"), "{err}");
+        assert!(!err.contains("invalid quota: invalid quota"), "{err}");
+        assert_eq!(Quota::try_per_hour(7).unwrap(), Quota::per_hour(7));
+        assert!(Quota::try_per_day((1 << 32) + 1).unwrap_err().to_string().contains("above 2^32"));
+        assert_eq!(Quota::try_per_second(3).unwrap(), Quota::per_second(3));
     }
 
     #[test]

@@ -244,18 +244,33 @@ impl<R, U> Responder<R, U> {
                 h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
             }
         }
-        self.add_headers(h, verdict, set, worst);
+        self.add_headers(h, verdict, set, worst, false);
         res
     }
 
-    /// The rate-limit headers of an allowed response, describing the most restrictive rule.
-    pub(crate) fn allowed<I: ?Sized>(&self, headers: &mut HeaderMap, verdict: &Verdict, set: &RuleSet<I>) {
+    /// The rate-limit headers of an allowed request's response, describing the most
+    /// restrictive rule — of this layer's and of an inner layer's whose headers it already
+    /// carries (`status` 429: that layer refused it).
+    pub(crate) fn allowed<I: ?Sized>(
+        &self,
+        status: http::StatusCode,
+        headers: &mut HeaderMap,
+        verdict: &Verdict,
+        set: &RuleSet<I>,
+    ) {
         if let Some(most) = verdict.most() {
-            self.add_headers(headers, verdict, set, most);
+            self.add_headers(headers, verdict, set, most, status == http::StatusCode::TOO_MANY_REQUESTS);
         }
     }
 
-    fn add_headers<I: ?Sized>(&self, h: &mut HeaderMap, verdict: &Verdict, set: &RuleSet<I>, most: usize) {
+    fn add_headers<I: ?Sized>(
+        &self,
+        h: &mut HeaderMap,
+        verdict: &Verdict,
+        set: &RuleSet<I>,
+        most: usize,
+        inner_refused: bool,
+    ) {
         // A reloaded configuration may name the style.
         let style = set.headers.unwrap_or(self.style);
         if style == HeaderStyle::None {
@@ -267,7 +282,7 @@ impl<R, U> Responder<R, U> {
             .map(|(d, decided)| RuleDecision { rule: &set.names[decided.rule], ..d })
             .collect();
         // Several rules: say which one the legacy headers describe.
-        headers::apply(h, style, &all[most], &all, set.rules.len() > 1);
+        headers::apply(h, style, &all[most], &all, set.rules.len() > 1, inner_refused);
     }
 
     /// The response when the store cannot decide and the fail mode refuses: the refusal

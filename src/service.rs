@@ -215,7 +215,7 @@ impl<St: Store, B: 'static, R, U> Admitted<St, B, R, U> {
                 req.extensions_mut().insert(most.decision.clone());
             }
             let mut res = inner.call(req).await?;
-            shared.responder.allowed(res.headers_mut(), &verdict, &set);
+            shared.responder.allowed(res.status(), res.headers_mut(), &verdict, &set);
             // Units the handler reports it used are taken after the response.
             let charge = res.extensions().get::<Charge>().map(|&Charge(units)| units);
             forwarded.settle(res.status(), charge);

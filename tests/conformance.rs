@@ -345,6 +345,14 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(MIN), all(3), Step::Check(vec![(0, 2), (1, 3), (2, 1)]), Peek(1, 1)],
             ],
         ));
+        // A cost the quota can never admit is refused with no retry, and starts no block:
+        // the key's ordinary requests go on (it used to block the key for the whole block).
+        out.push(scenario(
+            format!("{a}: a cost that can never fit starts no block"),
+            T0 + 5 * SEC,
+            vec![blocking("login", "k", Quota::per_minute(3), 2 * MIN)],
+            vec![vec![one(0, 10), Peek(0, 1), one(0, 1), one(0, 10), one(0, 1)], times(3, one(0, 1)), vec![Peek(0, 1)]],
+        ));
         // Charges (Rule::charged): a probe (cost 0) takes nothing and admits while the key
         // is within its quota; a charge takes its units whatever the decision, into debt;
         // a key in debt is refused (the probe too) until the debt is paid. A probe beside

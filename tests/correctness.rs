@@ -568,3 +568,110 @@ async fn a_cached_429_says_what_the_stores_429_said() {
     assert_eq!(seen[1].1.as_deref(), Some("2"), "the store's 429: 2 units left, 3 asked");
     assert_eq!(seen[2], seen[1], "the cache's 429 differs from the store's");
 }
+
+// Nested layers (issue 27): the README's `.route_layer(login)` inside `.layer(api)`. The
+// outer layer's headers used to overwrite the inner one's: a login 429 said `ip` 86/100
+// and a reset ten seconds away while `Retry-After` said an hour.
+
+/// An axum app: `/login` answers 401 (a failed login) behind a login limit of 5 that
+/// counts 401s and blocks for an hour; every route behind a per-IP limit of 100.
+fn nested(style: HeaderStyle) -> axum::Router {
+    let store = MemoryStore::new();
+    let login = RateLimitLayer::builder(store.clone())
+        .add_rule(
+            Rule::new("login", Quota::per_minute(5), key::Global)
+                .count_if(|status| status == StatusCode::UNAUTHORIZED)
+                .block_for(Duration::from_secs(3600)),
+        )
+        .build()
+        .unwrap()
+        .headers(style);
+    let api = RateLimitLayer::builder(store)
+        .rule("ip", Quota::per_minute(100), key::Global)
+        .build()
+        .unwrap()
+        .algorithm(Algorithm::SlidingWindowLog)
+        .headers(style);
+    axum::Router::new()
+        .route("/login", axum::routing::post(|| async { StatusCode::UNAUTHORIZED }))
+        .route_layer(login)
+        .route("/items", axum::routing::get(|| async { "items" }))
+        .layer(api)
+}
+
+fn post(path: &str) -> Request<Body> {
+    Request::post(path).body(Body::empty()).unwrap()
+}
+
+fn unix_header(h: &http::HeaderMap, name: &str) -> u64 {
+    h[name].to_str().unwrap().parse().unwrap()
+}
+
+/// The legacy headers describe the most restrictive rule of both layers; an inner 429's
+/// `Retry-After` and `X-RateLimit-Reset` are never contradicted.
+#[tokio::test]
+async fn nested_layers_describe_the_most_restrictive_rule_of_both() {
+    let app = nested(HeaderStyle::Legacy);
+    // A 401 from /login: login has 4 of 5 left, ip 99 of 100 — login is the tighter one.
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let h = res.headers();
+    assert_eq!(h["x-ratelimit-remaining"], "4");
+    assert_eq!(h["x-ratelimit-limit"], "5");
+    // The login layer has one rule, so it names none; the outer one never names its own
+    // over headers it did not write.
+    assert!(h.get("x-ratelimit-rule").is_none(), "{h:?}");
+    // /items has only the ip rule: its own headers, as before.
+    let res = app.clone().oneshot(get("/items")).await.unwrap();
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "98");
+    for _ in 0..4 {
+        app.clone().oneshot(post("/login")).await.unwrap();
+    }
+    // The sixth failed login: refused by the inner layer and blocked for an hour.
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = res.headers();
+    let retry = unix_header(h, "retry-after");
+    assert!((3590..=3600).contains(&retry), "Retry-After {retry}");
+    assert!(h.get("x-ratelimit-rule").is_none(), "the outer layer named its own rule over a 429: {h:?}");
+    assert_eq!(h["x-ratelimit-remaining"], "0");
+    let reset = unix_header(h, "x-ratelimit-reset");
+    assert!(reset.abs_diff(unix_now() + retry) <= 1, "X-RateLimit-Reset {reset} contradicts Retry-After {retry}");
+    // The outer rule is the tighter one: its headers, naming it.
+    let app = nested(HeaderStyle::Legacy);
+    for _ in 0..98 {
+        app.clone().oneshot(get("/items")).await.unwrap();
+    }
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    let h = res.headers();
+    assert_eq!(h["x-ratelimit-rule"], "ip");
+    assert_eq!(h["x-ratelimit-remaining"], "1");
+    assert_eq!(h["x-ratelimit-limit"], "100");
+}
+
+/// The IETF headers of nested layers: `RateLimit-Policy` lists every policy of both,
+/// `RateLimit` both rules, the most restrictive first (read with a structured-field
+/// parser).
+#[tokio::test]
+async fn nested_layers_list_every_policy_and_the_tightest_rule_first() {
+    let app = nested(HeaderStyle::Ietf);
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    let h = res.headers();
+    let names = |v| sf_params(v).into_iter().map(|(name, _)| name).collect::<Vec<_>>();
+    assert_eq!(names(&h["ratelimit-policy"]), ["login", "ip"]);
+    let limits = sf_params(&h["ratelimit"]);
+    assert_eq!(limits.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["login", "ip"]);
+    assert_eq!(limits[0].1[0], ("r".to_owned(), 4));
+    assert_eq!(limits[1].1[0], ("r".to_owned(), 99));
+    // A route with the outer layer only: one policy, as before.
+    let res = app.clone().oneshot(get("/items")).await.unwrap();
+    assert_eq!(names(&res.headers()["ratelimit-policy"]), ["ip"]);
+    // When the outer layer is the tighter one, it comes first.
+    for _ in 0..97 {
+        app.clone().oneshot(get("/items")).await.unwrap();
+    }
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    let limits = sf_params(&res.headers()["ratelimit"]);
+    assert_eq!(limits.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["ip", "login"], "{limits:?}");
+    assert_eq!(limits[0].1[0], ("r".to_owned(), 0));
+}

@@ -46,20 +46,25 @@ fn binary(name: &str) -> PathBuf {
 impl Example {
     fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(binary(name));
-        cmd.args(args).env("PORT", "0").env_remove("REDIS_URL").stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.args(args).env("PORT", "0").env_remove("REDIS_URL").stdout(Stdio::piped()).stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{name}: {e}"));
-        let stdout = child.stdout.take().unwrap();
+        // Standard output and standard error, line by line, as they come.
         let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
+        let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let pipe = |out: Box<dyn Read + Send>, tx: mpsc::Sender<String>| {
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
                 }
-            }
-        });
+            });
+        };
+        pipe(Box::new(stdout), tx.clone());
+        pipe(Box::new(stderr), tx);
         Self { child, lines, seen: Vec::new() }
     }
 
@@ -164,6 +169,43 @@ fn quickstart_limits_each_client_to_ten_a_minute() {
     // Sliding window counter: the spent minute still weighs on the next one, so the wait
     // can pass the end of the current window, but never two.
     assert!((1..=120).contains(&retry), "{retry}");
+}
+
+/// Behind a proxy, a rule keyed by `key::PeerIp` would put every client under the proxy's
+/// address: the first request with `X-Forwarded-For` says so on stderr, once (no
+/// `tracing` subscriber is installed in the quick start).
+#[test]
+fn peer_ip_warns_once_about_forwarded_requests() {
+    let mut ex = Example::start("quickstart", &[], &[]);
+    let addr = ex.addr("listening on ");
+    assert_eq!(get(addr, "/", &[]).status, 200);
+    for _ in 0..3 {
+        assert_eq!(get(addr, "/", &[("x-forwarded-for", "203.0.113.7")]).status, 200);
+    }
+    let hint = ex.line("tollgate: a request arrived with X-Forwarded-For");
+    assert!(hint.contains("key::TrustedProxyIp::hops"), "{hint}");
+    drop(ex.child.kill());
+    let (lines, _) = ex.finish();
+    let said = lines.iter().filter(|l| l.contains("arrived with X-Forwarded-For")).count();
+    assert_eq!(said, 1, "said once: {lines:#?}");
+}
+
+/// With an unreachable `REDIS_URL`, requests pass without a limit (fail open, the
+/// default): the operator is told once on stderr, not left with no output and no limiting.
+#[cfg(feature = "redis")]
+#[test]
+fn a_store_that_fails_is_told_once() {
+    let mut ex = Example::start("quickstart", &[], &[("REDIS_URL", "redis://127.0.0.1:1")]);
+    let addr = ex.addr("listening on ");
+    for _ in 0..5 {
+        assert_eq!(get(addr, "/", &[]).status, 200, "fail open");
+    }
+    let told = ex.line("tollgate: the rate-limit store failed");
+    assert!(told.contains("fail open") && told.contains(".fallback("), "{told}");
+    drop(ex.child.kill());
+    let (lines, _) = ex.finish();
+    let said = lines.iter().filter(|l| l.contains("requests pass without a limit")).count();
+    assert_eq!(said, 1, "said once: {lines:#?}");
 }
 
 /// `summary <customer>: started S of N, deferred D, last start at T ms` → (S, N, D, T).

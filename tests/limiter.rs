@@ -418,3 +418,23 @@ async fn a_charge_after_a_check_by_key_goes_to_charged_rules_only() {
     limiter.charge(&v, 7).await.unwrap();
     assert_eq!(limiter.peek("plain", "ada").await.unwrap().unwrap().remaining, 9, "nothing charged");
 }
+
+/// A `LimiterHandle` kept after its limiter and store are gone holds their rule names: a
+/// brand-new store must not be taken for the dropped one (identities came from addresses,
+/// which the allocator reuses).
+#[test]
+fn a_new_store_is_never_taken_for_a_dropped_one() {
+    let mut handles = Vec::new();
+    for i in 0..200 {
+        let limiter = Limiter::builder(MemoryStore::new()).rule("jobs", Quota::per_minute(5), user).build();
+        let limiter: Limiter<MemoryStore, str> = limiter.unwrap_or_else(|e| panic!("store {i}: {e}"));
+        handles.push(limiter.handle());
+    }
+    #[cfg(feature = "redis")]
+    for i in 0..200 {
+        let store = tollgate::RedisStore::from_url("redis://127.0.0.1:1").unwrap();
+        let limiter = Limiter::builder(store).rule("jobs", Quota::per_minute(5), user).build();
+        let limiter: Limiter<_, str> = limiter.unwrap_or_else(|e| panic!("redis store {i}: {e}"));
+        handles.push(limiter.handle());
+    }
+}

@@ -282,6 +282,54 @@ async fn a_rejection_does_not_wait_for_a_hung_slot() {
     assert_eq!(store.peek(&per_account).await.unwrap().remaining, before, "the late slot's unit was kept");
 }
 
+/// Two rules on two masters, the layer's deadline 1 s under `FailMode::Closed`, a store
+/// response timeout of 5 s. The account's master is paused: the request is refused (503)
+/// after 1 s; the master resumes at once and its slot accepts, late. Nobody was admitted,
+/// so per-ip's unit comes back (it used to stay taken: the task answered a caller gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_that_accepts_after_the_caller_left_gives_every_unit_back() {
+    use axum::body::Body;
+    use tower::ServiceExt;
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_secs(5));
+    store.ping().await.unwrap();
+    let (ip, account) = (key_on(&cluster, 0, "late-ip"), key_on(&cluster, 1, "late-acct"));
+    let per_ip = check("per-ip", &ip, Algorithm::Gcra, Quota::per_hour(5));
+    let layer = tollgate::RateLimitLayer::<_, Body>::builder(store.clone())
+        .add_rule(Rule::new("per-ip", Quota::per_hour(5), move |_: &http::Request<Body>| Some(Key::from(ip.as_str()))))
+        .add_rule(Rule::new("per-account", Quota::per_hour(100), move |_: &http::Request<Body>| {
+            Some(Key::from(account.as_str()))
+        }))
+        .build()
+        .unwrap()
+        .algorithm(Algorithm::Gcra)
+        .timeout(Duration::from_secs(1))
+        .fail_mode(tollgate::FailMode::Closed)
+        .local_cache(false);
+    let svc = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_: http::Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        }),
+    );
+    let request = || http::Request::new(Body::empty());
+    assert_eq!(svc.clone().oneshot(request()).await.unwrap().status(), 200);
+    let before = store.peek(&per_ip).await.unwrap().remaining;
+    cluster.node(1).pause();
+    let res = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(res.status(), 503, "cut off by the deadline, refused by the fail mode");
+    cluster.node(1).resume();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        let now = store.peek(&per_ip).await.unwrap().remaining;
+        if now == before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "per-ip's unit stayed taken: {now} left, {before} before");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A limiter of every request by one IP key (1 an hour, fixed window) and one account key
 /// (100 an hour, GCRA), without the local cache.
 fn ip_and_account(store: &RedisStore, ip: Key, account: Key) -> LimiterBuilder<RedisStore, str> {

@@ -145,7 +145,9 @@ impl Params {
 ///
 /// While blocked, the key is refused outright: nothing is decided, nothing taken, and the
 /// retry is the rest of the block. Otherwise a rejection by the rule's algorithm starts a
-/// block of `block_us` from `now` (a rejection during a block does not extend it). Every
+/// block of `block_us` from `now` (a rejection during a block does not extend it) — but
+/// not a rejection of a cost the quota can never admit (no `retry_after`): that request
+/// is refused as it is, and the key's ordinary requests are not blocked for it. Every
 /// store applies this one function, so they block alike.
 #[must_use]
 pub fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decision, Option<u64>) {
@@ -153,7 +155,7 @@ pub fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decis
     if blocked_until > now {
         return (Decision::blocked(limit, blocked_until - now, d.reset_after), None);
     }
-    if !d.allowed && p.block_us > 0 {
+    if !d.allowed && d.retry_after.is_some() && p.block_us > 0 {
         let until = now.saturating_add(p.block_us);
         return (Decision::blocked(limit, p.block_us, d.reset_after), Some(until));
     }

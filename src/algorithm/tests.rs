@@ -584,3 +584,31 @@ proptest! {
         }
     }
 }
+
+/// A rejection of a cost the quota can never admit (no retry) starts no block, on every
+/// algorithm; an ordinary rejection does.
+#[test]
+fn a_cost_that_can_never_fit_starts_no_block() {
+    for a in Algorithm::ALL {
+        let mut p = Params::new(Quota::per_minute(3));
+        p.block_us = 60_000_000;
+        p.cost = 10;
+        let d = State::new(a).decide(&p, T0);
+        assert!(!d.allowed && d.retry_after.is_none(), "{a}: {d:?}");
+        let (d, block) = super::blocking(d, 0, &p, T0);
+        assert_eq!(block, None, "{a}: a block started");
+        assert!(d.retry_after.is_none(), "{a}: {d:?}");
+        // Three units then one more: an ordinary rejection blocks.
+        p.cost = 1;
+        let mut s = State::new(a);
+        for _ in 0..4 {
+            let d = s.decide(&p, T0);
+            if d.allowed {
+                s.commit(&p, T0);
+            }
+        }
+        let d = s.decide(&p, T0);
+        assert!(!d.allowed, "{a}");
+        assert!(super::blocking(d, 0, &p, T0).1.is_some(), "{a}: an ordinary rejection blocks");
+    }
+}

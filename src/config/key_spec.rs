@@ -18,6 +18,7 @@ use crate::BuildError;
 /// | `global` | [`Global`](crate::key::Global) |
 /// | `header:<name>` | [`header`](crate::key::header)`(name)`: requests without it are not limited by the rule |
 /// | `trusted_proxy_ip:<cidr>,<cidr>,…` | [`TrustedProxyIp::new`] |
+/// | `trusted_proxy_hops:<n>` | [`TrustedProxyIp::hops`] |
 ///
 /// ```
 /// use tollgate::config::KeySpec;
@@ -38,7 +39,7 @@ pub enum KeySpec {
     Global,
     /// `header:<name>`.
     Header(HeaderName),
-    /// `trusted_proxy_ip:<cidr>,<cidr>,…`.
+    /// `trusted_proxy_ip:<cidr>,<cidr>,…` or `trusted_proxy_hops:<n>`.
     TrustedProxyIp(TrustedProxyIp),
 }
 
@@ -77,8 +78,14 @@ impl FromStr for KeySpec {
             }
             return TrustedProxyIp::new(nets).map(KeySpec::TrustedProxyIp).map_err(|e| bad(why(e)));
         }
+        if let Some(n) = s.strip_prefix("trusted_proxy_hops:") {
+            return match n.trim().parse::<usize>() {
+                Ok(n) => Ok(KeySpec::TrustedProxyIp(TrustedProxyIp::hops(n))),
+                Err(_) => Err(bad(format!("{s:?}: expected trusted_proxy_hops:<number of proxies>, e.g. 1"))),
+            };
+        }
         let kind = s.split([':', '/']).next().unwrap_or(s);
-        if ["global", "peer_ip", "header", "trusted_proxy_ip"].contains(&kind) {
+        if ["global", "peer_ip", "header", "trusted_proxy_ip", "trusted_proxy_hops"].contains(&kind) {
             Err(bad(format!("{s:?} is malformed: expected one of {KEY_KINDS}")))
         } else {
             Err(bad(format!("unknown key kind {kind:?}: expected one of {KEY_KINDS}")))
@@ -86,7 +93,8 @@ impl FromStr for KeySpec {
     }
 }
 
-const KEY_KINDS: &str = "peer_ip, peer_ip/<bits>, global, header:<name>, trusted_proxy_ip:<cidr>,<cidr>";
+const KEY_KINDS: &str =
+    "peer_ip, peer_ip/<bits>, global, header:<name>, trusted_proxy_ip:<cidr>,<cidr>, trusted_proxy_hops:<n>";
 
 impl fmt::Display for KeySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

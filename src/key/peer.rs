@@ -1,12 +1,12 @@
 //! [`PeerIp`]: the address of the connected peer, canonicalised.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::Request;
 use ipnet::Ipv6Net;
 
 use super::{Key, KeyExtractor};
+use crate::notice::Once;
 
 /// The address of the connected peer: from axum's `ConnectInfo<SocketAddr>` (serve with
 /// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's `TcpConnectInfo`
@@ -39,6 +39,9 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
 
 impl<B> KeyExtractor<Request<B>> for PeerIpPrefix {
     fn extract(&self, req: &Request<B>) -> Option<Key> {
+        if req.headers().contains_key("x-forwarded-for") || req.headers().contains_key("forwarded") {
+            FORWARDED.tell(true, || FORWARDED_HINT.to_owned());
+        }
         Some(match peer_addr(req) {
             Some(ip) => ip_key(ip, self.0),
             None => unknown_peer(),
@@ -46,7 +49,15 @@ impl<B> KeyExtractor<Request<B>> for PeerIpPrefix {
     }
 }
 
-static WARNED_NO_PEER: AtomicBool = AtomicBool::new(false);
+static NO_PEER: Once = Once::new();
+static FORWARDED: Once = Once::new();
+
+/// What to do when requests carry forwarding headers but are keyed by the peer.
+const FORWARDED_HINT: &str = "tollgate: a request arrived with X-Forwarded-For (or Forwarded) but its rule is \
+     keyed by key::PeerIp, the connected peer: behind a reverse proxy or load balancer every client shares the \
+     proxy's address, and one limit. Key by key::TrustedProxyIp::new([\"<your proxies' networks>\"]) or \
+     key::TrustedProxyIp::hops(<number of proxies>) instead (or ignore this if clients connect directly and \
+     send the header themselves).";
 
 /// What to do when a request carries no peer address.
 pub(super) const NO_PEER_HINT: &str = "tollgate: no peer address in the request, so every such request shares \
@@ -55,14 +66,7 @@ pub(super) const NO_PEER_HINT: &str = "tollgate: no peer address in the request,
      behind a proxy: key::TrustedProxyIp.";
 
 pub(super) fn unknown_peer() -> Key {
-    if !WARNED_NO_PEER.swap(true, Ordering::Relaxed) {
-        tracing::warn!("{NO_PEER_HINT}");
-        // Also where it cannot be missed when no tracing subscriber is installed (a
-        // setup slip shows in the first run): once per process, in debug builds.
-        if cfg!(debug_assertions) {
-            eprintln!("{NO_PEER_HINT}");
-        }
-    }
+    NO_PEER.tell(true, || NO_PEER_HINT.to_owned());
     crate::metrics::peer_unknown();
     Key::from("unknown")
 }

@@ -37,33 +37,78 @@ fn parse_network(s: &str) -> Result<IpNet, BuildError> {
 
 /// Which header a trusted proxy writes the client address into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ProxyHeader {
-    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    /// `X-Forwarded-For: client, proxy1, proxy2`: a list each proxy appends to, read
+    /// right to left.
     #[default]
     XForwardedFor,
-    /// RFC 7239 `Forwarded: for=client;proto=https, for="[2001:db8::1]:4711"`.
+    /// RFC 7239 `Forwarded: for=client;proto=https, for="[2001:db8::1]:4711"`: a list,
+    /// read right to left.
     Forwarded,
+    /// `X-Real-IP: client` (nginx's `real_ip` module, many load balancers): one address,
+    /// set by the proxy that connects to this server.
+    XRealIp,
+    /// `CF-Connecting-IP: client` (Cloudflare).
+    CfConnectingIp,
+    /// `True-Client-IP: client` (Akamai, Cloudflare Enterprise).
+    TrueClientIp,
+    /// `Fly-Client-IP: client` (Fly.io).
+    FlyClientIp,
+}
+
+impl ProxyHeader {
+    fn name(self) -> &'static str {
+        match self {
+            ProxyHeader::XForwardedFor => "x-forwarded-for",
+            ProxyHeader::Forwarded => "forwarded",
+            ProxyHeader::XRealIp => "x-real-ip",
+            ProxyHeader::CfConnectingIp => "cf-connecting-ip",
+            ProxyHeader::TrueClientIp => "true-client-ip",
+            ProxyHeader::FlyClientIp => "fly-client-ip",
+        }
+    }
+}
+
+/// Which hops are proxies of this service.
+#[derive(Debug, Clone)]
+enum Trust {
+    /// Those inside these networks.
+    Networks(Arc<[IpNet]>),
+    /// The connected peer and the `n - 1` proxies nearest to it, whatever their address.
+    Hops(usize),
 }
 
 /// The client address behind trusted reverse proxies.
 ///
-/// Only when the connected peer is inside one of the trusted networks is the forwarding
-/// header read, right to left, skipping trusted proxies; the first untrusted address is
-/// the client. A client can therefore never choose its own key by sending the header:
-/// whatever it writes stands left of what the trusted proxies appended. A peer outside
-/// the trusted networks is itself the client. A header that cannot be read yields the
-/// nearest trusted hop, so the request is still limited.
+/// Only when the connected peer is a trusted proxy is the forwarding header read: a list
+/// (`X-Forwarded-For`, `Forwarded`) right to left, skipping trusted proxies, the first
+/// untrusted address being the client; a single-address header of an edge proxy
+/// (`X-Real-IP`, `CF-Connecting-IP`, `True-Client-IP`, `Fly-Client-IP`: see
+/// [`ProxyHeader`]) as it stands. A client can therefore never choose its own key by
+/// sending the header: whatever it writes stands left of what the trusted proxies
+/// appended, or is replaced by the edge. A peer that is not trusted is itself the client.
+/// A header that cannot be read yields the nearest trusted hop, so the request is still
+/// limited.
+///
+/// Which hops are trusted: those inside networks ([`TrustedProxyIp::new`]), or a number
+/// of hops ([`TrustedProxyIp::hops`]) when the proxies' addresses are not known (a cloud
+/// load balancer) — as express's `trust proxy` takes either.
 ///
 /// ```
-/// use tollgate::key::TrustedProxyIp;
+/// use tollgate::key::{ProxyHeader, TrustedProxyIp};
 ///
 /// let key = TrustedProxyIp::new(["10.0.0.0/8", "::1"]).unwrap();
 /// assert!(TrustedProxyIp::new(["10.0.0.0/33"]).is_err());
-/// # let _ = key;
+/// // Behind one load balancer whose address is not known:
+/// let behind_lb = TrustedProxyIp::hops(1);
+/// // Behind Cloudflare, reached from its published ranges:
+/// let cloudflare = TrustedProxyIp::new(["173.245.48.0/20", "103.21.244.0/22"]).unwrap().header(ProxyHeader::CfConnectingIp);
+/// # let _ = (key, behind_lb, cloudflare);
 /// ```
 #[derive(Debug, Clone)]
 pub struct TrustedProxyIp {
-    trusted: Arc<[IpNet]>,
+    trust: Trust,
     header: ProxyHeader,
     v6_bits: u8,
 }
@@ -80,7 +125,20 @@ impl TrustedProxyIp {
         S: AsRef<str>,
     {
         let trusted = trusted.into_iter().map(|s| parse_network(s.as_ref())).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { trusted: trusted.into(), header: ProxyHeader::default(), v6_bits: 64 })
+        Ok(Self { trust: Trust::Networks(trusted.into()), header: ProxyHeader::default(), v6_bits: 64 })
+    }
+
+    /// Trusts the `n` proxies nearest to this server, whatever their addresses: the
+    /// connected peer and the `n - 1` hops before it (express's `trust proxy = n`). Behind
+    /// one load balancer, `hops(1)`: the client is the last address it appended to
+    /// `X-Forwarded-For`. A list shorter than that yields its leftmost address; `hops(0)`
+    /// trusts nothing (the peer is the client, as [`PeerIp`](super::PeerIp)).
+    ///
+    /// Only right when every request comes through exactly those `n` proxies: a client
+    /// that can reach this server directly chooses its own key.
+    #[must_use]
+    pub fn hops(n: usize) -> Self {
+        Self { trust: Trust::Hops(n), header: ProxyHeader::default(), v6_bits: 64 }
     }
 
     /// Reads this header instead of `X-Forwarded-For`.
@@ -97,32 +155,50 @@ impl TrustedProxyIp {
         self
     }
 
+    /// Whether the hop `hop` away from this server (1: the connected peer), at `ip`, is a
+    /// trusted proxy.
+    fn is_trusted_hop(&self, hop: usize, ip: IpAddr) -> bool {
+        match &self.trust {
+            Trust::Networks(nets) => {
+                let ip = canonical_ip(ip, 128);
+                nets.iter().any(|n| n.contains(&ip))
+            }
+            Trust::Hops(n) => hop <= *n,
+        }
+    }
+
+    #[cfg(test)]
     fn is_trusted(&self, ip: IpAddr) -> bool {
-        let ip = canonical_ip(ip, 128);
-        self.trusted.iter().any(|n| n.contains(&ip))
+        self.is_trusted_hop(1, ip)
     }
 
     /// The client address for a request whose peer is `peer`.
     pub(crate) fn client_ip<B>(&self, req: &Request<B>, peer: IpAddr) -> IpAddr {
-        if !self.is_trusted(peer) {
+        if !self.is_trusted_hop(1, peer) {
             return peer;
         }
-        let mut nearest = peer;
-        let name = match self.header {
-            ProxyHeader::XForwardedFor => "x-forwarded-for",
-            ProxyHeader::Forwarded => "forwarded",
+        let name = self.header.name();
+        let list = match self.header {
+            ProxyHeader::XForwardedFor => parse_xff_entry,
+            ProxyHeader::Forwarded => parse_forwarded_entry,
+            // An edge proxy's one address (the last line, should a client have sent one
+            // too and the edge appended rather than replaced).
+            _ => {
+                let value = req.headers().get_all(name).iter().next_back();
+                return value.and_then(|v| parse_ip_port(v.to_str().ok()?)).unwrap_or(peer);
+            }
         };
+        let mut nearest = peer;
+        let mut hop = 1;
         // All header lines; entries read right to left across them, each on its own: a
         // byte that is not UTF-8 spoils its entry only (a client writes left of what the
         // trusted proxies append, so it can never hide their entries by spoiling its own).
+        // The k-th entry from the right is hop k + 1: the address that connected to hop k.
         for value in req.headers().get_all(name).iter().rev() {
             for entry in value.as_bytes().rsplit(|&b| b == b',') {
-                let parsed = std::str::from_utf8(entry).ok().and_then(|entry| match self.header {
-                    ProxyHeader::XForwardedFor => parse_xff_entry(entry),
-                    ProxyHeader::Forwarded => parse_forwarded_entry(entry),
-                });
-                let Some(ip) = parsed else { return nearest };
-                if !self.is_trusted(ip) {
+                let Some(ip) = std::str::from_utf8(entry).ok().and_then(list) else { return nearest };
+                hop += 1;
+                if !self.is_trusted_hop(hop, ip) {
                     return ip;
                 }
                 nearest = ip;

@@ -468,8 +468,21 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 self.runtime.warn_store_failure(&error, !closed);
                 if closed {
                     crate::metrics::fail_closed();
+                    FAIL_CLOSED.tell(false, || {
+                        format!(
+                            "tollgate: the rate-limit store failed ({error}): requests it cannot decide are refused \
+                             (fail closed: 503) until it answers (said once; see tollgate_fail_closed_total)"
+                        )
+                    });
                 } else {
                     crate::metrics::fail_open();
+                    FAIL_OPEN.tell(false, || {
+                        format!(
+                            "tollgate: the rate-limit store failed ({error}): requests pass without a limit (fail \
+                             open) until it answers; .fallback(MemoryStore::new(), servers) keeps an approximate limit \
+                             meanwhile (said once; see tollgate_fail_open_total)"
+                        )
+                    });
                     // A charge after a fail-open pass goes to the store.
                     held.probes = probes(&set, &checks, &rules, Holder::Store);
                 }
@@ -634,6 +647,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         Ok(true)
     }
 }
+
+static FAIL_OPEN: crate::notice::Once = crate::notice::Once::new();
+static FAIL_CLOSED: crate::notice::Once = crate::notice::Once::new();
 
 /// The verdict of a check by key under a rule the limiter does not have: refused, and
 /// said once per call.

@@ -5,6 +5,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+static CIRCUIT_OPEN: crate::notice::Once = crate::notice::Once::new();
+
 pub(crate) struct Breaker {
     pub(crate) threshold: u32,
     pub(crate) cool_down: Duration,
@@ -114,6 +116,13 @@ impl Breaker {
             self.open_until.store(now_us.saturating_add(cool).max(1), Ordering::Release);
             crate::metrics::circuit_open(true);
             tracing::warn!(failures = n, cool_down = ?self.cool_down, "tollgate: store keeps failing; circuit open");
+            CIRCUIT_OPEN.tell(false, || {
+                format!(
+                    "tollgate: the rate-limit store failed {n} times in a row: its circuit is open, and it is not \
+                     called for {:?} at a time until it answers (said once; see tollgate_circuit_open)",
+                    self.cool_down
+                )
+            });
         }
     }
 }

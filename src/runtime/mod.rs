@@ -132,6 +132,13 @@ impl Runtime {
         let (fallback, instances) = self.settings.fallback.as_ref()?;
         crate::metrics::store_error(err);
         self.warn_store_failure(err, true);
+        FALLBACK.tell(false, || {
+            format!(
+                "tollgate: the rate-limit store failed ({err}): the in-process fallback decides until it answers, \
+                 each key limited to 1/{instances} of its quota on this server (said once; see \
+                 tollgate_fallback_decisions_total)"
+            )
+        });
         let local: Vec<Check> = checks.iter().map(|c| local_check(c, *instances)).collect();
         let outcomes = fallback.check_at(&local, fallback.now_micros()).ok()?;
         for o in &outcomes {
@@ -160,6 +167,9 @@ impl Runtime {
         }
     }
 }
+
+#[cfg(feature = "memory")]
+static FALLBACK: crate::notice::Once = crate::notice::Once::new();
 
 /// `check` as the fallback limiter sees it: its share of the quota.
 #[cfg(feature = "memory")]

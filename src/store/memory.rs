@@ -53,12 +53,17 @@ struct Inner {
     /// choose their keys.
     hasher: DefaultHashBuilder,
     clock: SharedClock,
-    /// The bound given to [`MemoryStore::max_keys`], and its share per shard.
+    /// The bound given to [`MemoryStore::max_keys`], and the states held against it
+    /// (counted only under a bound: an unbounded store shares no counter between threads).
     max_keys: Option<usize>,
-    cap_per_shard: usize,
+    live: AtomicUsize,
+    /// This store's identity, shared by its clones (see `Store::identity`).
+    id: usize,
     /// When the next time-based sweep step is due (µs), and the shard it visits.
     next_sweep: AtomicU64,
     cursor: AtomicUsize,
+    /// When the store, full, may next sweep every shard for room (µs).
+    next_full_sweep: AtomicU64,
 }
 
 struct Entry {
@@ -82,6 +87,8 @@ const MIN_SWEEP: usize = 64;
 const GRACE_US: u64 = 1_000_000;
 /// Every shard is swept at least once per this much time of traffic, µs.
 const SWEEP_PERIOD_US: u64 = 10_000_000;
+/// A full store sweeps every shard for room at most once per this much time, µs.
+const FULL_SWEEP_US: u64 = 100_000;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -112,12 +119,14 @@ impl MemoryStore {
         Self::build(SharedClock(Arc::new(clock)), None)
     }
 
-    /// A new store like this one, holding at most about `n` (rule, key) states (at least
-    /// one per shard): the bound for a process facing floods of distinct keys. Call before
-    /// use; states of this store are not carried over.
+    /// A new store like this one, holding at most `n` (rule, key) states: the bound for a
+    /// process facing floods of distinct keys. Call before use; states of this store are
+    /// not carried over.
     ///
-    /// When a check needs a new state and its shard is full, the shard first drops its
-    /// expired states; if none has expired, the check fails with [`StoreError::Full`] and
+    /// When a check needs a new state and the store holds `n`, the shard of the new state
+    /// first drops its expired states, then (at most every 100 ms) every shard does; if
+    /// that makes no room, the check fails with
+    /// [`StoreError::Full`] (a check of several rules takes nothing then) and
     /// the limiter's fail mode decides (open: the request passes unlimited and the
     /// failure is logged and counted; closed: it is refused). Keys that already have a
     /// state keep being limited exactly: a flood of new keys never evicts a client's
@@ -138,9 +147,11 @@ impl MemoryStore {
                 hasher: DefaultHashBuilder::default(),
                 clock,
                 max_keys,
-                cap_per_shard: max_keys.map_or(usize::MAX, |n| n.div_ceil(shards).max(1)),
+                live: AtomicUsize::new(0),
+                id: super::new_identity(),
                 next_sweep: AtomicU64::new(0),
                 cursor: AtomicUsize::new(0),
+                next_full_sweep: AtomicU64::new(0),
             }),
         }
     }
@@ -193,7 +204,7 @@ impl MemoryStore {
         let due = usize::try_from((now - due_at) / step + 1).unwrap_or(usize::MAX).min(shards);
         for _ in 0..due {
             let i = self.inner.cursor.fetch_add(1, Ordering::Relaxed) % shards;
-            lock(&self.inner.shards[i]).sweep(now);
+            lock(&self.inner.shards[i]).sweep(now, &self.inner);
         }
     }
 
@@ -204,10 +215,37 @@ impl MemoryStore {
     /// [`StoreError::Full`] when the rule's key has no state yet and the store holds
     /// [`MemoryStore::max_keys`] live states.
     pub fn check_one_at(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
+        match self.check_one_once(check, now) {
+            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.check_one_once(check, now),
+            result => result,
+        }
+    }
+
+    /// Full under `max_keys`: drops the expired states of every shard, one at a time with
+    /// no other lock held, at most once per [`FULL_SWEEP_US`] (a flood of new keys must not
+    /// sweep the whole table on each of its requests). Whether it swept.
+    fn make_room_everywhere(&self, now: u64) -> bool {
+        let due = self.inner.next_full_sweep.load(Ordering::Relaxed);
+        if now < due
+            || self
+                .inner
+                .next_full_sweep
+                .compare_exchange(due, now.saturating_add(FULL_SWEEP_US), Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        for shard in &*self.inner.shards {
+            lock(shard).make_room(now, &self.inner);
+        }
+        true
+    }
+
+    fn check_one_once(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
         self.sweep_due(now);
         let hash = self.hash(&check.rule, check.algorithm, &check.key);
         let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-        let entry = shard.entry(hash, check, now, &self.inner)?;
+        let entry = shard.entry(hash, check, now, &self.inner, false)?;
         let decision = entry.decide(check, now, true);
         // A probe (cost 0, a charged rule's admission) takes nothing.
         let taken = (decision.allowed && check.params.cost > 0).then(|| entry.commit(check, now));
@@ -224,6 +262,13 @@ impl MemoryStore {
             return Ok(vec![self.check_one_at(check, now)?]);
         }
         super::distinct(checks)?;
+        match self.check_all_once(checks, now) {
+            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.check_all_once(checks, now),
+            result => result,
+        }
+    }
+
+    fn check_all_once(&self, checks: &[Check], now: u64) -> Result<Vec<Outcome>, StoreError> {
         self.sweep_due(now);
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
         // commit only if every enforced one passes (and then each shadow one that passes).
@@ -233,19 +278,42 @@ impl MemoryStore {
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, lock(&self.inner.shards[i]))).collect();
-        let decisions = checks
+        // Room for every new state first: all or nothing, before anything is created,
+        // dropped or decided (a state made for one rule was dropped to make room for the
+        // next, then made again to commit it: a refused call kept a unit).
+        for (_, shard) in &mut guards {
+            shard.maybe_sweep(now, &self.inner);
+        }
+        let missing = |guards: &mut [(usize, MutexGuard<'_, Shard>)]| {
+            let mut absent = |(c, &h): (&Check, &u64)| {
+                let shard = guard_for(guards, self.shard_of(h));
+                shard.table.find(h, |e| matches(e, &c.rule, c.algorithm, &c.key)).is_none()
+            };
+            checks.iter().zip(&hashes).filter(|&pair| absent(pair)).count()
+        };
+        let new = missing(&mut guards);
+        if new > 0 && !self.inner.reserve(new) {
+            for (_, shard) in &mut guards {
+                shard.make_room(now, &self.inner);
+            }
+            if !self.inner.reserve(missing(&mut guards)) {
+                return Err(StoreError::Full(self.inner.max_keys.unwrap_or(usize::MAX)));
+            }
+        }
+        let decisions: Vec<Decision> = checks
             .iter()
             .zip(&hashes)
             .map(|(c, &h)| {
                 let shard = guard_for(&mut guards, self.shard_of(h));
-                Ok(shard.entry(h, c, now, &self.inner)?.decide(c, now, true))
+                let e = shard.entry(h, c, now, &self.inner, true).expect("room reserved");
+                e.decide(c, now, true)
             })
-            .collect::<Result<Vec<Decision>, StoreError>>()?;
+            .collect();
         let all = decisions.iter().zip(checks).all(|(d, c)| d.allowed || c.params.shadow);
         let mut outcomes = Vec::with_capacity(checks.len());
         for ((c, &h), decision) in checks.iter().zip(&hashes).zip(decisions) {
             let taken = if all && decision.allowed && c.params.cost > 0 {
-                let e = guard_for(&mut guards, self.shard_of(h)).entry(h, c, now, &self.inner)?;
+                let e = guard_for(&mut guards, self.shard_of(h)).entry(h, c, now, &self.inner, true)?;
                 Some(e.commit(c, now))
             } else {
                 None
@@ -265,7 +333,7 @@ impl MemoryStore {
         for c in charges.iter().filter(|c| c.params.cost > 0) {
             let hash = self.hash(&c.rule, c.algorithm, &c.key);
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-            let e = shard.entry(hash, c, now, &self.inner)?;
+            let e = shard.entry(hash, c, now, &self.inner, false)?;
             e.state.force(&c.params, now);
             e.expires_at = e.expires_at.max(e.state.expires_at(&c.params));
         }
@@ -346,30 +414,74 @@ impl Entry {
     }
 }
 
+impl Inner {
+    /// Takes room for `n` new states under [`MemoryStore::max_keys`]; `false` when there
+    /// is not that much left.
+    fn reserve(&self, n: usize) -> bool {
+        let Some(max) = self.max_keys else { return true };
+        n == 0
+            || self
+                .live
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |live| (live + n <= max).then_some(live + n))
+                .is_ok()
+    }
+
+    /// `n` states were dropped.
+    fn release(&self, n: usize) {
+        if self.max_keys.is_some() && n > 0 {
+            self.live.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+}
+
 impl Shard {
     /// Drops the states expired more than the grace period ago.
-    fn sweep(&mut self, now: u64) {
+    fn sweep(&mut self, now: u64, inner: &Inner) {
         // States stay a second past their expiry: a key whose traffic is below its quota
         // (its state expires between requests) is then not dropped and re-inserted on
         // every visit.
+        let before = self.table.len();
         self.table.retain(|e| e.live_until().saturating_add(GRACE_US) > now);
+        inner.release(before - self.table.len());
         self.sweep_at = (self.table.len() * 2).max(MIN_SWEEP);
     }
 
-    /// The live entry for `check`, created (or reset, when expired) as needed; one probe.
-    fn entry(&mut self, hash: u64, check: &Check, now: u64, inner: &Inner) -> Result<&mut Entry, StoreError> {
+    /// [`Shard::sweep`], amortised: only once the table doubled since the last sweep.
+    fn maybe_sweep(&mut self, now: u64, inner: &Inner) {
         if self.table.len() >= self.sweep_at {
-            // Amortised: only after the table doubled since the last sweep.
-            self.sweep(now);
+            self.sweep(now, inner);
         }
+    }
+
+    /// Makes room under `max_keys`: drops the expired states (any expiry, no grace).
+    fn make_room(&mut self, now: u64, inner: &Inner) {
+        let before = self.table.len();
+        self.table.retain(|e| e.live_until() > now);
+        inner.release(before - self.table.len());
+    }
+
+    /// The live entry for `check`, created (or reset, when expired) as needed; one probe.
+    /// A new one needs room under `max_keys`, unless the caller `reserved` it (and then
+    /// nothing is swept or dropped here).
+    fn entry(
+        &mut self,
+        hash: u64,
+        check: &Check,
+        now: u64,
+        inner: &Inner,
+        reserved: bool,
+    ) -> Result<&mut Entry, StoreError> {
         let hasher = &inner.hasher;
         let rehash = |e: &Entry| hasher.hash_one((&*e.rule, e.algorithm, &e.key));
         let find = |e: &Entry| matches(e, &check.rule, check.algorithm, &check.key);
-        if self.table.len() >= inner.cap_per_shard && self.table.find(hash, find).is_none() {
-            // Full: make room from expired states (any expiry, no grace), or refuse.
-            self.table.retain(|e| e.live_until() > now);
-            if self.table.len() >= inner.cap_per_shard {
-                return Err(StoreError::Full(inner.max_keys.unwrap_or(usize::MAX)));
+        if !reserved {
+            self.maybe_sweep(now, inner);
+            // Under a bound only (one more probe): is this a new state, and is there room?
+            if inner.max_keys.is_some() && self.table.find(hash, find).is_none() && !inner.reserve(1) {
+                self.make_room(now, inner);
+                if !inner.reserve(1) {
+                    return Err(StoreError::Full(inner.max_keys.unwrap_or(usize::MAX)));
+                }
             }
         }
         let e = match self.table.entry(hash, find, rehash) {
@@ -427,6 +539,7 @@ impl LocalStore for MemoryStore {
         self.with_existing(rule, algorithm, key, |t, h| {
             if let Ok(e) = t.find_entry(h, |e| matches(e, rule, algorithm, key)) {
                 e.remove();
+                self.inner.release(1);
             }
         });
         Ok(())
@@ -445,13 +558,13 @@ impl LocalStore for MemoryStore {
         }
         let h = self.hash(&check.rule, check.algorithm, &check.key);
         let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
-        let e = shard.entry(h, check, now, &self.inner)?;
+        let e = shard.entry(h, check, now, &self.inner, false)?;
         e.blocked_until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
         Ok(())
     }
 
     fn identity(&self) -> Option<usize> {
-        Some(Arc::as_ptr(&self.inner) as usize)
+        Some(self.inner.id)
     }
 }
 
@@ -610,7 +723,7 @@ mod tests {
     fn max_keys_bounds_the_states_and_keeps_every_known_key_exact() {
         let clock = ManualClock::new(T0);
         let store = MemoryStore::with_clock(clock.clone()).max_keys(1_000);
-        let cap = store.inner.cap_per_shard * store.inner.shards.len();
+        let cap = 1_000;
         let q = Quota::per_hour(3);
         let mut full = 0;
         for i in 0..5_000 {
@@ -660,14 +773,49 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone()).max_keys(1);
         let q = Quota::per_minute(10);
         let key = |i: usize| check("r", &format!("k{i}"), Algorithm::Gcra, q);
-        let shard = |c: &Check| store.shard_of(store.hash(&c.rule, c.algorithm, &c.key));
-        // Two keys of one shard, which holds one state.
-        let (a, b) = (key(0), (1..).map(key).find(|c| shard(c) == shard(&key(0))).unwrap());
+        let (a, b) = (key(0), key(1));
         LocalStore::block(&store, &a, Duration::from_secs(86_400)).unwrap();
         assert!(matches!(LocalStore::check_one(&store, &b), Err(StoreError::Full(1))), "the block holds the room");
         LocalStore::block(&store, &b, Duration::ZERO).expect("a lift of a key with no state is a no-op");
         LocalStore::block(&store, &a, Duration::ZERO).unwrap();
         clock.advance(Duration::from_secs(2));
         assert!(LocalStore::check_one(&store, &b).unwrap().decision.allowed, "the lifted block still held the room");
+    }
+
+    /// `max_keys(n)` refuses the first new state at `n`, whatever the hash seed (it used to
+    /// split `n` over the shards, and one full shard refused at 39–70 % of `n`).
+    #[test]
+    fn max_keys_refuses_first_at_n_whatever_the_seed() {
+        for seed in 0..6 {
+            let store = MemoryStore::with_clock(ManualClock::new(T0)).max_keys(320);
+            let q = Quota::per_hour(3);
+            let held = (0..10_000)
+                .take_while(|i| {
+                    store.check_one_at(&check("r", &format!("s{seed}-{i}"), Algorithm::Gcra, q), T0).is_ok()
+                })
+                .count();
+            assert_eq!(held, 320, "store {seed}: the first refusal came at {held}");
+            assert_eq!(store.len(), 320);
+        }
+    }
+
+    /// A check of two new rules on a full store is refused whole: neither keeps a unit (a
+    /// state made for the first was dropped to make room for the second, then made again
+    /// to commit it).
+    #[test]
+    fn a_multi_rule_check_on_a_full_store_takes_nothing() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone()).max_keys(1);
+        let q = Quota::per_hour(3);
+        let (a, b) = (check("a", "k1", Algorithm::Gcra, q), check("b", "k2", Algorithm::Gcra, q));
+        let err = store.check_at(&[a.clone(), b.clone()], T0).unwrap_err();
+        assert!(matches!(err, StoreError::Full(1)), "{err}");
+        assert_eq!(store.len(), 0, "a refused call made a state");
+        let d = store.check_one_at(&a, T0).unwrap().decision;
+        assert_eq!(d.remaining, 2, "the refused call kept a unit of rule a");
+        // With room for both, both are decided together.
+        let store = MemoryStore::with_clock(clock).max_keys(2);
+        let outcomes = store.check_at(&[a, b], T0).unwrap();
+        assert!(outcomes.iter().all(|o| o.taken.is_some()));
     }
 }

@@ -282,6 +282,15 @@ impl<T: LocalStore> Store for T {
     }
 }
 
+/// A store identity no other store of this process ever had (see [`Store::identity`]): a
+/// counter, never an address (the allocator reuses those, and a brand-new store was taken
+/// for a dropped one whose rule names a `LimiterHandle` still held).
+#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
+pub(crate) fn new_identity() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Refuses a check list that names one state twice (see [`Store::check`]).
 #[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
 pub(crate) fn distinct(checks: &[Check]) -> Result<(), StoreError> {

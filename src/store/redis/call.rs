@@ -27,7 +27,7 @@ pub(super) struct Config {
     pub(super) clock: Option<SharedClock>,
     /// Made with the store, kept by every store built from it (`response_timeout`, …):
     /// with the prefix, the store's identity (`Store::identity`).
-    pub(super) token: Arc<()>,
+    pub(super) identity: usize,
     /// The most single-rule decisions one batch script call carries; 1: no batching.
     pub(super) max_batch: usize,
 }

@@ -3,7 +3,9 @@
 //! another rejected (or failed).
 //!
 //! - The task owns the calls: when the caller's future is dropped (its deadline passed,
-//!   the client left), the calls still end and the rollback still runs. The caller gets
+//!   the client left), the calls still end and the rollback still runs — and when every
+//!   slot accepts only after the caller has gone, their units are given back too: the
+//!   caller never learned it was admitted. The caller gets
 //!   its answer once the rollback of the slots that answered is done, so that its next
 //!   request finds the units back.
 //! - A rejection does not wait long for slots still out: 5 ms after it, it is answered
@@ -151,9 +153,13 @@ pub(super) async fn check_slots(
         if !everyone {
             roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
         }
-        // Answered once the units are back, so that the caller's next request finds them;
-        // a caller gone by then (its deadline passed) changes nothing here.
-        let _ = tx.send(combine(&checks, &groups, &replies, everyone));
+        // Answered once the units are back, so that the caller's next request finds them.
+        // A caller gone by then (its deadline passed, and it answered 503 or passed the
+        // request by its fail mode) never learns that every slot accepted, late: the call
+        // did not admit anything, so what its slots took goes back.
+        if tx.send(combine(&checks, &groups, &replies, everyone)).is_err() && everyone {
+            roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
+        }
     });
     rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("the multi-slot check task ended early".into())))
 }

@@ -235,7 +235,7 @@ impl RedisStore {
             names: keys::Names::new(DEFAULT_PREFIX.into()),
             timeouts: Timeouts { response: RESPONSE_TIMEOUT, connect: CONNECT_TIMEOUT },
             clock: None,
-            token: Arc::new(()),
+            identity: crate::store::new_identity(),
             // On a cluster, keys spread over 16,384 slots rarely share one: batching off
             // by default there (measured: 0.85× the throughput of one call per decision).
             max_batch: if origin_is_cluster { 1 } else { batch::MAX_BATCH },
@@ -612,7 +612,7 @@ impl Store for RedisStore {
         let config = &self.inner.config;
         // Fixed keys: the same inputs give the same identity in the whole process.
         let mut h = std::hash::DefaultHasher::new();
-        (Arc::as_ptr(&config.token) as usize).hash(&mut h);
+        config.identity.hash(&mut h);
         config.names.prefix.hash(&mut h);
         config.names.hashes_keys().hash(&mut h);
         #[allow(clippy::cast_possible_truncation, reason = "an identity, not a number")]

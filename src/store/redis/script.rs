@@ -70,7 +70,7 @@ macro_rules! single_script {
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     // One rule: a straight-line script per algorithm (`scripts/<alg>_single.lua`), with the
     // arguments, reply and writes of the generic one at about half its CPU inside Redis
-    // (see docs/performance-redis.md); the sliding window log keeps the generic script.
+    // (see docs/performance.md); the sliding window log keeps the generic script.
     single: [
         Script::new(single_script!("fixed_window", "single_main")),
         Script::new(check_script!("sliding_window_log")),

@@ -66,7 +66,9 @@ end
 if commit then
   for i = 1, n do
     local p = ps[i]
-    if p.blk > 0 and not oks[i] and p.blocked <= now then
+    -- A cost the quota can never admit is refused without starting a block (as Rust's
+    -- `blocking`: such a rejection has no retry).
+    if p.blk > 0 and not oks[i] and p.blocked <= now and p.c <= capacity(p) then
       local ends = now + p.blk
       redis.call('SET', p.bkey, fmt(ends), 'PX', fmt(ttl_ms(ends, now)))
     end

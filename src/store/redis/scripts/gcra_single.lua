@@ -2,7 +2,7 @@
 -- (check.lua) and writes as the generic check script built with gcra.lua, straight-line.
 -- The generic script builds its function table, a parameter table and its loop on every
 -- call, which is most of its cost inside Redis: this one takes about half the CPU (see
--- docs/performance-redis.md). Rust checks its verdict against src/algorithm/gcra.rs as
+-- docs/performance.md). Rust checks its verdict against src/algorithm/gcra.rs as
 -- for every script.
 -- `now` and `commit` come from single_now.lua, concatenated in front of this file;
 -- `decide(key, o)` decides the rule whose 8 arguments are ARGV[o + 1 .. o + 8] (lib.lua's

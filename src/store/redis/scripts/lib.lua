@@ -86,6 +86,15 @@ local function load(key)
   return out
 end
 
+-- The most units one check can ever take: a larger cost is refused with no retry. The
+-- leaky bucket's queue holds B waiting besides the one leaving; the token bucket and GCRA
+-- hold B; the window algorithms L.
+local function capacity(p)
+  if p.alg == 'lb' then return p.B + 1 end
+  if p.alg == 'tb' or p.alg == 'gcra' then return p.B end
+  return p.L
+end
+
 local function read_now(arg)
   if arg ~= '' then return tonumber(arg) end
   if redis.replicate_commands then redis.replicate_commands() end
