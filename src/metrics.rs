@@ -12,6 +12,7 @@
 //! | `tollgate_circuit_open` | gauge | — (1 while the breaker is open) |
 //! | `tollgate_peer_unknown_total` | counter | — (IP extractors that found no connection info) |
 //! | `tollgate_charge_failures_total` | counter | `rule` (charges reported after a response that the store did not take) |
+//! | `tollgate_give_back_failures_total` | counter | `rule` (units to give back that the store did not take back: an error, a timeout, no runtime, or the runtime shut down first) |
 
 #![allow(unused_variables)]
 
@@ -78,6 +79,11 @@ pub(crate) fn circuit_open(open: bool) {
 pub(crate) fn charge_failed(rule: &str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_charge_failures_total", "rule" => rule.to_owned()).increment(1);
+}
+
+pub(crate) fn give_back_failed(rule: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_give_back_failures_total", "rule" => rule.to_owned()).increment(1);
 }
 
 pub(crate) fn peer_unknown() {

@@ -281,3 +281,49 @@ fn a_memory_store_charge_needs_no_timer() {
         assert_eq!(svc.oneshot(prompt("ada", 1)).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
     });
 }
+
+/// A give-back to a remote store that the runtime drops before the store answers (it shut
+/// down) is counted and logged, not lost without a word.
+#[test]
+fn a_give_back_dropped_by_a_runtime_shutdown_is_counted() {
+    let ((), scrape) = with_metrics(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let store = HangingRefund(MemoryStore::new());
+        let limiter = Limiter::builder(store)
+            .rule("queue", Quota::per_second(1), |_: &str| Some(Key::from("k")))
+            .algorithm(Algorithm::LeakyBucket)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            assert!(limiter.check("first").await.is_allowed());
+            // The second waits a second for its slot; dropped while it waits, it gives
+            // its slot back, in a task, to a store that now hangs.
+            let waited =
+                tokio::time::timeout(Duration::from_millis(10), limiter.wait("second", Duration::from_secs(5))).await;
+            assert!(waited.is_err());
+            tokio::task::yield_now().await;
+        });
+        drop(rt);
+    });
+    let lost = counter(&scrape, "tollgate_give_back_failures_total", &["rule=\"queue\""]);
+    assert_eq!(lost, 1.0, "{scrape}");
+}
+
+/// A remote store whose refunds never answer.
+#[derive(Clone)]
+struct HangingRefund(MemoryStore);
+
+impl Store for HangingRefund {
+    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
+        std::future::ready(tollgate::store::LocalStore::check(&self.0, checks))
+    }
+    fn refund(&self, _: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::pending()
+    }
+    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        self.0.peek(check)
+    }
+    fn reset(&self, rule: &str, key: &Key, a: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.0.reset(rule, key, a)
+    }
+}

@@ -438,3 +438,69 @@ fn a_new_store_is_never_taken_for_a_dropped_one() {
         handles.push(limiter.handle());
     }
 }
+
+/// A remote store whose checks wait for a gate (once armed) after deciding.
+#[derive(Clone)]
+struct Gated {
+    inner: MemoryStore,
+    gate: Arc<tokio::sync::Notify>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Store for Gated {
+    fn check(
+        &self,
+        checks: &[tollgate::Check],
+    ) -> impl Future<Output = Result<Vec<Option<tollgate::store::Outcome>>, StoreError>> + Send {
+        let answer = tollgate::store::LocalStore::check(&self.inner, checks);
+        let (gate, armed) = (self.gate.clone(), self.armed.swap(false, std::sync::atomic::Ordering::SeqCst));
+        async move {
+            if armed {
+                gate.notified().await;
+            }
+            answer
+        }
+    }
+    fn refund(&self, refunds: &[tollgate::store::Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(tollgate::store::LocalStore::refund(&self.inner, refunds))
+    }
+    fn peek(&self, check: &tollgate::Check) -> impl Future<Output = Result<tollgate::Decision, StoreError>> + Send {
+        std::future::ready(tollgate::store::LocalStore::peek(&self.inner, check))
+    }
+    fn reset(&self, rule: &str, key: &Key, a: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(tollgate::store::LocalStore::reset(&self.inner, rule, key, a))
+    }
+}
+
+/// A rejection the store made while units were being given back is not recorded in the
+/// blocked-key cache: recorded after the give-back forgot the key, it outlived the units'
+/// return, and the key was refused from the cache though it had room (a race found by
+/// reading, proven here).
+#[tokio::test]
+async fn a_rejection_racing_a_give_back_is_not_cached() {
+    let store = Gated { inner: MemoryStore::new(), gate: Arc::default(), armed: Arc::default() };
+    let limiter = Arc::new(
+        Limiter::builder(store.clone())
+            .rule("one", Quota::per_minute(1), user)
+            .algorithm(Algorithm::Gcra)
+            .build()
+            .unwrap(),
+    );
+    let first: tollgate::Verdict = limiter.check("ada").await;
+    assert!(first.is_allowed());
+    // The second is decided (rejected: the first holds the unit), and its answer waits.
+    store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let second = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.check("ada").await }
+    });
+    tokio::task::yield_now().await;
+    // Meanwhile the first is given back (and the cache forgets the key)…
+    limiter.refund(first).await.unwrap();
+    // …then the rejection arrives.
+    store.gate.notify_one();
+    assert!(second.await.unwrap().is_rejected());
+    let third = limiter.check("ada").await;
+    assert!(third.is_allowed(), "refused by a stale cached rejection: {third:?}");
+    assert_eq!(third.decided_by(), Some(tollgate::DecidedBy::Store));
+}

@@ -53,21 +53,24 @@ impl<St: Store> Holders<St> {
         if let Some(local) = self.store.as_local() {
             match local.refund(&refunds) {
                 Ok(()) => self.forget(&refunds, &rules, held.generation),
-                Err(err) => tracing::warn!(error = %err, "tollgate: could not give back the units of {what}"),
+                Err(err) => lost(&refunds, what, &err),
             }
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("tollgate: no tokio runtime to give back the units of {what}");
-            return;
+            return lost(&refunds, what, &"no tokio runtime to run it");
         };
         let this = self.clone();
+        // Dropped unfinished, polled or not (the runtime shut down first): said, not lost
+        // silently.
+        let unfinished = Unfinished { rules: refunds.iter().map(|r| r.check.rule.clone()).collect(), what };
         drop(runtime.spawn(async move {
             match tokio::time::timeout(held.deadline, this.store.refund(&refunds)).await {
                 Ok(Ok(())) => this.forget(&refunds, &rules, held.generation),
-                Ok(Err(err)) => tracing::warn!(error = %err, "tollgate: could not give back the units of {what}"),
-                Err(_) => tracing::warn!("tollgate: the store did not take back the units of {what} in time"),
+                Ok(Err(err)) => lost(&refunds, what, &err),
+                Err(_) => lost(&refunds, what, &"the store did not answer within the deadline"),
             }
+            std::mem::forget(unfinished);
         }));
     }
 
@@ -182,6 +185,31 @@ impl<St: Store> Holders<St> {
             self.cache.forget((generation, rule), &r.check.key);
         }
     }
+}
+
+/// A give-back the runtime dropped before it finished (shutting down): the rules of its
+/// units.
+struct Unfinished {
+    rules: ToStore<Arc<str>>,
+    what: &'static str,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        for rule in &self.rules {
+            crate::metrics::give_back_failed(rule);
+        }
+        let what = self.what;
+        tracing::warn!("tollgate: the runtime shut down before the store took back the units of {what}");
+    }
+}
+
+/// Units not given back: logged, and counted per rule.
+fn lost(refunds: &[Refund], what: &str, err: &dyn std::fmt::Display) {
+    for r in refunds {
+        crate::metrics::give_back_failed(&r.check.rule);
+    }
+    tracing::warn!(error = %err, "tollgate: could not give back the units of {what}");
 }
 
 /// A charge not taken: logged, and counted per rule.

@@ -437,8 +437,17 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         // Timed only for the debug event that reports it (two clock reads a decision).
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
+        // Taken before the store decides: a give-back while it decides voids the cache's
+        // record of its rejection.
+        let epoch = self.runtime.cache.epoch();
         let answer = self.ask(&plan.checks, plan.set.deadline).await;
-        self.conclude(plan, answer, started).0
+        let (verdict, set) = self.conclude(plan, answer, started);
+        // Only the store's own rejections are final: the fallback's limits are its own
+        // (a share for one server) and end with the outage.
+        if verdict.is_rejected() && verdict.source == Some(DecidedBy::Store) && self.runtime.settings.cache_enabled {
+            self.remember_rejections(&set, &verdict, epoch);
+        }
+        verdict
     }
 
     /// [`Limiter::decide`] at once, with no future, for an in-process store
@@ -529,12 +538,6 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             held.units.clear();
         }
         verdict.held = held;
-        // Only the store's own rejections are final: the fallback's limits are its own
-        // (a share for one server) and end with the outage.
-        let remote = self.holders.store.as_local().is_none();
-        if verdict.is_rejected() && remote && by == DecidedBy::Store && self.runtime.settings.cache_enabled {
-            self.remember_rejections(&set, &verdict);
-        }
         (verdict, set)
     }
 
@@ -573,7 +576,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         None
     }
 
-    fn remember_rejections(&self, set: &RuleSet<I>, verdict: &Verdict) {
+    fn remember_rejections(&self, set: &RuleSet<I>, verdict: &Verdict, epoch: u64) {
         let now = self.runtime.mono_us();
         for Decided { check, rule, decision: d } in &verdict.decided {
             let r = &set.rules[*rule];
@@ -586,7 +589,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             // A rule whose blocks can be lifted or shortened by hand (`Limiter::block`) is
             // asked again after a second: the lift reaches every server within it.
             let max_age = if check.params.reads_block() { BLOCK_RECHECK_US } else { u64::MAX };
-            self.runtime.cache.insert(set.id(*rule), &check.key, cost, check.params.quota, now, d, max_age);
+            self.runtime.cache.insert(set.id(*rule), &check.key, cost, check.params.quota, now, d, max_age, epoch);
         }
     }
 

@@ -20,6 +20,9 @@ pub(crate) struct BlockedCache {
     /// The latest `until` ever recorded: from then on nothing is blocked, and a lookup
     /// takes no lock (the common case of a service whose clients stay within limits).
     last_until: AtomicU64,
+    /// How many entries were forgotten (units given back, a reset): a rejection the store
+    /// made before a forget may describe units that are back, so it is not recorded.
+    forgets: AtomicU64,
 }
 
 struct Blocked {
@@ -55,6 +58,7 @@ impl BlockedCache {
             hasher: hashbrown::DefaultHashBuilder::default(),
             cap_per_shard: capacity / SHARDS,
             last_until: AtomicU64::new(0),
+            forgets: AtomicU64::new(0),
         }
     }
 
@@ -89,9 +93,17 @@ impl BlockedCache {
         })
     }
 
+    /// Where the forgets stand: take it before asking the store, and give it to
+    /// [`BlockedCache::insert`] with the store's rejection.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.forgets.load(Ordering::Acquire)
+    }
+
     /// Records that (rule, key) rejects `cost`, as `decision` says: until its retry, or
     /// for `max_age` µs at most (then the store is asked again; the answers given until
-    /// then still say the whole retry).
+    /// then still say the whole retry) — unless something was forgotten since `epoch`
+    /// (units came back while the store was deciding: its rejection may not hold, and
+    /// recorded after the give-back's forget it would stay).
     #[allow(clippy::too_many_arguments, reason = "one entry's fields")]
     pub(crate) fn insert(
         &self,
@@ -102,11 +114,16 @@ impl BlockedCache {
         now: u64,
         decision: &Decision,
         max_age: u64,
+        epoch: u64,
     ) {
         let Some(retry) = decision.retry_after else { return };
         let until = now.saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX));
         let fresh_until = until.min(now.saturating_add(max_age));
         let (h, mut shard) = self.shard(rule, key);
+        // Under the shard's lock, which a forget of this key takes too (and counts under).
+        if self.forgets.load(Ordering::Acquire) != epoch {
+            return;
+        }
         // A lookup racing with this may miss the new entry and ask the store: harmless.
         self.last_until.fetch_max(fresh_until, Ordering::Relaxed);
         let entry = BlockedEntry {
@@ -137,6 +154,7 @@ impl BlockedCache {
     /// Forgets (rule, key): after an admin reset, the key must reach the store again.
     pub(crate) fn forget(&self, rule: RuleId, key: &Key) {
         let (h, mut shard) = self.shard(rule, key);
+        self.forgets.fetch_add(1, Ordering::AcqRel);
         if let Ok(e) = shard.table.find_entry(h, |e| e.rule == rule && e.key == *key) {
             e.remove();
         }
@@ -170,7 +188,7 @@ mod tests {
         let cache = BlockedCache::new(SHARDS * 100);
         let k = Key::from("k");
         let q = Quota::per_minute(10);
-        cache.insert((7, 0), &k, 2, q, 1_000, &rejected(500), u64::MAX);
+        cache.insert((7, 0), &k, 2, q, 1_000, &rejected(500), u64::MAX, 0);
         let d = cache.blocked((7, 0), &k, 2, q, 1_499).unwrap();
         // The store's answer, 499 µs on.
         assert_eq!((d.allowed, d.limit, d.remaining), (false, 10, 3));
@@ -182,11 +200,11 @@ mod tests {
         assert!(cache.blocked((7, 0), &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
         assert!(cache.blocked((7, 0), &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
         assert!(cache.blocked((7, 0), &k, 2, q, 1_500).is_none());
-        cache.insert((7, 1), &k, 1, q, 1_000, &rejected(100), u64::MAX);
+        cache.insert((7, 1), &k, 1, q, 1_000, &rejected(100), u64::MAX, 0);
         assert!(cache.blocked((7, 1), &k, 1, q, 1_050).is_some(), "an earlier end recorded later");
         assert!(cache.blocked((7, 1), &k, 2, q, 1_200).is_none());
         for i in 0..10_000 {
-            cache.insert((7, 0), &Key::from(format!("k{i}")), 1, q, 2_000, &rejected(1_000_000), u64::MAX);
+            cache.insert((7, 0), &Key::from(format!("k{i}")), 1, q, 2_000, &rejected(1_000_000), u64::MAX, 0);
         }
         assert!(cache.len() <= SHARDS * 100 + SHARDS);
     }
@@ -196,9 +214,23 @@ mod tests {
     fn a_short_lived_entry_says_the_whole_retry_and_then_asks_again() {
         let cache = BlockedCache::new(SHARDS * 100);
         let (k, q) = (Key::from("k"), Quota::per_minute(10));
-        cache.insert((9, 0), &k, 1, q, 1_000, &rejected(10_000), 100);
+        cache.insert((9, 0), &k, 1, q, 1_000, &rejected(10_000), 100, 0);
         let d = cache.blocked((9, 0), &k, 1, q, 1_050).expect("fresh");
         assert_eq!(d.retry_after, Some(Duration::from_micros(9_950)), "the store's retry, not the cache's age");
         assert!(cache.blocked((9, 0), &k, 1, q, 1_100).is_none(), "asked again after max_age");
+    }
+
+    /// A rejection the store made before a forget (units given back meanwhile) is not
+    /// recorded: it would outlive the give-back.
+    #[test]
+    fn a_rejection_from_before_a_forget_is_not_recorded() {
+        let cache = BlockedCache::new(SHARDS * 100);
+        let (k, q) = (Key::from("k"), Quota::per_minute(10));
+        let epoch = cache.epoch();
+        cache.forget((5, 0), &Key::from("other"));
+        cache.insert((5, 0), &k, 1, q, 1_000, &rejected(10_000), u64::MAX, epoch);
+        assert!(cache.blocked((5, 0), &k, 1, q, 1_001).is_none(), "recorded after a forget");
+        cache.insert((5, 0), &k, 1, q, 1_000, &rejected(10_000), u64::MAX, cache.epoch());
+        assert!(cache.blocked((5, 0), &k, 1, q, 1_001).is_some());
     }
 }

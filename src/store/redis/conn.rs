@@ -502,6 +502,9 @@ fn millis(d: Duration) -> u64 {
 async fn refresh_task(link: Weak<Link>, _refreshing: ClearOnDrop) {
     let Some(strong) = link.upgrade() else { return };
     let (timeouts, pools) = (strong.timeouts, strong.pools());
+    // The connection this refresh replaces: a newer one made meanwhile (a reconnection
+    // after a failure, with a newer slot map) is kept.
+    let replaces = strong.state().generation;
     drop(strong);
     let result = match pools {
         Ok(pools) => pools.connect(timeouts).await,
@@ -511,8 +514,9 @@ async fn refresh_task(link: Weak<Link>, _refreshing: ClearOnDrop) {
     match result {
         Ok((conn, _)) => {
             let mut s = strong.state();
-            // Only over a live connection: a reconnection under way makes its own.
-            if s.conn.is_some() {
+            // Only over the live connection it was made for: a reconnection under way
+            // makes its own, and one made while this refresh connected is newer.
+            if s.conn.is_some() && s.generation == replaces {
                 s.conn = Some(conn);
                 s.generation += 1;
             }
