@@ -105,7 +105,10 @@ pub enum StoreError {
     /// An in-process store holds its maximum number of keys
     /// ([`MemoryStore::max_keys`](crate::MemoryStore::max_keys)) and this check needed a
     /// new one: handled by the fail mode, as any store error.
-    #[error("store full: it holds its maximum of {0} keys, none of them expired")]
+    #[error(
+        "store full: it holds its maximum of {0} keys (expired ones are dropped as room is needed, \
+         across every shard at most every 100 ms)"
+    )]
     Full(usize),
     /// The store answered with an error (a script error, a wrong type, …).
     #[error("store error: {0}")]

@@ -162,7 +162,11 @@ pub(crate) fn apply(
 ) {
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let d = most.decision;
-        let inner = headers.get(X_RATELIMIT_REMAINING).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+        // The inner layer's remaining units: from its legacy headers, else its IETF ones.
+        let inner = headers
+            .get(X_RATELIMIT_REMAINING)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+            .or_else(|| first_remaining(headers.get(RATELIMIT)?.to_str().ok()?));
         // An inner 429 (a layer, or the handler) is the most restrictive answer there is:
         // nothing here may contradict its `Retry-After` or `X-RateLimit-Reset`.
         if !(inner_refused || inner.is_some_and(|left| left <= d.remaining)) {
@@ -211,23 +215,33 @@ pub(crate) fn apply(
     }
 }
 
-/// The `r` parameter of the first member of a `RateLimit` value this crate wrote
-/// (`"name";r=5;t=10, …`): after the first member's closing quote, up to its end.
+/// The `r` parameter of the first member of a `RateLimit` list (`"name";r=5;t=10, …`, or a
+/// token for the name): the parameters after the member's item, up to the first comma
+/// outside a string.
 fn first_remaining(value: &str) -> Option<u64> {
-    let mut chars = value.char_indices().skip_while(|&(_, c)| c != '"').skip(1);
-    let mut end = None;
-    while let Some((i, c)) = chars.next() {
+    let (mut in_string, mut escaped) = (false, false);
+    let (mut params, mut end) = (None, value.len());
+    for (i, c) in value.char_indices() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
         match c {
-            '\\' => drop(chars.next()),
-            '"' => {
-                end = Some(i);
+            '"' => in_string = true,
+            ';' if params.is_none() => params = Some(i),
+            ',' => {
+                end = i;
                 break;
             }
             _ => {}
         }
     }
-    let params = value[end? + 1..].split(',').next()?;
-    params.split(';').find_map(|p| p.trim().strip_prefix("r=")?.parse().ok())
+    value[params?..end].split(';').find_map(|p| p.trim().strip_prefix("r=")?.parse().ok())
 }
 
 /// A structured-field string: `"…"` with `\` and `"` escaped, non-printable bytes dropped.
@@ -305,6 +319,8 @@ mod tests {
         assert_eq!(first_remaining(r#""a, \"b\";r=9";r=0;t=1, "c";r=3;t=2"#), Some(0));
         assert_eq!(first_remaining(r#""a";t=1"#), None);
         assert_eq!(first_remaining("garbage"), None);
+        assert_eq!(first_remaining("token;r=7, \"b\";r=1"), Some(7), "a token for the name");
+        assert_eq!(first_remaining("\"a\", \"b\";r=1"), None, "the first member has no r");
     }
 
     #[test]

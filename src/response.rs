@@ -202,6 +202,19 @@ pub(crate) struct Responder<R, U> {
 }
 
 /// Whether a request is a gRPC call (`content-type: application/grpc*`).
+/// Marks a refusal this crate made, in its response's extensions (see [`is_refusal`]).
+#[derive(Debug, Clone, Copy)]
+struct Refused;
+
+/// Whether a response an inner layer (or the handler) produced is a refusal: a 429, one
+/// this crate made (a gRPC refusal is HTTP 200; `on_rejected` may pick any status), or one
+/// that says when to retry.
+pub(crate) fn is_refusal<ResBody>(res: &Response<ResBody>) -> bool {
+    res.status() == http::StatusCode::TOO_MANY_REQUESTS
+        || res.extensions().get::<Refused>().is_some()
+        || res.headers().contains_key(http::header::RETRY_AFTER)
+}
+
 fn is_grpc<B>(req: &Request<B>) -> bool {
     req.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
@@ -245,21 +258,24 @@ impl<R, U> Responder<R, U> {
             }
         }
         self.add_headers(h, verdict, set, worst, false);
+        // Whatever its status (a gRPC refusal is HTTP 200; `on_rejected` may pick any):
+        // an outer layer knows this response for a refusal.
+        res.extensions_mut().insert(Refused);
         res
     }
 
     /// The rate-limit headers of an allowed request's response, describing the most
     /// restrictive rule — of this layer's and of an inner layer's whose headers it already
-    /// carries (`status` 429: that layer refused it).
+    /// carries (`refused`: that layer, or the handler, refused it; see [`is_refusal`]).
     pub(crate) fn allowed<I: ?Sized>(
         &self,
-        status: http::StatusCode,
+        refused: bool,
         headers: &mut HeaderMap,
         verdict: &Verdict,
         set: &RuleSet<I>,
     ) {
         if let Some(most) = verdict.most() {
-            self.add_headers(headers, verdict, set, most, status == http::StatusCode::TOO_MANY_REQUESTS);
+            self.add_headers(headers, verdict, set, most, refused);
         }
     }
 

@@ -215,7 +215,8 @@ impl<St: Store, B: 'static, R, U> Admitted<St, B, R, U> {
                 req.extensions_mut().insert(most.decision.clone());
             }
             let mut res = inner.call(req).await?;
-            shared.responder.allowed(res.status(), res.headers_mut(), &verdict, &set);
+            let refused = crate::response::is_refusal(&res);
+            shared.responder.allowed(refused, res.headers_mut(), &verdict, &set);
             // Units the handler reports it used are taken after the response.
             let charge = res.extensions().get::<Charge>().map(|&Charge(units)| units);
             forwarded.settle(res.status(), charge);

@@ -103,7 +103,10 @@ impl fmt::Display for KeySpec {
             KeySpec::PeerIp { ipv6_prefix } => write!(f, "peer_ip/{ipv6_prefix}"),
             KeySpec::Global => f.write_str("global"),
             KeySpec::Header(name) => write!(f, "header:{name}"),
-            KeySpec::TrustedProxyIp(_) => f.write_str("trusted_proxy_ip:…"),
+            KeySpec::TrustedProxyIp(t) => match t.hop_count() {
+                Some(n) => write!(f, "trusted_proxy_hops:{n}"),
+                None => f.write_str("trusted_proxy_ip:…"),
+            },
         }
     }
 }

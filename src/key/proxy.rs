@@ -167,6 +167,15 @@ impl TrustedProxyIp {
         }
     }
 
+    /// The hop count, when hops are trusted by count ([`TrustedProxyIp::hops`]).
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn hop_count(&self) -> Option<usize> {
+        match self.trust {
+            Trust::Hops(n) => Some(n),
+            Trust::Networks(_) => None,
+        }
+    }
+
     #[cfg(test)]
     fn is_trusted(&self, ip: IpAddr) -> bool {
         self.is_trusted_hop(1, ip)

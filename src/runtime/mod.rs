@@ -132,6 +132,9 @@ impl Runtime {
         let (fallback, instances) = self.settings.fallback.as_ref()?;
         crate::metrics::store_error(err);
         self.warn_store_failure(err, true);
+
+        let local: Vec<Check> = checks.iter().map(|c| local_check(c, *instances)).collect();
+        let outcomes = fallback.check_at(&local, fallback.now_micros()).ok()?;
         FALLBACK.tell(false, || {
             format!(
                 "tollgate: the rate-limit store failed ({err}): the in-process fallback decides until it answers, \
@@ -139,8 +142,6 @@ impl Runtime {
                  tollgate_fallback_decisions_total)"
             )
         });
-        let local: Vec<Check> = checks.iter().map(|c| local_check(c, *instances)).collect();
-        let outcomes = fallback.check_at(&local, fallback.now_micros()).ok()?;
         for o in &outcomes {
             crate::metrics::fallback(if o.decision.allowed { "allowed" } else { "rejected" });
         }

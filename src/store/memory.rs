@@ -329,6 +329,13 @@ impl MemoryStore {
     ///
     /// As [`MemoryStore::check_one_at`].
     pub fn charge_at(&self, charges: &[Check], now: u64) -> Result<(), StoreError> {
+        match self.charge_once(charges, now) {
+            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.charge_once(charges, now),
+            result => result,
+        }
+    }
+
+    fn charge_once(&self, charges: &[Check], now: u64) -> Result<(), StoreError> {
         self.sweep_due(now);
         for c in charges.iter().filter(|c| c.params.cost > 0) {
             let hash = self.hash(&c.rule, c.algorithm, &c.key);
@@ -556,11 +563,16 @@ impl LocalStore for MemoryStore {
             });
             return Ok(());
         }
-        let h = self.hash(&check.rule, check.algorithm, &check.key);
-        let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
-        let e = shard.entry(h, check, now, &self.inner, false)?;
-        e.blocked_until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
-        Ok(())
+        let until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
+        let block = || {
+            let h = self.hash(&check.rule, check.algorithm, &check.key);
+            let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
+            shard.entry(h, check, now, &self.inner, false).map(|e| e.blocked_until = until)
+        };
+        match block() {
+            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => block(),
+            result => result,
+        }
     }
 
     fn identity(&self) -> Option<usize> {

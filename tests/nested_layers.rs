@@ -1,0 +1,142 @@
+//! Nested layers merging their rate-limit headers when the inner one refuses with another
+//! status than 429 (gRPC, a custom rejection), or speaks another header style.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use tollgate::{key, Algorithm, HeaderStyle, MemoryStore, Quota, RateLimitLayer, Rule};
+use tower::ServiceExt;
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+fn h(res: &Response<Body>, name: &str) -> Option<String> {
+    res.headers().get(name).map(|v| v.to_str().unwrap().to_owned())
+}
+
+/// Inner: 10 per hour, each request costs 4 (GCRA); outer: 4 per minute, cost 1.
+fn weighted_nested(style: HeaderStyle) -> axum::Router {
+    let store = MemoryStore::new();
+    let inner = RateLimitLayer::builder(store.clone())
+        .add_rule(Rule::new("uploads", Quota::per_hour(10), key::Global).cost(|_| 4))
+        .build()
+        .unwrap()
+        .algorithm(Algorithm::Gcra)
+        .headers(style);
+    let outer = RateLimitLayer::builder(store)
+        .rule("ip", Quota::per_minute(4), key::Global)
+        .build()
+        .unwrap()
+        .algorithm(Algorithm::Gcra)
+        .headers(style);
+    axum::Router::new().route("/", axum::routing::post(|| async { "ok" })).layer(inner).layer(outer)
+}
+
+fn grpc() -> Request<Body> {
+    Request::post("/").header("content-type", "application/grpc").body(Body::empty()).unwrap()
+}
+
+/// An inner layer's gRPC refusal (HTTP 200, grpc-status 8: tollgate's own "429" for gRPC)
+/// of a request whose cost does not fit (remaining 2, cost 4): the outer layer, whose
+/// `remaining` (1) is lower, took it for an allowed response and overwrote
+/// `X-RateLimit-Reset` — contradicting the inner refusal's `Retry-After`.
+#[tokio::test]
+async fn an_inner_grpc_refusal_is_not_contradicted_by_the_outer_layer() {
+    let app = weighted_nested(HeaderStyle::Legacy);
+    for _ in 0..2 {
+        let res = app.clone().oneshot(grpc()).await.unwrap();
+        assert!(res.headers().get("grpc-status").is_none(), "{:?}", res.headers());
+    }
+    let res = app.clone().oneshot(grpc()).await.unwrap();
+    assert_eq!(h(&res, "grpc-status").as_deref(), Some("8"), "the inner layer refuses: {:?}", res.headers());
+    let retry: u64 = h(&res, "retry-after").unwrap().parse().unwrap();
+    assert!(retry > 600, "Retry-After {retry}");
+    let reset: u64 = h(&res, "x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!(
+        reset.abs_diff(unix_now() + retry) <= 1,
+        "X-RateLimit-Reset {} s from now contradicts the inner refusal's Retry-After {retry} (rule {:?}, limit {:?})",
+        reset as i64 - unix_now() as i64,
+        h(&res, "x-ratelimit-rule"),
+        h(&res, "x-ratelimit-limit"),
+    );
+}
+
+/// The same over IETF headers: the inner layer refused, so `RateLimit` lists its rule
+/// first.
+#[tokio::test]
+async fn an_inner_grpc_refusal_comes_first_in_ratelimit() {
+    let app = weighted_nested(HeaderStyle::Ietf);
+    for _ in 0..2 {
+        app.clone().oneshot(grpc()).await.unwrap();
+    }
+    let res = app.clone().oneshot(grpc()).await.unwrap();
+    assert_eq!(h(&res, "grpc-status").as_deref(), Some("8"));
+    let limit = h(&res, "ratelimit").unwrap();
+    assert!(limit.starts_with("\"uploads\""), "the refusing rule is not first: RateLimit: {limit}");
+}
+
+/// A custom rejection with another status than 429 (here 403, as `on_rejected` allows):
+/// the same over HTTP.
+#[tokio::test]
+async fn an_inner_refusal_with_a_custom_status_is_not_contradicted() {
+    let store = MemoryStore::new();
+    let inner = RateLimitLayer::builder(store.clone())
+        .add_rule(Rule::new("uploads", Quota::per_hour(10), key::Global).cost(|_| 4))
+        .build()
+        .unwrap()
+        .algorithm(Algorithm::Gcra)
+        .on_rejected(|_: &tollgate::response::Rejection<'_>| {
+            let mut r = Response::new(Body::empty());
+            *r.status_mut() = StatusCode::FORBIDDEN;
+            r
+        });
+    let outer = RateLimitLayer::builder(store)
+        .rule("ip", Quota::per_minute(4), key::Global)
+        .build()
+        .unwrap()
+        .algorithm(Algorithm::Gcra);
+    let app = axum::Router::new().route("/", axum::routing::post(|| async { "ok" })).layer(inner).layer(outer);
+    let post = || Request::post("/").body(Body::empty()).unwrap();
+    for _ in 0..2 {
+        assert_eq!(app.clone().oneshot(post()).await.unwrap().status(), StatusCode::OK);
+    }
+    let res = app.clone().oneshot(post()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let retry: u64 = h(&res, "retry-after").unwrap().parse().unwrap();
+    let reset: u64 = h(&res, "x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!(
+        reset.abs_diff(unix_now() + retry) <= 1,
+        "X-RateLimit-Reset {} s from now, Retry-After {retry}; {:?}",
+        reset as i64 - unix_now() as i64,
+        res.headers()
+    );
+}
+
+/// Inner layer IETF-only, outer legacy-only: the inner rule has 0 left (the next request
+/// is refused); the legacy headers must not say 99 (they said the outer rule's).
+#[tokio::test]
+async fn mixed_styles_inner_ietf_outer_legacy() {
+    let store = MemoryStore::new();
+    let inner = RateLimitLayer::builder(store.clone())
+        .rule("login", Quota::per_minute(1), key::Global)
+        .build()
+        .unwrap()
+        .headers(HeaderStyle::Ietf);
+    let outer = RateLimitLayer::builder(store)
+        .rule("ip", Quota::per_minute(100), key::Global)
+        .build()
+        .unwrap()
+        .headers(HeaderStyle::Legacy);
+    let app = axum::Router::new().route("/", axum::routing::post(|| async { "ok" })).layer(inner).layer(outer);
+    let post = || Request::post("/").body(Body::empty()).unwrap();
+    let res = app.clone().oneshot(post()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let next = app.clone().oneshot(post()).await.unwrap();
+    assert_eq!(next.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The outer legacy layer cannot state the inner rule's limit: it says nothing rather
+    // than a looser rule's.
+    assert_eq!(h(&res, "x-ratelimit-remaining"), None, "{:?}", res.headers());
+    assert!(h(&res, "ratelimit").unwrap().contains("r=0"));
+}
