@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::limiter::Held;
+use crate::limiter::held::Held;
 use crate::store::{Check, Taken};
 use crate::{Decision, Quota, StoreError};
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
-use super::lease::{Exit, Held, Holder, Probe, Unit};
+use super::held::{Exit, Held, Holder, Probe, Unit};
 use super::{Limiter, Plan, RuleSet};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
 use crate::verdict::{Decided, DecidedBy, State};

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::lease::{Held, Holder};
+use super::held::{Held, Holder};
 use crate::runtime::{BlockedCache, Runtime};
 use crate::store::{Check, Refund, Store};
 use crate::StoreError;

@@ -4,6 +4,7 @@
 mod admin;
 mod builder;
 mod decide;
+pub(crate) mod held;
 mod holders;
 mod lease;
 mod plan;
@@ -20,8 +21,9 @@ use tokio::time::Instant;
 pub(crate) use self::builder::Config;
 pub use self::builder::LimiterBuilder;
 pub(crate) use self::decide::Now;
+pub(crate) use self::held::Held;
 pub(crate) use self::holders::Holders;
-pub(crate) use self::lease::{Held, Lease};
+pub(crate) use self::lease::Lease;
 pub(crate) use self::plan::Plan;
 pub use self::rules::LimiterHandle;
 pub(crate) use self::rules::{Draft, RuleSet, Rules};
