@@ -215,9 +215,29 @@ impl MemoryStore {
     /// [`StoreError::Full`] when the rule's key has no state yet and the store holds
     /// [`MemoryStore::max_keys`] live states.
     pub fn check_one_at(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
-        match self.check_one_once(check, now) {
-            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.check_one_once(check, now),
-            result => result,
+        self.sweep_due(now);
+        let hash = self.hash(&check.rule, check.algorithm, &check.key);
+        // One frame, the decision written straight into the answer: a wrapper returning
+        // the `Result` through a second call measured 7 % more instructions a decision.
+        let mut swept = false;
+        loop {
+            let full = {
+                let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+                match shard.entry(hash, check, now, &self.inner, false) {
+                    Ok(entry) => {
+                        let decision = entry.decide(check, now, true);
+                        // A probe (cost 0, a charged rule's admission) takes nothing.
+                        let taken = (decision.allowed && check.params.cost > 0).then(|| entry.commit(check, now));
+                        return Ok(Outcome { decision, taken });
+                    }
+                    Err(err) => err,
+                }
+            };
+            // Full: once, with no shard locked, make room in every shard and try again.
+            if swept || !matches!(full, StoreError::Full(_)) || !self.make_room_everywhere(now) {
+                return Err(full);
+            }
+            swept = true;
         }
     }
 
@@ -239,17 +259,6 @@ impl MemoryStore {
             lock(shard).make_room(now, &self.inner);
         }
         true
-    }
-
-    fn check_one_once(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
-        self.sweep_due(now);
-        let hash = self.hash(&check.rule, check.algorithm, &check.key);
-        let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-        let entry = shard.entry(hash, check, now, &self.inner, false)?;
-        let decision = entry.decide(check, now, true);
-        // A probe (cost 0, a charged rule's admission) takes nothing.
-        let taken = (decision.allowed && check.params.cost > 0).then(|| entry.commit(check, now));
-        Ok(Outcome { decision, taken })
     }
 
     /// Decides synchronously at `now` (the `Store` impl calls this with the clock's time).
