@@ -36,7 +36,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::Router;
 use http::{HeaderName, HeaderValue};
-use tollgate::{key, Algorithm, Quota, RateLimitLayer, Store};
+use tollgate::store::Store;
+use tollgate::{key, Algorithm, Quota, RateLimitLayer};
 use tollgate_bench::http::{hello, tower_governor};
 
 const KEYS: usize = 10_000;
@@ -117,7 +118,13 @@ fn static_headers() -> [(HeaderName, HeaderValue); 3] {
 }
 
 fn limited<St: Store>(store: St, quota: Quota, algorithm: Algorithm) -> Router {
-    hello().layer(RateLimitLayer::<_, Body>::new(quota, key::header("x-api-key"), store).algorithm(algorithm))
+    hello().layer(
+        RateLimitLayer::<_, Body>::builder(store)
+            .rule("default", quota, key::header("x-api-key"))
+            .algorithm(algorithm)
+            .build()
+            .unwrap(),
+    )
 }
 
 fn router(config: &Config, algorithm: Algorithm) -> Result<Router, Box<dyn std::error::Error>> {

@@ -79,8 +79,11 @@ fn benches(c: &mut Criterion) {
             run(c, group, "bare", hello(), 200);
         }
         for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::Gcra] {
-            let layer = RateLimitLayer::<_, Body>::new(quota, key::header("x-api-key"), MemoryStore::new())
-                .algorithm(algorithm);
+            let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
+                .rule("default", quota, key::header("x-api-key"))
+                .algorithm(algorithm)
+                .build()
+                .unwrap();
             run(c, group, &format!("tollgate/{algorithm}"), hello().layer(layer), status);
         }
         run(c, group, "tower_governor", hello().layer(tower_governor(quota).expect("a valid quota")), status);

@@ -75,9 +75,10 @@ mod run {
     use rand_chacha::ChaCha8Rng;
     use redis::aio::MultiplexedConnection;
     use redis::Value;
-    use tollgate::algorithm::Params;
     use tollgate::key::{self, Key};
-    use tollgate::{Algorithm, Check, FailMode, Quota, RateLimitLayer, RedisStore, Rule, Store};
+    use tollgate::store::Params;
+    use tollgate::store::{Check, Store};
+    use tollgate::{Algorithm, FailMode, Quota, RateLimitLayer, RedisStore, Rule};
     use tower::{Layer, Service, ServiceExt};
 
     use crate::support::redis::RedisServer;
@@ -530,10 +531,10 @@ mod run {
     ) -> Result<impl Target, Error> {
         let layer = RateLimitLayer::<_, Body>::builder(store.clone())
             .add_rule(Rule::new(RULE, quota, key::header(HEADER)).algorithm(algorithm).max_delay(max_delay(algorithm)))
-            .build()?
             // A store error answers 503 and is counted as failed, never as accepted.
             .fail_mode(FailMode::Closed)
-            .local_cache(cache);
+            .local_cache(cache)
+            .build()?;
         let inner =
             tower::service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::empty())) });
         let keys = names.iter().map(|n| HeaderValue::from_str(n)).collect::<Result<Vec<_>, _>>()?;

@@ -37,9 +37,11 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use governor::{Quota as GovQuota, RateLimiter};
-use tollgate::algorithm::Params;
+use tollgate::clock::{Clock, SystemClock};
+use tollgate::store::Check;
 use tollgate::store::LocalStore;
-use tollgate::{Algorithm, Check, Clock, MemoryStore, Quota, SystemClock};
+use tollgate::store::Params;
+use tollgate::{Algorithm, MemoryStore, Quota};
 
 const KEYS: usize = 10_000;
 const THREADS: [usize; 2] = [1, 2];

@@ -18,8 +18,9 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use tollgate::algorithm::Params;
-use tollgate::{Algorithm, Check, MemoryStore, Quota, Store};
+use tollgate::store::Params;
+use tollgate::store::{Check, Store};
+use tollgate::{Algorithm, MemoryStore, Quota};
 
 const PER_MINUTE: u32 = 1_000_000;
 

@@ -28,8 +28,9 @@ mod imp {
     use std::time::Instant;
 
     use redis::aio::MultiplexedConnection;
-    use tollgate::algorithm::Params;
-    use tollgate::{Algorithm, Check, Quota, RedisStore, Store};
+    use tollgate::store::Params;
+    use tollgate::store::{Check, Store};
+    use tollgate::{Algorithm, Quota, RedisStore};
 
     const USERS: usize = 100_000;
     const SAMPLE: usize = 1_000;

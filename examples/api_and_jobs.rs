@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tollgate::{key, Algorithm, Limiter, Quota, RateLimitLayer, Rule, Store};
+use tollgate::store::Store;
+use tollgate::{key, Algorithm, Limiter, Quota, RateLimitLayer, Rule};
 
 type Request = axum::extract::Request;
 

@@ -15,7 +15,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, Limiter, Quota, Store};
+use tollgate::store::Store;
+use tollgate::{Algorithm, Limiter, Quota};
 
 /// One job of the queue.
 #[derive(Debug, Clone)]

@@ -52,7 +52,8 @@ use axum::routing::{get, post};
 use axum::{Extension, Form, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tollgate::key::{self, Key, KeyExtractor};
-use tollgate::{BuildError, Decision, FailMode, HeaderStyle, LayerConfig, Quota, RateLimitLayer, Rule, Store};
+use tollgate::store::Store;
+use tollgate::{BuildError, Decision, FailMode, HeaderStyle, LayerConfig, Quota, RateLimitLayer, Rule};
 
 /// The limits operations tune without a rebuild (`LIMITS_FILE` replaces them). Rules
 /// that need code — the account's tier, the login rule — are defined in [`limits`].
@@ -234,7 +235,7 @@ pub fn limits<St: Store + Clone>(
     }
     // One layer, so one store call decides all rules, and a request that one rule
     // rejects consumes nothing from the others.
-    let api = config.apply(api.add_rule(bypass(per_minute)).add_rule(bypass(per_day)).build()?);
+    let api = config.apply(api.add_rule(bypass(per_minute)).add_rule(bypass(per_day))).build()?;
 
     // Failed credentials, per client address *and route*: `MatchedPath` is the route
     // template ("/auth/login"), so one layer gives every auth route its own budget, and a

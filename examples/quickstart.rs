@@ -13,7 +13,8 @@ use std::net::SocketAddr;
 use axum::body::Body;
 use axum::routing::get;
 use axum::{Extension, Router};
-use tollgate::{key, Algorithm, Decision, Quota, RateLimitLayer, Store};
+use tollgate::store::Store;
+use tollgate::{key, Algorithm, Decision, Quota, RateLimitLayer};
 
 fn app<St: Store>(store: St) -> Router {
     let limits = RateLimitLayer::<_, Body>::builder(store)
@@ -22,9 +23,9 @@ fn app<St: Store>(store: St) -> Router {
         // Callers with an API key: 5 a minute per key on top (requests without the header
         // are not limited by this rule).
         .rule("per-api-key", Quota::per_minute(5), key::header("x-api-key"))
+        .algorithm(Algorithm::SlidingWindowCounter)
         .build()
-        .expect("rule names are unique")
-        .algorithm(Algorithm::SlidingWindowCounter);
+        .expect("rule names are unique");
     Router::new()
         .route("/", get(|| async { "hello from tollgate\n" }))
         .route(

@@ -19,8 +19,11 @@ async fn start_server(redis_url: &str) -> Result<SocketAddr, Box<dyn std::error:
     let store = RedisStore::from_url(redis_url)?;
     store.ping().await?;
     let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok\n" })).layer(
-        RateLimitLayer::<_, Body>::new(Quota::per_hour(10), key::header("x-api-key"), store)
-            .algorithm(Algorithm::SlidingWindowLog),
+        RateLimitLayer::<_, Body>::builder(store)
+            .rule("default", Quota::per_hour(10), key::header("x-api-key"))
+            .algorithm(Algorithm::SlidingWindowLog)
+            .build()
+            .unwrap(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

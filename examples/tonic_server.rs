@@ -33,7 +33,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer, Store};
+use tollgate::store::Store;
+use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer};
 
 /// What `tonic-prost-build` would generate from `hello.proto`, written by hand.
 pub mod hello {
@@ -159,11 +160,11 @@ pub fn limits<St: Store>(store: St) -> RateLimitLayer<St, tonic::body::Body> {
         // 20 calls a minute per client address, whatever the key: one client cannot get
         // around the key limit by inventing keys.
         .rule("peer-ip", Quota::per_minute(20), key::PeerIp)
-        .build()
-        .expect("rule names are unique")
         // GCRA spaces calls evenly (one every 12 s for 5/min, after a burst of 5), so
         // the pushback a client gets is the real wait, not the end of a window.
         .algorithm(Algorithm::Gcra)
+        .build()
+        .expect("rule names are unique")
 }
 
 /// Serves the greeter behind `limits` on `listener` until the process ends.

@@ -22,7 +22,7 @@ if ! have redis-server || ! have redis-cli; then
 fi
 echo "== $(redis-server --version)"
 
-# tests/examples_run.rs runs the example programs (workspace member `examples/`) as
+# tests/examples/main.rs runs the example programs (workspace member `examples/`) as
 # processes: build them first. Then every test of the workspace, doctests included (the
 # README's snippets among them), all of them even after a failure (a failing binary must
 # not hide the next one's failures). Two test threads: the machine this is tuned for has

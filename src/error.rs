@@ -114,7 +114,7 @@ pub enum StoreError {
     #[error("store error: {0}")]
     Backend(String),
     /// The call itself was wrong: a check list that names one state (rule, key and
-    /// algorithm) twice. A `Limiter` never makes one; a direct [`Store`](crate::Store)
+    /// algorithm) twice. A `Limiter` never makes one; a direct [`Store`](crate::store::Store)
     /// caller can.
     #[error("invalid store call: {0}")]
     Invalid(String),

@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
+use crate::clock::{Clock, SystemClock};
 use crate::decision::ceil_secs;
+use crate::error::BuildError;
+use crate::quota::Quota;
 use crate::verdict::RuleDecision;
-use crate::{BuildError, Clock, Quota, SystemClock};
 
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -261,7 +263,7 @@ fn sf_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Decision;
+    use crate::decision::Decision;
 
     fn decision(remaining: u64, reset_ms: u64) -> Decision {
         Decision {

@@ -8,13 +8,17 @@ use std::time::Duration;
 use http::Request;
 use tower_layer::Layer;
 
+use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::headers::HeaderStyle;
 use crate::key::{Key, KeyExtractor};
-use crate::limiter::{Config, LimiterBuilder};
+use crate::limiter::Limiter;
+use crate::limiter::LimiterBuilder;
+use crate::quota::Quota;
 use crate::response::{DefaultRejection, DefaultUnavailable, Rejection, Responder, Unavailable};
+use crate::rule::Rule;
 use crate::service::RateLimit;
 use crate::store::Store;
-use crate::{Algorithm, BuildError, Decision, FailMode, Limiter, Quota, Rule, StoreError};
 
 /// A [`tower_layer::Layer`] that limits requests by key, through a shared store.
 ///
@@ -25,13 +29,12 @@ use crate::{Algorithm, BuildError, Decision, FailMode, Limiter, Quota, Rule, Sto
 /// `RESOURCE_EXHAUSTED`).
 ///
 /// ```
-/// use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer};
+/// use tollgate::{key, MemoryStore, Quota, RateLimitLayer};
 ///
 /// let app: axum::Router = axum::Router::new()
 ///     .route("/", axum::routing::get(|| async { "hello" }))
 ///     .layer(
-///         RateLimitLayer::new(Quota::per_minute(100), key::PeerIp, MemoryStore::new())
-///             .algorithm(Algorithm::Gcra),
+///         RateLimitLayer::new(Quota::per_minute(100), key::PeerIp, MemoryStore::new()),
 ///     );
 /// ```
 ///
@@ -39,10 +42,11 @@ use crate::{Algorithm, BuildError, Decision, FailMode, Limiter, Quota, Rule, Sto
 /// nothing from the others):
 ///
 /// ```
-/// use tollgate::{key, MemoryStore, Quota, RateLimitLayer};
+/// use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer};
 ///
 /// let layer = RateLimitLayer::<_, axum::body::Body>::builder(MemoryStore::new())
 ///     .rule("ip", Quota::per_minute(300), key::PeerIp)
+///     .algorithm(Algorithm::Gcra)
 ///     .rule("api-key", Quota::per_minute(100), key::header("x-api-key"))
 ///     .rule("api-key-daily", Quota::per_day(10_000), key::header("x-api-key"))
 ///     .build()
@@ -77,32 +81,37 @@ impl<St: fmt::Debug, B, R, U> fmt::Debug for RateLimitLayer<St, B, R, U> {
 }
 
 impl<St: Store, B: 'static> RateLimitLayer<St, B> {
-    /// One rule, named `"default"`: each key may use `quota`.
+    /// One rule, named `"default"`: each key may use `quota`, counted with the default
+    /// algorithm ([`Algorithm::SlidingWindowCounter`](crate::Algorithm)); any other
+    /// setting is made on [`RateLimitLayer::builder`].
     ///
-    /// # Panics
-    ///
-    /// When another live layer (or limiter) over this store already has a rule named
-    /// `"default"`: two layers from `new` on one store (say on two routes) would count
-    /// into one state, so that `/upload`'s requests use up `/search`'s limit. Name the
-    /// rules instead — `RateLimitLayer::builder(store).rule("search", quota, key).build()`
-    /// — as rule names are what servers sharing a Redis agree on. Clones of one layer (on
-    /// several routes) share one limiter and are fine.
+    /// Two layers from `new` over one store (say on two routes) both name their rule
+    /// `"default"`, so they share one count: `/upload`'s requests use up `/search`'s
+    /// limit. This is said once on stderr (and as a `tracing` warning). Name the rules to
+    /// count apart — `RateLimitLayer::builder(store).rule("search", quota, key).build()`,
+    /// which refuses a name in use with [`BuildError::RuleInUse`] — as rule names are what
+    /// servers sharing a Redis agree on. Clones of one layer share one limiter and are
+    /// fine.
     pub fn new(quota: Quota, key: impl KeyExtractor<Request<B>>, store: St) -> Self {
-        match Limiter::builder(store).for_layer().rule("default", quota, key).build() {
-            Ok(limiter) => Self::from_limiter(limiter),
-            Err(err) => panic!("RateLimitLayer::new: {err}"),
+        let builder = Self::builder(store).sharing().rule("default", quota, key);
+        match builder.build() {
+            Ok(layer) => layer,
+            Err(err) => unreachable!("one valid rule, sharing its name on a clash: {err}"),
         }
     }
 }
 
 impl<St, B: 'static> RateLimitLayer<St, B> {
-    /// A builder for several rules.
-    pub fn builder(store: St) -> RateLimitLayerBuilder<St, B> {
-        RateLimitLayerBuilder { inner: Limiter::builder(store).for_layer() }
+    /// A builder for several rules and every setting of the limiter (algorithm, fail
+    /// mode, deadline, breaker, fallback…): the same [`LimiterBuilder`] as
+    /// [`Limiter::builder`]'s, whose `build` makes the layer.
+    pub fn builder(store: St) -> LimiterBuilder<St, Request<B>, Self> {
+        LimiterBuilder::new(store).for_layer()
     }
 
     /// The layer of a limiter built with [`Limiter::builder`], which holds every setting
-    /// but the HTTP ones ([`RateLimitLayer::headers`], [`RateLimitLayer::on_rejected`]).
+    /// but the HTTP ones ([`RateLimitLayer::headers`], [`RateLimitLayer::on_rejected`],
+    /// [`RateLimitLayer::on_unavailable`]), set on the layer.
     pub fn from_limiter(limiter: Limiter<St, Request<B>>) -> Self {
         Self {
             limiter: Arc::new(limiter),
@@ -114,41 +123,11 @@ impl<St, B: 'static> RateLimitLayer<St, B> {
 }
 
 impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
-    /// The limiter for the settings below: a clone of this layer already handed to a
-    /// service keeps the limiter it has, so this one gets its own.
-    fn configure(mut self, f: impl FnOnce(&mut Config<'_, Request<B>>)) -> Self {
-        if Arc::get_mut(&mut self.limiter).is_none() {
-            self.limiter = Arc::new(self.limiter.fresh_copy());
-        }
-        Arc::get_mut(&mut self.limiter).expect("just made unique").configure(f);
-        self
-    }
-
-    /// The algorithm of every rule that does not choose its own
-    /// (default: [`Algorithm::SlidingWindowCounter`]).
-    #[must_use]
-    pub fn algorithm(self, algorithm: Algorithm) -> Self {
-        self.configure(|c| *c.algorithm = algorithm)
-    }
-
     /// Which rate-limit headers responses carry (default: legacy `X-RateLimit-*`).
     #[must_use]
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         self.style = style;
         self
-    }
-
-    /// What happens when the store fails, for rules that do not choose
-    /// (default: [`FailMode::Open`]).
-    #[must_use]
-    pub fn fail_mode(self, mode: FailMode) -> Self {
-        self.configure(|c| *c.fail_mode = mode)
-    }
-
-    /// The cost of a request for every rule that has none of its own (default 1).
-    #[must_use]
-    pub fn cost(self, f: impl Fn(&Request<B>) -> u64 + Send + Sync + 'static) -> Self {
-        self.configure(|c| *c.cost = Some(Arc::new(f)))
     }
 
     /// Builds rejections with `f` (status, body…) from the [`Rejection`]: the rule, its
@@ -182,7 +161,7 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
         self.on_rejected_with(f)
     }
 
-    /// Builds rejections with any [`OnRejected`](crate::OnRejected) (a type of your own,
+    /// Builds rejections with any [`OnRejected`](crate::response::OnRejected) (a type of your own,
     /// rather than a closure).
     pub fn on_rejected_with<R2>(self, handler: R2) -> RateLimitLayer<St, B, R2, U> {
         RateLimitLayer {
@@ -208,62 +187,9 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
         }
     }
 
-    /// The deadline of every store call (default 50 ms): a store that has not answered by
-    /// then is an error, handled by the fail mode.
-    #[must_use]
-    pub fn timeout(self, deadline: Duration) -> Self {
-        self.configure(|c| *c.deadline = deadline)
-    }
-
-    /// The most store calls in flight at once (default 1024); beyond it a request is a
-    /// store error at once, never queued.
-    #[must_use]
-    pub fn max_in_flight(self, n: usize) -> Self {
-        self.configure(|c| c.settings.max_in_flight = n.max(1))
-    }
-
-    /// Circuit breaker: after `failures` consecutive store errors, stop calling the store
-    /// for `cool_down`, then let one request probe it (default: 5 failures, 1 s).
-    #[must_use]
-    pub fn circuit_breaker(self, failures: u32, cool_down: Duration) -> Self {
-        self.configure(|c| c.settings.breaker = (failures, cool_down))
-    }
-
-    /// An in-process limiter used while the store is failing, so fail-open is not
-    /// "unlimited": each rule's limit is divided by `instances` (the expected number of
-    /// servers; at least 1 unit per period).
-    #[cfg(feature = "memory")]
-    #[must_use]
-    pub fn fallback(self, store: crate::MemoryStore, instances: u64) -> Self {
-        self.configure(|c| c.settings.fallback = Some((store, instances.max(1))))
-    }
-
-    /// Turns the local blocked-key cache on or off (default on): once a key is rejected
-    /// with `retry_after = d`, this process rejects the same key and cost for `d` without
-    /// asking the store. Exact, because other servers can only consume more.
-    #[must_use]
-    pub fn local_cache(self, on: bool) -> Self {
-        self.configure(|c| c.settings.cache_enabled = on)
-    }
-
-    /// The share of a quota in use from which an allowed decision counts in
-    /// `tollgate_near_limit_total` (default 0.8); see
-    /// [`LimiterBuilder::near_limit`](crate::LimiterBuilder::near_limit).
-    ///
-    /// # Panics
-    ///
-    /// When `share` is not in (0, 1].
-    #[must_use]
-    pub fn near_limit(self, share: f64) -> Self {
-        crate::runtime::check_near_limit(share);
-        self.configure(|c| c.settings.near_limit = share)
-    }
-
     /// A handle that changes the layer's rules while it serves: a quota with
     /// [`LimiterHandle::set_quota`], or every rule from a configuration with
-    /// [`LimiterHandle::reload`](crate::LimiterHandle::reload) (feature `config`). Take it
-    /// after the layer's builder methods: one called after this gives the layer rules of
-    /// its own.
+    /// [`LimiterHandle::reload`](crate::LimiterHandle::reload) (feature `config`).
     ///
     /// ```
     /// use tollgate::{key, MemoryStore, Quota, RateLimitLayer};
@@ -366,43 +292,18 @@ impl<S, St, B: 'static, R, U> Layer<S> for RateLimitLayer<St, B, R, U> {
     }
 }
 
-/// Builds a [`RateLimitLayer`] with several rules; see [`RateLimitLayer::builder`].
-pub struct RateLimitLayerBuilder<St, B> {
-    inner: LimiterBuilder<St, Request<B>>,
+/// The HTTP setting of a layer's builder.
+impl<St, B: 'static> LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>> {
+    /// Which rate-limit headers responses carry (default: legacy `X-RateLimit-*`); as
+    /// [`RateLimitLayer::headers`].
+    #[must_use]
+    pub fn headers(self, style: HeaderStyle) -> Self {
+        self.with_headers(style)
+    }
 }
 
-impl<St: fmt::Debug, B> fmt::Debug for RateLimitLayerBuilder<St, B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("RateLimitLayerBuilder").field(&self.inner).finish()
-    }
-}
-
-impl<St, B: 'static> RateLimitLayerBuilder<St, B> {
-    /// Adds a rule with default options.
-    #[must_use]
-    pub fn rule(self, name: impl Into<String>, quota: Quota, key: impl KeyExtractor<Request<B>>) -> Self {
-        Self { inner: self.inner.rule(name, quota, key) }
-    }
-
-    /// Adds a configured [`Rule`].
-    #[must_use]
-    pub fn add_rule(self, rule: Rule<Request<B>>) -> Self {
-        Self { inner: self.inner.add_rule(rule) }
-    }
-
-    /// The layer.
-    ///
-    /// # Errors
-    ///
-    /// [`BuildError::DuplicateRule`] when two rules share a name,
-    /// [`BuildError::InvalidRuleName`] for an empty or over-long name, and
-    /// [`BuildError::InvalidConfig`] when there is no rule at all, and
-    /// [`BuildError::RuleInUse`] when another live layer or limiter over this store uses
-    /// one of the names.
-    pub fn build(self) -> Result<RateLimitLayer<St, B>, BuildError>
-    where
-        St: Store,
-    {
-        self.inner.build().map(RateLimitLayer::from_limiter)
+impl<St, B: 'static> From<Limiter<St, Request<B>>> for RateLimitLayer<St, B> {
+    fn from(limiter: Limiter<St, Request<B>>) -> Self {
+        Self::from_limiter(limiter)
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use std::net::SocketAddr;
-//! use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer};
+//! use tollgate::{MemoryStore, Quota, RateLimitLayer};
 //!
 //! let app: axum::Router = axum::Router::new()
 //!     .route("/api", axum::routing::get(|| async { "ok" }))
@@ -22,8 +22,7 @@
 //!                 req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
 //!             },
 //!             MemoryStore::new(),
-//!         )
-//!         .algorithm(Algorithm::SlidingWindowCounter),
+//!         ),
 //!     );
 //! // Serve with connect info so `key::PeerIp` can see client addresses:
 //! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
@@ -95,9 +94,9 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod algorithm;
+mod algorithm;
 mod charge;
-mod clock;
+pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod decision;
@@ -115,13 +114,10 @@ mod rule;
 mod runtime;
 mod service;
 pub mod store;
-mod verdict;
+pub mod verdict;
 
 pub use algorithm::Algorithm;
 pub use charge::Charge;
-#[cfg(any(test, feature = "test-util"))]
-pub use clock::ManualClock;
-pub use clock::{Clock, SystemClock};
 #[cfg(feature = "config")]
 pub use config::LayerConfig;
 pub use decision::Decision;
@@ -132,18 +128,16 @@ pub use headers::HeaderStyle;
 /// crate's (`tollgate::http::Request` in a key extractor of an app that does not name
 /// `http` itself).
 pub use http;
-pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use layer::RateLimitLayer;
 pub use limiter::{Limiter, LimiterBuilder, LimiterHandle};
 pub use quota::Quota;
-pub use response::{DefaultRejection, DefaultUnavailable, OnRejected, OnUnavailable, Rejection, Unavailable};
-pub use rule::{FailMode, Rule, MAX_RULE_NAME};
+pub use rule::{FailMode, Rule};
 pub use service::RateLimit;
 #[cfg(feature = "memory")]
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
-pub use store::{Check, Store};
-pub use verdict::{DecidedBy, RuleDecision, Verdict};
+pub use verdict::Verdict;
 
 /// The README's Rust examples, compiled (and run where they can) as doctests so the
 /// guide cannot drift from the API.

@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// The rule's name is shared into the label, not copied: a decision allocates nothing here.
 pub(crate) fn decision(rule: &Arc<str>, outcome: &'static str) {

@@ -12,10 +12,12 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use smallvec::SmallVec;
 
+use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::headers::{self, HeaderStyle};
 use crate::key::Key;
+use crate::verdict::Verdict;
 use crate::verdict::{DecidedBy, RuleDecision};
-use crate::{Decision, StoreError, Verdict};
 
 /// A rejected request, for [`RateLimitLayer::on_rejected`](crate::RateLimitLayer::on_rejected):
 /// the rule that rejected, its decision, and the request's head (for content negotiation).

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use http::StatusCode;
 
+use crate::algorithm::Algorithm;
+use crate::error::BuildError;
 use crate::key::KeyExtractor;
-use crate::{Algorithm, BuildError, Quota};
+use crate::quota::Quota;
 
 /// What happens when the store cannot decide (error, timeout, open circuit, overload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -41,7 +43,7 @@ impl FromStr for FailMode {
 }
 
 /// Longest rule name, in bytes.
-pub const MAX_RULE_NAME: usize = 64;
+pub(crate) const MAX_RULE_NAME: usize = 64;
 
 /// Checks a rule name: 1 to [`MAX_RULE_NAME`] bytes.
 pub(crate) fn check_rule_name(name: &str) -> Result<(), BuildError> {
@@ -165,7 +167,7 @@ impl<I: ?Sized> Rule<I> {
     }
 
     /// The name clients see in the rate-limit headers (`X-RateLimit-Rule`, the IETF
-    /// policy names) and in a [`Rejection`](crate::Rejection), instead of the rule's own
+    /// policy names) and in a [`Rejection`](crate::response::Rejection), instead of the rule's own
     /// name (which stays the one stores and metrics use). An empty name hides the rule:
     /// no `X-RateLimit-Rule`, and `""` in the IETF fields.
     #[must_use]

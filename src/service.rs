@@ -14,12 +14,14 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::charge::Charge;
 use crate::future::ResponseFuture;
+use crate::limiter::Limiter;
 use crate::limiter::{Lease, Now, RuleSet};
 use crate::response::{DefaultUnavailable, OnRejected, OnUnavailable, Responder};
 use crate::store::Store;
 use crate::verdict::State;
-use crate::{Charge, Limiter, Verdict};
+use crate::verdict::Verdict;
 
 /// The service built by [`RateLimitLayer`](crate::RateLimitLayer). Clones share one
 /// [`Limiter`].

@@ -4,9 +4,11 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::limiter::held::Held;
+use crate::quota::Quota;
 use crate::store::{Check, Taken};
-use crate::{Decision, Quota, StoreError};
 
 /// What a [`Limiter`](crate::Limiter) decided for one input: allowed, rejected, or
 /// undecided because the store failed (and then what the fail mode chose), with each

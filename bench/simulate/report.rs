@@ -4,11 +4,8 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use tollgate::algorithm::{
-    fixed_window::FixedWindow, gcra::Gcra, leaky_bucket::LeakyBucket, sliding_window_counter::SlidingWindowCounter,
-    sliding_window_log::SlidingWindowLog, token_bucket::TokenBucket, Params, State,
-};
 use tollgate::key::Key;
+use tollgate::store::{Params, State};
 use tollgate::{Algorithm, Quota};
 
 use super::sim::{Figures, Run, Trace, TraceKind};
@@ -309,14 +306,8 @@ pub(crate) fn memory_table(quota: Quota, redis_row: Option<&str>) -> String {
         state: State,
         expires_at: u64,
     }
-    let states = [
-        size_of::<FixedWindow>(),
-        size_of::<SlidingWindowLog>(),
-        size_of::<SlidingWindowCounter>(),
-        size_of::<TokenBucket>(),
-        size_of::<LeakyBucket>(),
-        size_of::<Gcra>(),
-    ];
+    // One `State` enum for every algorithm: its size is the largest variant's.
+    let state = size_of::<State>();
     // Run-length encoded `(µs, units)` pairs; a VecDeque may hold up to twice what it uses.
     let log_entry = size_of::<(u64, u64)>();
     let l = quota.limit() as usize;
@@ -324,8 +315,8 @@ pub(crate) fn memory_table(quota: Quota, redis_row: Option<&str>) -> String {
     out += &Algorithm::ALL.map(|a| format!("`{}`", a.name())).join(" | ");
     out += " |\n|---|";
     out += &"---:|".repeat(Algorithm::ALL.len());
-    out += "\n| algorithm state (`size_of`) | ";
-    out += &states.map(|s| format!("{s} B")).join(" | ");
+    out += "\n| algorithm state (`size_of::<store::State>()`, one enum for all) | ";
+    out += &Algorithm::ALL.map(|_| format!("{state} B")).join(" | ");
     out += " |\n| heap per key | ";
     out += &Algorithm::ALL
         .map(|a| match a {

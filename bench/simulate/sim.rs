@@ -29,9 +29,10 @@ use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tollgate::algorithm::Params;
 use tollgate::key::Key;
-use tollgate::{Algorithm, Check, Decision, MemoryStore, Quota};
+use tollgate::store::Check;
+use tollgate::store::Params;
+use tollgate::{Algorithm, Decision, MemoryStore, Quota};
 
 /// Every trace starts at this instant (2023-11-14T22:13:20Z) rounded up to a multiple of
 /// the period, so the trace's offset 0 is a window boundary of the window algorithms.

@@ -64,7 +64,9 @@ mod redis_store {
 
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    use tollgate::{Algorithm, Check, Decision, ManualClock, Quota, RedisStore, Store};
+    use tollgate::clock::ManualClock;
+    use tollgate::store::{Check, Store};
+    use tollgate::{Algorithm, Decision, Quota, RedisStore};
 
     use super::super::sim::{checks, BoxError, Decider};
 

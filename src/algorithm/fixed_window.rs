@@ -4,7 +4,7 @@
 //! straddles a window boundary (`L` at the end of one window, `L` at the start of the next).
 
 use super::Params;
-use crate::Decision;
+use crate::decision::Decision;
 
 /// The window index and the units accepted in it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

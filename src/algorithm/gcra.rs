@@ -14,7 +14,7 @@
 //! `c·T`; overlapping commits rolled back together lose only the gap between them.
 
 use super::{next_unit, Params};
-use crate::Decision;
+use crate::decision::Decision;
 
 /// The theoretical arrival time and the latest commit, µs since the epoch (0: never
 /// seen).

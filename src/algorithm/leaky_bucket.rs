@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use super::{next_unit, Params};
-use crate::Decision;
+use crate::decision::Decision;
 
 /// The next free slot, µs since the epoch (0: never seen).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

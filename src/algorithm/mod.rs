@@ -12,14 +12,16 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{BuildError, Decision, Quota};
+use crate::decision::Decision;
+use crate::error::BuildError;
+use crate::quota::Quota;
 
-pub mod fixed_window;
-pub mod gcra;
-pub mod leaky_bucket;
-pub mod sliding_window_counter;
-pub mod sliding_window_log;
-pub mod token_bucket;
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+pub(crate) mod leaky_bucket;
+pub(crate) mod sliding_window_counter;
+pub(crate) mod sliding_window_log;
+pub(crate) mod token_bucket;
 
 /// Which algorithm a rule uses. See the README's "Algorithms" and `docs/accuracy.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -150,7 +152,7 @@ impl Params {
 /// is refused as it is, and the key's ordinary requests are not blocked for it. Every
 /// store applies this one function, so they block alike.
 #[must_use]
-pub fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decision, Option<u64>) {
+pub(crate) fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decision, Option<u64>) {
     let limit = p.quota.limit();
     if blocked_until > now {
         return (Decision::blocked(limit, blocked_until - now, d.reset_after), None);
@@ -165,12 +167,12 @@ pub fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decis
 /// The most units one check or charge counts (larger costs are taken as this): a cost
 /// above 2^32, the largest limit and burst, is rejected by every algorithm anyway, and
 /// the cap keeps `c·T` within what every store computes exactly.
-pub const MAX_COST: u64 = 1 << 40;
+pub(crate) const MAX_COST: u64 = 1 << 40;
 
 /// How far a charge can put a key into debt: 2^46 µs (about 2.2 years) of the bucket
 /// algorithms' and GCRA's time ahead of now, or 2^46 units in a window. Charges beyond it
 /// take only what fits: every stored number stays exact (below 2^53) in every store.
-pub const MAX_DEBT: u64 = 1 << 46;
+pub(crate) const MAX_DEBT: u64 = 1 << 46;
 
 /// Time until `free` µs of capacity, growing by one a µs, hold one more unit of `t` µs
 /// than now: the `refill_after` of the bucket algorithms and GCRA.

@@ -7,7 +7,7 @@
 //! → 78, accepted; prev 9, curr 5, 15 s into a 60 s window → 11.75.
 
 use super::Params;
-use crate::Decision;
+use crate::decision::Decision;
 
 /// The current window's index and the counts of it and of the window before.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub struct SlidingWindowCounter {
 /// `prev · (W - e) / W + curr`, in this order, in doubles.
 #[must_use]
 #[allow(clippy::cast_precision_loss)]
-pub fn estimate(prev: u64, curr: u64, elapsed: u64, period: u64) -> f64 {
+pub(crate) fn estimate(prev: u64, curr: u64, elapsed: u64, period: u64) -> f64 {
     prev as f64 * (period - elapsed) as f64 / period as f64 + curr as f64
 }
 

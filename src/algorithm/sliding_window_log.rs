@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 
 use super::Params;
-use crate::Decision;
+use crate::decision::Decision;
 
 /// How many expired entries [`SlidingWindowLog::summary`] steps over one by one before it
 /// binary-searches for the first live one. A commit drains the expired prefix, so it is

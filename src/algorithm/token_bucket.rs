@@ -6,7 +6,7 @@
 //! Accept iff the level holds `c·T`. (Same decisions as GCRA, by construction.)
 
 use super::{next_unit, Params};
-use crate::Decision;
+use crate::decision::Decision;
 
 /// The bucket's level (in µs of refill, `tokens × T`) at time `last`, the latest commit.
 ///

@@ -66,7 +66,7 @@ mod tests {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{Clock, ManualClock};
+/// use tollgate::clock::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new(1_000_000);
 /// clock.advance(Duration::from_millis(5));

@@ -6,8 +6,8 @@ use std::str::FromStr;
 use http::{HeaderName, Request};
 
 use super::why;
+use crate::error::BuildError;
 use crate::key::{header_key, Key, KeyExtractor, PeerIp, TrustedProxyIp};
-use crate::BuildError;
 
 /// What a configured rule limits: the `key` field, parsed.
 ///

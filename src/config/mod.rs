@@ -74,6 +74,7 @@
 #![cfg_attr(docsrs, doc(cfg(feature = "config")))]
 
 mod key_spec;
+mod reload;
 
 use std::time::Duration;
 
@@ -82,9 +83,15 @@ use serde::{Deserialize, Deserializer};
 use toml::{Table, Value};
 
 pub use self::key_spec::KeySpec;
+use crate::algorithm::Algorithm;
+use crate::error::BuildError;
+use crate::headers::HeaderStyle;
+use crate::layer::RateLimitLayer;
+use crate::limiter::LimiterBuilder;
 use crate::quota::unit_micros;
+use crate::quota::Quota;
 use crate::rule::check_rule_name;
-use crate::{Algorithm, BuildError, FailMode, HeaderStyle, Quota, RateLimitLayer, RateLimitLayerBuilder, Rule};
+use crate::rule::{FailMode, Rule};
 
 /// The rules of one layer and its layer-wide settings, read and checked from a
 /// configuration file. See the [module docs](self) for the format.
@@ -177,39 +184,44 @@ impl LayerConfig {
         self.rules.iter().map(RuleConfig::to_rule).collect()
     }
 
-    /// A builder holding the configured rules, to add rules defined in code. Build it,
-    /// then [`LayerConfig::apply`] the layer-wide settings.
+    /// A layer's builder holding the configured rules and settings, to add rules and
+    /// settings in code.
     #[must_use]
-    pub fn builder<St, B: 'static>(&self, store: St) -> RateLimitLayerBuilder<St, B> {
-        self.rules.iter().fold(RateLimitLayer::<St, B>::builder(store), |b, r| b.add_rule(r.to_rule()))
+    pub fn builder<St, B: 'static>(&self, store: St) -> LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>> {
+        let builder = RateLimitLayer::<St, B>::builder(store);
+        self.apply(self.rules.iter().fold(builder, |b, r| b.add_rule(r.to_rule())))
     }
 
-    /// The layer: the configured rules and layer-wide settings over `store`.
+    /// The layer: the configured rules and settings over `store`.
     ///
     /// # Errors
     ///
     /// [`BuildError::InvalidConfig`] when the configuration has no rule.
-    pub fn build<St: crate::Store, B: 'static>(&self, store: St) -> Result<RateLimitLayer<St, B>, BuildError> {
-        Ok(self.apply(self.builder(store).build()?))
+    pub fn build<St: crate::store::Store, B: 'static>(&self, store: St) -> Result<RateLimitLayer<St, B>, BuildError> {
+        self.builder(store).build()
     }
 
-    /// Sets the layer-wide settings that the configuration names (`algorithm`,
-    /// `headers`, `fail_mode`, `timeout`) on `layer`; the others stay as they are.
+    /// Sets the settings that the configuration names (`algorithm`, `headers`,
+    /// `fail_mode`, `timeout`) on a layer's `builder` (for rules taken with
+    /// [`LayerConfig::to_rules`]); the others stay as they are.
     #[must_use]
-    pub fn apply<St, B: 'static, R>(&self, mut layer: RateLimitLayer<St, B, R>) -> RateLimitLayer<St, B, R> {
+    pub fn apply<St, B: 'static>(
+        &self,
+        mut builder: LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>>,
+    ) -> LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>> {
         if let Some(a) = self.algorithm {
-            layer = layer.algorithm(a);
+            builder = builder.algorithm(a);
         }
         if let Some(h) = self.headers {
-            layer = layer.headers(h);
+            builder = builder.headers(h);
         }
         if let Some(m) = self.fail_mode {
-            layer = layer.fail_mode(m);
+            builder = builder.fail_mode(m);
         }
         if let Some(t) = self.timeout {
-            layer = layer.timeout(t);
+            builder = builder.timeout(t);
         }
-        layer
+        builder
     }
 
     /// The layer-wide settings this configuration names, onto a reloaded rule set.

@@ -8,7 +8,7 @@ use ipnet::Ipv4Net;
 
 use super::peer::{canonical_ip, ip_key, peer_addr, unknown_peer};
 use super::{Key, KeyExtractor};
-use crate::BuildError;
+use crate::error::BuildError;
 
 /// An IP network (`10.0.0.0/8`, `fd00::/8`): the [`ipnet`] crate's, re-exported.
 pub use ipnet::IpNet;

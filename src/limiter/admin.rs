@@ -4,9 +4,11 @@
 use std::time::Duration;
 
 use super::Limiter;
+use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::key::Key;
+use crate::quota::Quota;
 use crate::store::{Check, Store};
-use crate::{Decision, Quota, StoreError};
 
 impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Blocks `key` under rule `rule` for `duration` from now, on every server that

@@ -1,28 +1,28 @@
-//! [`LimiterBuilder`], and the settings a layer may still change on its limiter.
+//! [`LimiterBuilder`]: every setting of a limiter, made before it is built.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::rules::OnClash;
 use super::{Draft, Limiter, Rules};
+use crate::algorithm::Algorithm;
+use crate::error::BuildError;
+use crate::headers::HeaderStyle;
 use crate::key::KeyExtractor;
+use crate::quota::Quota;
 use crate::rule::Shared;
+use crate::rule::{FailMode, Rule};
 use crate::runtime::{Runtime, Settings};
 use crate::store::Store;
-use crate::{Algorithm, BuildError, FailMode, Quota, Rule};
 
-/// The settings a [`Limiter::configure`] closure may change.
-pub(crate) struct Config<'a, I: ?Sized> {
-    pub(crate) algorithm: &'a mut Algorithm,
-    pub(crate) fail_mode: &'a mut FailMode,
-    pub(crate) deadline: &'a mut Duration,
-    pub(crate) settings: &'a mut Settings,
-    /// The cost of rules with none of their own (those added later too).
-    pub(crate) cost: &'a mut Option<Shared<I, u64>>,
-}
-
-/// Builds a [`Limiter`]; see [`Limiter::builder`].
-pub struct LimiterBuilder<St, I: ?Sized> {
+/// Builds a [`Limiter`] (see [`Limiter::builder`]) or, as `Out`, a
+/// [`RateLimitLayer`](crate::RateLimitLayer) (see
+/// [`RateLimitLayer::builder`](crate::RateLimitLayer::builder)): every setting of a limiter
+/// is made here, before it is built; nothing changes a built one but its
+/// [`LimiterHandle`](crate::LimiterHandle)'s rule swaps.
+pub struct LimiterBuilder<St, I: ?Sized, Out = Limiter<St, I>> {
     store: St,
     rules: Vec<Rule<I>>,
     algorithm: Algorithm,
@@ -31,10 +31,13 @@ pub struct LimiterBuilder<St, I: ?Sized> {
     cost: Option<Shared<I, u64>>,
     settings: Settings,
     /// How this builder is reached, for [`BuildError::RuleInUse`]'s hint.
-    hint: &'static str,
+    on_clash: OnClash,
+    /// The layer's header style (a layer's builder only).
+    headers: Option<HeaderStyle>,
+    out: PhantomData<fn() -> Out>,
 }
 
-impl<St: fmt::Debug, I: ?Sized> fmt::Debug for LimiterBuilder<St, I> {
+impl<St: fmt::Debug, I: ?Sized, Out> fmt::Debug for LimiterBuilder<St, I, Out> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LimiterBuilder")
             .field("store", &self.store)
@@ -47,8 +50,8 @@ impl<St: fmt::Debug, I: ?Sized> fmt::Debug for LimiterBuilder<St, I> {
     }
 }
 
-impl<St, I: ?Sized> LimiterBuilder<St, I> {
-    pub(super) fn new(store: St) -> Self {
+impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
+    pub(crate) fn new(store: St) -> Self {
         Self {
             store,
             rules: Vec::new(),
@@ -57,13 +60,27 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
             deadline: Duration::from_millis(50),
             cost: None,
             settings: Settings::default(),
-            hint: "e.g. Limiter::builder(store).rule(\"search\", quota, key)",
+            on_clash: OnClash::Refuse("e.g. Limiter::builder(store).rule(\"search\", quota, key)"),
+            headers: None,
+            out: PhantomData,
         }
+    }
+
+    /// Sets the header style of a layer's builder (see `RateLimitLayer`'s impl).
+    pub(crate) fn with_headers(mut self, style: HeaderStyle) -> Self {
+        self.headers = Some(style);
+        self
+    }
+
+    /// `RateLimitLayer::new`'s builder: its rule shares a count it cannot claim.
+    pub(crate) fn sharing(mut self) -> Self {
+        self.on_clash = OnClash::Share;
+        self
     }
 
     /// The builder of a layer: errors name the layer's builder.
     pub(crate) fn for_layer(mut self) -> Self {
-        self.hint = "e.g. RateLimitLayer::builder(store).rule(\"search\", quota, key)";
+        self.on_clash = OnClash::Refuse("e.g. RateLimitLayer::builder(store).rule(\"search\", quota, key)");
         self
     }
 
@@ -151,17 +168,14 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
     /// left; see [`Decision::is_near_limit`](crate::Decision::is_near_limit)). An alert on
     /// it warns before clients are rejected.
     ///
-    /// # Panics
-    ///
-    /// When `share` is not in (0, 1].
+    /// A share outside (0, 1] is refused by [`LimiterBuilder::build`].
     #[must_use]
     pub fn near_limit(mut self, share: f64) -> Self {
-        crate::runtime::check_near_limit(share);
         self.settings.near_limit = share;
         self
     }
 
-    /// The limiter.
+    /// The limiter (or layer).
     ///
     /// # Errors
     ///
@@ -171,25 +185,30 @@ impl<St, I: ?Sized> LimiterBuilder<St, I> {
     /// [`BuildError::RuleInUse`] when another live limiter (or layer) over this store
     /// (or a clone of it) already uses one of the rule names: the two would share their
     /// counts. Clones of one layer share one limiter, and are fine.
-    pub fn build(self) -> Result<Limiter<St, I>, BuildError>
+    /// [`BuildError::InvalidConfig`] also for a [`LimiterBuilder::near_limit`] share outside
+    /// (0, 1].
+    pub fn build(self) -> Result<Out, BuildError>
     where
         St: Store,
+        Out: From<Limiter<St, I>>,
     {
+        crate::runtime::check_near_limit(self.settings.near_limit)?;
         let identity = self.store.identity();
         let draft = Draft {
             rules: self.rules,
             algorithm: self.algorithm,
             fail_mode: self.fail_mode,
             deadline: self.deadline,
-            headers: None,
+            headers: self.headers,
         };
         let owner = super::registry::new_owner();
-        let set = draft.check(identity, owner, self.cost.as_ref(), self.hint)?;
+        let set = draft.check(identity, owner, self.cost.as_ref(), self.on_clash)?;
         let runtime = Runtime::new(self.settings);
         Ok(Limiter {
             holders: Arc::new(super::Holders::new(Arc::new(self.store), &runtime)),
             rules: Arc::new(Rules::new(set, identity, owner, self.cost)),
             runtime,
-        })
+        }
+        .into())
     }
 }

@@ -11,9 +11,12 @@ use tokio::time::Instant;
 
 use super::held::{Exit, Held, Holder, Probe, Unit};
 use super::{Limiter, Plan, RuleSet};
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::rule::FailMode;
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
+use crate::verdict::Verdict;
 use crate::verdict::{Decided, DecidedBy, State};
-use crate::{Decision, FailMode, StoreError, Verdict};
 
 /// What [`Limiter::decide_now`] gives.
 #[allow(clippy::large_enum_variant, reason = "returned once per input and matched at once: boxing would allocate")]

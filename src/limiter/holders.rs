@@ -15,9 +15,9 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::held::{Held, Holder};
+use crate::error::StoreError;
 use crate::runtime::{BlockedCache, Runtime};
 use crate::store::{Check, Refund, Store};
-use crate::StoreError;
 
 /// The holders of one limiter's units.
 pub(crate) struct Holders<St> {

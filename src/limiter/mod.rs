@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub(crate) use self::builder::Config;
 pub use self::builder::LimiterBuilder;
 pub(crate) use self::decide::Now;
 pub(crate) use self::held::Held;
@@ -27,11 +26,13 @@ pub(crate) use self::lease::Lease;
 pub(crate) use self::plan::Plan;
 pub use self::rules::LimiterHandle;
 pub(crate) use self::rules::{Draft, RuleSet, Rules};
+use crate::error::StoreError;
 use crate::key::Key;
+use crate::rule::Rule;
 use crate::runtime::Runtime;
 use crate::store::Store;
 use crate::verdict::State;
-use crate::{Rule, StoreError, Verdict};
+use crate::verdict::Verdict;
 
 /// Decides whether inputs of type `I` are within their limits: the rules, the store, and
 /// the protections that keep a failing store from failing the caller (a deadline and an
@@ -102,9 +103,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
     }
 
     /// A handle that changes this limiter's rules while it runs: quotas, or the whole rule
-    /// set (from a configuration, with feature `config`). Take it once the limiter (or
-    /// layer) is fully configured: a layer's builder methods called after this give it
-    /// rules of its own.
+    /// set (from a configuration, with feature `config`).
     #[must_use]
     pub fn handle(&self) -> LimiterHandle<I> {
         LimiterHandle::new(self.rules.clone())
@@ -114,37 +113,6 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
     #[must_use]
     pub fn store(&self) -> &St {
         &self.holders.store
-    }
-
-    /// The same configuration with fresh runtime state (a layer reconfigured after it was
-    /// cloned is a limiter of its own, holding the same rule names).
-    pub(crate) fn fresh_copy(&self) -> Self {
-        let runtime = Runtime::new(self.runtime.settings.clone());
-        Self {
-            holders: Arc::new(Holders::new(self.holders.store.clone(), &runtime)),
-            rules: Arc::new(self.rules.copy()),
-            runtime,
-        }
-    }
-
-    /// Changes the settings before first use (the layer's builder methods).
-    pub(crate) fn configure(&mut self, f: impl FnOnce(&mut Config<'_, I>)) {
-        let mut settings = self.runtime.settings.clone();
-        if Arc::get_mut(&mut self.rules).is_none() {
-            self.rules = Arc::new(self.rules.copy()); // a handle was taken: it keeps the old
-        }
-        let rules = Arc::get_mut(&mut self.rules).expect("just made unique");
-        rules.edit(|draft, cost| {
-            f(&mut Config {
-                algorithm: &mut draft.algorithm,
-                fail_mode: &mut draft.fail_mode,
-                deadline: &mut draft.deadline,
-                settings: &mut settings,
-                cost,
-            });
-        });
-        self.runtime = Runtime::new(settings);
-        self.holders = Arc::new(Holders::new(self.holders.store.clone(), &self.runtime));
     }
 }
 

@@ -13,10 +13,14 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::registry::{self, Claim, Owner};
+use crate::algorithm::Algorithm;
+use crate::error::BuildError;
 use crate::headers::HeaderStyle;
+use crate::notice::Once;
+use crate::quota::Quota;
 use crate::rule::{check_rule_name, Shared};
+use crate::rule::{FailMode, Rule};
 use crate::runtime::RuleId;
-use crate::{Algorithm, BuildError, FailMode, Quota, Rule};
 
 /// One generation of a limiter's rules and the settings that go with them.
 pub(crate) struct RuleSet<I: ?Sized> {
@@ -30,7 +34,8 @@ pub(crate) struct RuleSet<I: ?Sized> {
     /// Per rule: the name clients see (empty: hidden).
     pub(crate) names: Box<[Arc<str>]>,
     generation: u64,
-    /// The rule names this set holds on its store (see `registry`).
+    /// The rule names this set holds on its store (see `registry`), released on drop.
+    #[allow(dead_code, reason = "held for its drop, which releases the names")]
     claim: Option<Arc<Claim>>,
 }
 
@@ -54,6 +59,15 @@ impl<I: ?Sized> RuleSet<I> {
     pub(crate) fn find(&self, name: &str) -> Option<(usize, &Rule<I>)> {
         self.rules.iter().enumerate().find(|(_, r)| &*r.name == name)
     }
+}
+
+/// What a build does when another live limiter over the store holds one of its rule names.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OnClash {
+    /// Refuses with [`BuildError::RuleInUse`], whose hint names the builder the user called.
+    Refuse(&'static str),
+    /// Shares the count, and says so once (`RateLimitLayer::new`, which cannot fail).
+    Share,
 }
 
 /// What a set is made of, before it is checked.
@@ -83,7 +97,7 @@ impl<I: ?Sized> Draft<I> {
         store: Option<usize>,
         owner: Owner,
         cost: Option<&Shared<I, u64>>,
-        hint: &'static str,
+        on_clash: OnClash,
     ) -> Result<RuleSet<I>, BuildError> {
         if self.rules.is_empty() {
             return Err(BuildError::InvalidConfig {
@@ -98,11 +112,22 @@ impl<I: ?Sized> Draft<I> {
                 return Err(BuildError::DuplicateRule(r.name.to_string()));
             }
         }
-        let claim = match store {
-            Some(id) => Some(
-                registry::claim(id, owner, self.rules.iter().map(|r| &r.name))
-                    .map_err(|n| BuildError::RuleInUse { rule: n.to_string(), hint })?,
-            ),
+        let claim = match store.map(|id| registry::claim(id, owner, self.rules.iter().map(|r| &r.name))) {
+            Some(Ok(claim)) => Some(claim),
+            Some(Err(name)) => match on_clash {
+                OnClash::Refuse(hint) => return Err(BuildError::RuleInUse { rule: name.to_string(), hint }),
+                OnClash::Share => {
+                    static SHARED: Once = Once::new();
+                    SHARED.tell(false, || {
+                        format!(
+                            "tollgate: two RateLimitLayer::new over one store both name their rule {name:?}: they \
+                             share one count. Name the rules to count apart: \
+                             RateLimitLayer::builder(store).rule(\"search\", quota, key).build()"
+                        )
+                    });
+                    None
+                }
+            },
             None => None,
         };
         Ok(self.into_set(cost, claim))
@@ -151,29 +176,6 @@ impl<I: ?Sized> Rules<I> {
         self.current.load_full()
     }
 
-    /// The same rules and names, for a limiter of its own (a layer reconfigured after it
-    /// was cloned).
-    pub(crate) fn copy(&self) -> Self {
-        let set = self.load();
-        let copy = RuleSet {
-            rules: set.rules.clone(),
-            names: set.names.clone(),
-            claim: set.claim.clone(),
-            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
-            ..*set
-        };
-        Self::new(copy, self.store, self.owner, self.cost.clone())
-    }
-
-    /// Changes the settings before first use (the layer's builder methods). The names
-    /// stay claimed as they were; only swaps change them.
-    pub(crate) fn edit(&mut self, f: impl FnOnce(&mut Draft<I>, &mut Option<Shared<I, u64>>)) {
-        let set = self.load();
-        let mut draft = Draft::of(&set);
-        f(&mut draft, &mut self.cost);
-        self.current.store(Arc::new(draft.into_set(self.cost.as_ref(), set.claim.clone())));
-    }
-
     /// Replaces the set with what `f` makes of the current one; on an error the current
     /// set stays in force.
     fn swap(&self, f: impl FnOnce(&mut Draft<I>) -> Result<(), BuildError>) -> Result<(), BuildError> {
@@ -181,7 +183,8 @@ impl<I: ?Sized> Rules<I> {
         let set = self.load();
         let mut draft = Draft::of(&set);
         f(&mut draft)?;
-        let next = draft.check(self.store, self.owner, self.cost.as_ref(), "in the rules given to LimiterHandle")?;
+        let hint = OnClash::Refuse("in the rules given to LimiterHandle");
+        let next = draft.check(self.store, self.owner, self.cost.as_ref(), hint)?;
         tracing::info!(rules = ?next.rules.iter().map(|r| (r.name(), r.quota())).collect::<Vec<_>>(), "tollgate: rules swapped");
         self.current.store(Arc::new(next));
         Ok(())
@@ -262,6 +265,12 @@ impl<I: ?Sized> LimiterHandle<I> {
         })
     }
 
+    /// Replaces the rule set with what `f` makes of the current one (a configuration's
+    /// reload); on an error the rules in force stay.
+    pub(crate) fn swap(&self, f: impl FnOnce(&mut Draft<I>) -> Result<(), BuildError>) -> Result<(), BuildError> {
+        self.rules.swap(f)
+    }
+
     /// Replaces every rule. Rules keep their state by name and algorithm, as above.
     ///
     /// # Errors
@@ -271,50 +280,6 @@ impl<I: ?Sized> LimiterHandle<I> {
     pub fn set_rules(&self, rules: Vec<Rule<I>>) -> Result<(), BuildError> {
         self.rules.swap(|draft| {
             draft.rules = rules;
-            Ok(())
-        })
-    }
-}
-
-#[cfg(feature = "config")]
-impl<B> LimiterHandle<http::Request<B>> {
-    /// Swaps in the rules and settings of `config`: the rules that came from a
-    /// configuration (by [`LayerConfig::build`](crate::LayerConfig::build),
-    /// [`LayerConfig::builder`](crate::LayerConfig::builder),
-    /// [`LayerConfig::to_rules`](crate::LayerConfig::to_rules)) are replaced by
-    /// `config`'s, in its order, and the rules added in code stay, after them. The
-    /// layer-wide settings `config` names (`algorithm`, `fail_mode`, `timeout`,
-    /// `headers`) take effect; those it does not name stay as they are.
-    ///
-    /// A rule from a configuration is replaced as the configuration now says: what code
-    /// added to it (a `bypass_if`, a `count_if`) is not carried over — use
-    /// [`LimiterHandle::reload_with`] to add it again.
-    ///
-    /// # Errors
-    ///
-    /// As [`LimiterHandle::set_rules`]; the rules in force stay.
-    pub fn reload(&self, config: &crate::LayerConfig) -> Result<(), BuildError> {
-        self.reload_with(config, |rule| rule)
-    }
-
-    /// [`LimiterHandle::reload`], passing each of `config`'s rules through `adjust` first:
-    /// what code adds to configured rules (an allow-list's `bypass_if`) stays with them.
-    ///
-    /// # Errors
-    ///
-    /// As [`LimiterHandle::set_rules`]; the rules in force stay.
-    pub fn reload_with(
-        &self,
-        config: &crate::LayerConfig,
-        adjust: impl Fn(Rule<http::Request<B>>) -> Rule<http::Request<B>>,
-    ) -> Result<(), BuildError> {
-        self.rules.swap(|draft| {
-            let from_code = draft.rules.drain(..).filter(|r| !r.from_config);
-            let adjusted = config.to_rules::<B>().into_iter().map(|r| Rule { from_config: true, ..adjust(r) });
-            let mut rules: Vec<_> = adjusted.collect();
-            rules.extend(from_code);
-            draft.rules = rules;
-            config.apply_to(draft);
             Ok(())
         })
     }

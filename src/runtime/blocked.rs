@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
+use crate::decision::Decision;
 use crate::key::Key;
-use crate::{Decision, Quota};
+use crate::quota::Quota;
 
 /// Keys known to be rejected until some time: rejected locally, with no store call.
 pub(crate) struct BlockedCache {

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 pub(crate) use self::blocked::{BlockedCache, RuleId};
 use self::breaker::Breaker;
+use crate::error::StoreError;
 use crate::store::{Check, Outcomes, Store};
-use crate::StoreError;
 
 /// The knobs of the runtime protections; a [`Runtime`] is made from them.
 #[derive(Debug, Clone)]
@@ -46,11 +46,15 @@ impl Default for Settings {
 }
 
 /// Checks a near-limit share: in (0, 1].
-pub(crate) fn check_near_limit(share: f64) {
-    assert!(
-        share > 0.0 && share <= 1.0,
-        "tollgate: near_limit({share}) is not a share of the quota: use a number in (0, 1], e.g. 0.8"
-    );
+pub(crate) fn check_near_limit(share: f64) -> Result<(), crate::error::BuildError> {
+    if share > 0.0 && share <= 1.0 {
+        return Ok(());
+    }
+    Err(crate::error::BuildError::InvalidConfig {
+        rule: String::new(),
+        field: "near_limit".into(),
+        why: format!("{share} is not a share of the quota: use a number in (0, 1], e.g. 0.8"),
+    })
 }
 
 pub(crate) struct Runtime {
@@ -211,8 +215,9 @@ impl Drop for InFlight<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Algorithm;
     use crate::algorithm::Params;
-    use crate::{Algorithm, Quota};
+    use crate::quota::Quota;
 
     #[cfg(feature = "memory")]
     #[tokio::test(start_paused = true)]

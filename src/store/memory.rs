@@ -10,10 +10,13 @@ use hashbrown::hash_table::Entry as Slot;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use super::{Check, LocalStore, Outcome, Refund, Taken};
+use crate::algorithm::Algorithm;
 use crate::algorithm::State;
+use crate::clock::Clock;
 use crate::clock::SharedClock;
+use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::key::Key;
-use crate::{Algorithm, Clock, Decision, StoreError};
 
 /// In-process limiter state: no setup, no I/O.
 ///
@@ -595,7 +598,8 @@ mod tests {
 
     use super::*;
     use crate::algorithm::Params;
-    use crate::{ManualClock, Quota};
+    use crate::clock::ManualClock;
+    use crate::quota::Quota;
 
     const T0: u64 = 1_700_000_000_000_000;
 

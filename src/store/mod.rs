@@ -5,9 +5,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::Params;
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::key::Key;
-use crate::{Algorithm, Decision, StoreError};
+
+pub use crate::algorithm::{Params, State};
 
 #[cfg(feature = "memory")]
 pub mod memory;
@@ -26,7 +29,7 @@ pub(crate) type Outcomes = smallvec::SmallVec<[Option<Outcome>; 1]>;
 /// GCRA; the timestamp the units were logged under for the sliding window log (the newest
 /// entry's, when the clock stepped back); the first slot for the leaky bucket.
 ///
-/// [`State::refund`]: crate::algorithm::State::refund
+/// [`State::refund`]: crate::store::State::refund
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Taken {
     /// Where the units were recorded, µs since the epoch.
@@ -109,13 +112,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Gives back the units of earlier commits (count-by-outcome rules, cancelled
     /// requests): exactly what each commit took, and nothing once those units have left
-    /// the window (see [`State::refund`](crate::algorithm::State::refund)).
+    /// the window (see [`State::refund`](crate::store::State::refund)).
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Takes each check's cost whatever it would decide: units reported after the work
     /// was done (a response's [`Charge`](crate::Charge), for `Rule::charged` rules). The
     /// key may go into debt, and is then rejected until the debt is paid (see
-    /// [`State::force`](crate::algorithm::State::force)). Checks of cost 0 take nothing.
+    /// [`State::force`](crate::store::State::force)). Checks of cost 0 take nothing.
     ///
     /// The default refuses with [`StoreError::Invalid`]: a store that cannot take charges
     /// says so, and the failed charge is logged and counted.

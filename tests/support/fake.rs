@@ -7,9 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
+use tollgate::clock::{Clock, ManualClock};
 use tollgate::key::Key;
+use tollgate::store::{Check, Store};
 use tollgate::store::{Outcome, Refund};
-use tollgate::{Algorithm, Check, Clock, Decision, Limiter, ManualClock, MemoryStore, Quota, Store, StoreError};
+use tollgate::{Algorithm, Decision, Limiter, MemoryStore, Quota, StoreError};
 
 /// 2023-11-14T22:13:20Z, in µs.
 pub const T0: u64 = 1_700_000_000_000_000;

@@ -91,9 +91,9 @@ pub type Answer<'a> = std::pin::Pin<
 /// before any is awaited; on a current-thread runtime, before the store's flush task
 /// runs), then awaited.
 #[cfg(test)]
-pub async fn together<S: tollgate::Store>(
+pub async fn together<S: tollgate::store::Store>(
     store: &S,
-    checks: &[tollgate::Check],
+    checks: &[tollgate::store::Check],
 ) -> Vec<Result<tollgate::store::Outcome, tollgate::StoreError>> {
     let mut futures: Vec<Answer<'_>> = checks.iter().map(|c| Box::pin(store.check_one(c)) as Answer<'_>).collect();
     let mut early = Vec::new();

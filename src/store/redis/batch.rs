@@ -39,8 +39,8 @@ use tokio::sync::oneshot;
 use super::call::Inner;
 use super::script::{batch_cmd, index, parse_batch, validate, SCRIPTS};
 use crate::clock::SharedClock;
+use crate::error::StoreError;
 use crate::store::{Check, Outcome};
-use crate::StoreError;
 
 /// The default of `RedisStore::max_batch`.
 pub(super) const MAX_BATCH: usize = 64;

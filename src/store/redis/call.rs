@@ -11,10 +11,12 @@ use super::script::{
     parse_check, script_cmd, validate, Reply, Script, MODE_BLOCK, MODE_CHECK, MODE_FORCE, MODE_PEEK, SCRIPTS,
 };
 use super::{keys, security};
+use crate::algorithm::Algorithm;
 use crate::clock::SharedClock;
+use crate::decision::Decision;
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{Check, Outcome, Refund};
-use crate::{Algorithm, Decision, StoreError};
 
 #[derive(Clone)]
 pub(super) struct Config {

@@ -30,9 +30,9 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::call::Inner;
 use super::script::{Reply, MODE_CHECK};
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{Check, Outcome, Refund};
-use crate::StoreError;
 
 /// Once a slot has rejected, how long the slots still out have to answer before the
 /// rejection is answered without them: long enough for healthy nodes (so that the caller's

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use crate::algorithm::Algorithm;
 use crate::key::Key;
-use crate::Algorithm;
 
 /// The schema version at the end of every name: a new state layout gets a new name, never
 /// a `WRONGTYPE`. `v2`: the sliding log's run-length encoded members and running total;

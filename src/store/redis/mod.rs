@@ -137,10 +137,12 @@ use self::origin::{parse_url, Origin};
 #[cfg(feature = "bench-internals")]
 use self::script::{validate, MODE_CHECK, SCRIPTS};
 use super::{Check, Outcome, Refund, Store};
+use crate::algorithm::Algorithm;
 #[cfg(feature = "test-util")]
 use crate::clock::SharedClock;
+use crate::decision::Decision;
+use crate::error::{BuildError, StoreError};
 use crate::key::Key;
-use crate::{Algorithm, BuildError, Decision, StoreError};
 
 /// Not part of the API (feature `bench-internals`): one check script call, see
 /// `RedisStore::__check_script_call`.
@@ -504,7 +506,7 @@ impl RedisStore {
     }
 
     /// Decides on the times of `clock` instead of the Redis server's `TIME` (tests of
-    /// limits, with [`ManualClock`](crate::ManualClock)). Call before the store is used.
+    /// limits, with [`ManualClock`](crate::clock::ManualClock)). Call before the store is used.
     ///
     /// Key TTLs are computed from the clock's time but run on the server's real clock:
     /// moving the clock ahead is fine (a state that has logically expired decides like a
@@ -514,7 +516,7 @@ impl RedisStore {
     #[cfg(feature = "test-util")]
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     #[must_use]
-    pub fn with_clock(self, clock: impl crate::Clock) -> Self {
+    pub fn with_clock(self, clock: impl crate::clock::Clock) -> Self {
         let clock = SharedClock(Arc::new(clock));
         self.rebuild(|c| c.clock = Some(clock))
     }

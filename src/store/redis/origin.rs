@@ -4,7 +4,7 @@
 use deadpool_redis::redis::{self, IntoConnectionInfo};
 
 use super::sentinel::Sentinel;
-use crate::BuildError;
+use crate::error::BuildError;
 
 /// The port of a sentinel address that names none.
 const SENTINEL_PORT: u16 = 26379;

@@ -15,8 +15,10 @@ use crate::algorithm::leaky_bucket::LeakyBucket;
 use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
 use crate::algorithm::sliding_window_log::Summary;
 use crate::algorithm::token_bucket::TokenBucket;
+use crate::algorithm::Algorithm;
+use crate::error::StoreError;
+use crate::store::Check;
 use crate::store::{Outcome, Outcomes, Taken};
-use crate::{Algorithm, Check, StoreError};
 
 /// One script: its text (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Script {

@@ -1,6 +1,7 @@
 //! The production example's routers, driven request by request with a manual clock:
 //! layered limits, tiers, per-route rules, shadow / allow-list / count-by-outcome,
 //! metrics and the admin routes.
+#![cfg(all(feature = "metrics", feature = "config"))]
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,14 +13,16 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use http::{Request, Response, StatusCode};
-use tollgate::algorithm::Params;
+use tollgate::clock::ManualClock;
 use tollgate::headers::{RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_RULE};
 use tollgate::key::Key;
-use tollgate::{Algorithm, Check, Decision, LayerConfig, ManualClock, MemoryStore, Quota, Store, StoreError};
+use tollgate::store::Params;
+use tollgate::store::{Check, Store};
+use tollgate::{Algorithm, Decision, LayerConfig, MemoryStore, Quota, StoreError};
 use tower::ServiceExt;
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../examples/production.rs"]
+#[path = "../../examples/production.rs"]
 mod example;
 
 use example::{Account, Accounts, Limits, Tier};

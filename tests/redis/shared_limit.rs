@@ -4,7 +4,7 @@
 //! by hand on one of them (`Limiter::block`).
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,12 +20,15 @@ use support::redis::{RedisCluster, RedisServer};
 /// Starts one server; returns its address.
 async fn serve(store: RedisStore, algorithm: Algorithm) -> SocketAddr {
     serve_layer(
-        RateLimitLayer::<_, Body>::new(Quota::per_hour(100), key::header("x-api-key"), store)
+        RateLimitLayer::<_, Body>::builder(store)
+            .rule("default", Quota::per_hour(100), key::header("x-api-key"))
             .algorithm(algorithm)
             .fail_mode(tollgate::FailMode::Closed)
             // Counting is what is tested here: a busy CI machine must not turn a slow
             // answer into a 503 (the default 50 ms deadline is tested in faults.rs).
-            .timeout(std::time::Duration::from_secs(2)),
+            .timeout(std::time::Duration::from_secs(2))
+            .build()
+            .unwrap(),
     )
     .await
 }

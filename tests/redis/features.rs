@@ -3,7 +3,7 @@
 //! the layer, on `MemoryStore` and on real Redis.
 #![cfg(all(feature = "redis", feature = "memory", feature = "metrics"))]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -11,7 +11,8 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use support::redis::RedisServer;
 use support::{counter, llm};
-use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer, RedisStore, Store};
+use tollgate::store::Store;
+use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer, RedisStore};
 use tower::{Layer, Service, ServiceExt};
 
 fn ok() -> impl Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible, Future: Send> + Clone
@@ -40,10 +41,10 @@ async fn ten_requests<St: Store>(store: St) -> Vec<StatusCode> {
     let layer = RateLimitLayer::<_, Body>::builder(store)
         .rule("api", Quota::per_minute(10), key::header("x-user"))
         .rule("half", Quota::per_minute(20), key::header("x-user"))
-        .build()
-        .unwrap()
         .algorithm(Algorithm::Gcra)
-        .near_limit(0.5);
+        .near_limit(0.5)
+        .build()
+        .unwrap();
     let svc = layer.layer(ok());
     let mut statuses = Vec::new();
     for _ in 0..11 {
@@ -77,12 +78,13 @@ fn the_near_limit_metric_counts_admissions_that_leave_the_share_in_use() {
 #[test]
 fn a_near_limit_share_outside_zero_to_one_is_refused() {
     for share in [0.0, -0.5, 1.5, f64::NAN] {
-        let err = std::panic::catch_unwind(|| {
-            RateLimitLayer::<_, Body>::new(Quota::per_minute(10), key::Global, MemoryStore::new()).near_limit(share)
-        })
-        .expect_err("refused");
-        let msg = err.downcast_ref::<String>().unwrap();
-        assert!(msg.contains("use a number in (0, 1]"), "{msg}");
+        let err = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
+            .rule("default", Quota::per_minute(10), key::Global)
+            .near_limit(share)
+            .build()
+            .expect_err("refused when built, not at request time");
+        assert!(matches!(&err, tollgate::BuildError::InvalidConfig { field, .. } if field == "near_limit"), "{err:?}");
+        assert!(err.to_string().contains("use a number in (0, 1]"), "{err}");
     }
     let default = tollgate::Decision {
         allowed: true,
@@ -187,7 +189,8 @@ async fn hashed_keys_keep_one_clients_rules_in_one_cluster_slot() {
 // ---------------------------------------------------------------------------------------
 // Penalties: block_for
 
-use tollgate::{ManualClock, Rule};
+use tollgate::clock::ManualClock;
+use tollgate::Rule;
 
 const T0: u64 = 1_700_000_000_000_000;
 
@@ -234,11 +237,11 @@ async fn failed_logins_block_for_an_hour<St: Store + Clone>(store: St, clock: &M
                     .count_if(|s| s == StatusCode::UNAUTHORIZED)
                     .block_for(Duration::from_secs(3600)),
             )
-            .build()
-            .unwrap()
             // The store's block is tested here, on the test's clock (the blocked-key cache
             // keeps real time: see the next test).
             .local_cache(false)
+            .build()
+            .unwrap()
     };
     let server_a = layer(store.clone()).layer(auth());
     for i in 0..5 {
@@ -328,9 +331,9 @@ const NO: StatusCode = StatusCode::TOO_MANY_REQUESTS;
 async fn a_new_quota_keeps_what_was_used<St: Store>(store: St, name: &str) {
     let layer = RateLimitLayer::<_, Body>::builder(store)
         .rule("api", Quota::per_minute(3), key::header("x-user"))
+        .algorithm(Algorithm::SlidingWindowLog)
         .build()
-        .unwrap()
-        .algorithm(Algorithm::SlidingWindowLog);
+        .unwrap();
     let handle = layer.handle();
     let svc = layer.layer(ok());
     assert_eq!(statuses(&svc, "ada", 4).await, [OK, OK, OK, NO], "{name}");
@@ -395,7 +398,7 @@ async fn a_refund_after_a_swap_clears_the_new_rules_cached_rejection() {
     limiter.refund(first).await.unwrap();
     let again = limiter.check("k").await;
     assert!(again.is_allowed(), "{again:?}");
-    assert_eq!(again.decided_by(), Some(tollgate::DecidedBy::Store));
+    assert_eq!(again.decided_by(), Some(tollgate::verdict::DecidedBy::Store));
 }
 
 /// Each request is decided and answered under one rule set, while another task swaps
@@ -517,12 +520,11 @@ quota = "4/day"
 /// fails to build leaves everything as it was.
 async fn reloaded_limits<St: Store>(store: St, name: &str) {
     let v1 = tollgate::LayerConfig::from_toml(LIMITS_V1).unwrap();
-    let layer = v1.apply(
-        v1.builder::<_, Body>(store)
-            .add_rule(Rule::new("global", Quota::per_minute(100), key::Global).public_name(""))
-            .build()
-            .unwrap(),
-    );
+    let layer = v1
+        .builder::<_, Body>(store)
+        .add_rule(Rule::new("global", Quota::per_minute(100), key::Global).public_name(""))
+        .build()
+        .unwrap();
     let handle = layer.handle();
     let svc = layer.layer(ok());
     assert_eq!(statuses(&svc, "ada", 4).await, [OK, OK, OK, NO], "{name}");
@@ -574,10 +576,10 @@ async fn tokens_are_charged_after_the_response<St: Store + Clone>(store: St, clo
         .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-user")).charged())
         .add_rule(Rule::new("org-tokens", Quota::per_minute(1_000), key::header("x-org")).charged())
         .rule("requests", Quota::per_minute(50), key::header("x-user"))
-        .build()
-        .unwrap()
         .algorithm(Algorithm::FixedWindow)
-        .local_cache(false);
+        .local_cache(false)
+        .build()
+        .unwrap();
     let svc = layer.clone().layer(llm());
     let send = |req| svc.clone().oneshot(req);
     let remaining = |rule: &'static str, key: &'static str| {
@@ -646,11 +648,11 @@ fn a_failed_charge_is_counted() {
         assert_eq!(res.status(), OK, "fail open");
         settle().await;
         store.set(support::fake::Mode::Up);
-        let check = tollgate::Check {
+        let check = tollgate::store::Check {
             rule: "tokens".into(),
             key: "ada".into(),
             algorithm: Algorithm::default(),
-            params: tollgate::algorithm::Params::new(Quota::per_minute(100)),
+            params: tollgate::store::Params::new(Quota::per_minute(100)),
         };
         assert_eq!(store.inner.peek(&check).await.unwrap().remaining, 69, "the first charge was taken");
     });
@@ -673,6 +675,6 @@ async fn a_local_charge_counts_for_the_very_next_request() {
     charged_then_next(local, "a local store").await;
     let store = support::fake::Remote::new(MemoryStore::new());
     store.set(support::fake::Mode::Failing);
-    let failing = RateLimitLayer::<_, Body>::builder(store).add_rule(tokens()).build().unwrap();
-    charged_then_next(failing.fallback(MemoryStore::new(), 1), "the fallback").await;
+    let failing = RateLimitLayer::<_, Body>::builder(store).add_rule(tokens()).fallback(MemoryStore::new(), 1);
+    charged_then_next(failing.build().unwrap(), "the fallback").await;
 }

@@ -21,15 +21,15 @@ fn weighted_nested(style: HeaderStyle) -> axum::Router {
     let store = MemoryStore::new();
     let inner = RateLimitLayer::builder(store.clone())
         .add_rule(Rule::new("uploads", Quota::per_hour(10), key::Global).cost(|_| 4))
+        .algorithm(Algorithm::Gcra)
         .build()
         .unwrap()
-        .algorithm(Algorithm::Gcra)
         .headers(style);
     let outer = RateLimitLayer::builder(store)
         .rule("ip", Quota::per_minute(4), key::Global)
+        .algorithm(Algorithm::Gcra)
         .build()
         .unwrap()
-        .algorithm(Algorithm::Gcra)
         .headers(style);
     axum::Router::new().route("/", axum::routing::post(|| async { "ok" })).layer(inner).layer(outer)
 }
@@ -84,9 +84,9 @@ async fn an_inner_refusal_with_a_custom_status_is_not_contradicted() {
     let store = MemoryStore::new();
     let inner = RateLimitLayer::builder(store.clone())
         .add_rule(Rule::new("uploads", Quota::per_hour(10), key::Global).cost(|_| 4))
+        .algorithm(Algorithm::Gcra)
         .build()
         .unwrap()
-        .algorithm(Algorithm::Gcra)
         .on_rejected(|_: &tollgate::response::Rejection<'_>| {
             let mut r = Response::new(Body::empty());
             *r.status_mut() = StatusCode::FORBIDDEN;
@@ -94,9 +94,9 @@ async fn an_inner_refusal_with_a_custom_status_is_not_contradicted() {
         });
     let outer = RateLimitLayer::builder(store)
         .rule("ip", Quota::per_minute(4), key::Global)
+        .algorithm(Algorithm::Gcra)
         .build()
-        .unwrap()
-        .algorithm(Algorithm::Gcra);
+        .unwrap();
     let app = axum::Router::new().route("/", axum::routing::post(|| async { "ok" })).layer(inner).layer(outer);
     let post = || Request::post("/").body(Body::empty()).unwrap();
     for _ in 0..2 {

@@ -1,4 +1,5 @@
 //! `tollgate::config`: rules read from TOML, checked when read, and enforced as written.
+#![cfg(feature = "config")]
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -7,13 +8,12 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{Request, Response, StatusCode};
+use tollgate::clock::ManualClock;
 use tollgate::config::{KeySpec, LayerConfig};
 use tollgate::headers::{RATELIMIT_POLICY, X_RATELIMIT_LIMIT};
 use tollgate::key::{Key, KeyExtractor};
-use tollgate::{
-    Algorithm, BuildError, Check, Decision, FailMode, ManualClock, MemoryStore, Quota, RateLimitLayer, Rule, Store,
-    StoreError,
-};
+use tollgate::store::{Check, Store};
+use tollgate::{Algorithm, BuildError, Decision, FailMode, MemoryStore, Quota, RateLimitLayer, Rule, StoreError};
 use tower::{Layer, ServiceExt};
 
 const T0: u64 = 1_700_000_040_000_000; // the start of a minute
@@ -200,14 +200,12 @@ async fn code_rules_join_the_file_rules() {
         .to_rules::<Body>()
         .into_iter()
         .map(|r| r.bypass_if(|req: &Request<Body>| req.headers().contains_key("x-partner")));
-    let layer = rules
-        .fold(RateLimitLayer::builder(store()), tollgate::RateLimitLayerBuilder::add_rule)
-        .add_rule(Rule::new("per-user", Quota::per_minute(1), |req: &Request<Body>| {
-            req.headers().get("x-user").map(|v| v.as_bytes().to_vec())
-        }))
-        .build()
-        .unwrap();
-    let svc = config.apply(layer).layer(inner());
+    let layer = rules.fold(RateLimitLayer::builder(store()), tollgate::LimiterBuilder::add_rule).add_rule(Rule::new(
+        "per-user",
+        Quota::per_minute(1),
+        |req: &Request<Body>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec()),
+    ));
+    let svc = config.apply(layer).build().unwrap().layer(inner());
     let res = svc.clone().oneshot(req("192.0.2.1", &[("x-user", "u")])).await.unwrap();
     assert_eq!(res.headers()[RATELIMIT_POLICY], "\"ip\";q=100;w=60, \"per-user\";q=1;w=60");
     assert_eq!(status(&svc, req("192.0.2.1", &[("x-user", "u")])).await, StatusCode::TOO_MANY_REQUESTS);

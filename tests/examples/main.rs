@@ -6,6 +6,7 @@
 //! example whose features are off is neither built nor run. Children are killed on drop.
 
 #[cfg(feature = "redis")]
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;
@@ -31,7 +32,7 @@ impl Drop for Example {
 }
 
 fn binary(name: &str) -> PathBuf {
-    // target/<profile>/deps/examples_run-<hash> → target/<profile>/examples/<name>
+    // target/<profile>/deps/examples-<hash> → target/<profile>/examples/<name>
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("test binary in target/<profile>/deps");
     let path = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));

@@ -5,10 +5,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::algorithm::Params;
+use tollgate::clock::ManualClock;
 use tollgate::key::Key;
+use tollgate::store::Check;
+use tollgate::store::Params;
 use tollgate::store::{LocalStore, Refund};
-use tollgate::{Algorithm, Check, ManualClock, MemoryStore, Quota, StoreError};
+use tollgate::{Algorithm, MemoryStore, Quota, StoreError};
 
 const T0: u64 = 1_700_000_000_000_000;
 

@@ -11,7 +11,7 @@
 //! - a flush task dropped with its runtime leaves no check waiting for good.
 #![cfg(all(feature = "redis", feature = "memory"))]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,8 +22,10 @@ use proptest::prelude::*;
 use support::fake::T0;
 use support::redis::RedisServer;
 use support::{poll_once, together, Answer};
-use tollgate::algorithm::Params;
-use tollgate::{Algorithm, Check, ManualClock, MemoryStore, Quota, RedisStore, Store, StoreError};
+use tollgate::clock::ManualClock;
+use tollgate::store::Params;
+use tollgate::store::{Check, Store};
+use tollgate::{Algorithm, MemoryStore, Quota, RedisStore, StoreError};
 
 fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota, cost: u64) -> Check {
     let mut params = Params::new(quota);
@@ -230,7 +232,7 @@ async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
 }
 
 fn clock_now(clock: &ManualClock) -> u64 {
-    use tollgate::Clock;
+    use tollgate::clock::Clock;
     clock.now_micros()
 }
 

@@ -2,7 +2,7 @@
 //! (deadline, circuit breaker, fail mode, fallback, blocked-key cache), refunds, and the
 //! waiting form.
 
-mod support;
+use crate::support;
 
 use std::future::Future;
 use std::pin::pin;
@@ -14,10 +14,10 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use support::fake::{Mode, Remote, TokioClock, T0};
 use tokio::time::Instant;
+use tollgate::clock::ManualClock;
 use tollgate::key::Key;
-use tollgate::{
-    key, Algorithm, FailMode, Limiter, ManualClock, MemoryStore, Quota, RateLimitLayer, Rule, Store, StoreError,
-};
+use tollgate::store::Store;
+use tollgate::{key, Algorithm, FailMode, Limiter, MemoryStore, Quota, RateLimitLayer, Rule, StoreError};
 use tower::{Layer, Service, ServiceExt};
 
 /// A chat message: limited per user by count, and by bytes.
@@ -450,7 +450,7 @@ struct Gated {
 impl Store for Gated {
     fn check(
         &self,
-        checks: &[tollgate::Check],
+        checks: &[tollgate::store::Check],
     ) -> impl Future<Output = Result<Vec<Option<tollgate::store::Outcome>>, StoreError>> + Send {
         let answer = tollgate::store::LocalStore::check(&self.inner, checks);
         let (gate, armed) = (self.gate.clone(), self.armed.swap(false, std::sync::atomic::Ordering::SeqCst));
@@ -464,7 +464,10 @@ impl Store for Gated {
     fn refund(&self, refunds: &[tollgate::store::Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(tollgate::store::LocalStore::refund(&self.inner, refunds))
     }
-    fn peek(&self, check: &tollgate::Check) -> impl Future<Output = Result<tollgate::Decision, StoreError>> + Send {
+    fn peek(
+        &self,
+        check: &tollgate::store::Check,
+    ) -> impl Future<Output = Result<tollgate::Decision, StoreError>> + Send {
         std::future::ready(tollgate::store::LocalStore::peek(&self.inner, check))
     }
     fn reset(&self, rule: &str, key: &Key, a: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
@@ -502,5 +505,5 @@ async fn a_rejection_racing_a_give_back_is_not_cached() {
     assert!(second.await.unwrap().is_rejected());
     let third = limiter.check("ada").await;
     assert!(third.is_allowed(), "refused by a stale cached rejection: {third:?}");
-    assert_eq!(third.decided_by(), Some(tollgate::DecidedBy::Store));
+    assert_eq!(third.decided_by(), Some(tollgate::verdict::DecidedBy::Store));
 }

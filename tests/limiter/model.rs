@@ -35,7 +35,7 @@
 
 #![cfg(all(feature = "memory", feature = "redis"))]
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -49,12 +49,13 @@ use http::{Request, Response, StatusCode};
 use proptest::prelude::*;
 use support::fake::{settle, TokioClock, T0};
 use support::redis::RedisServer;
+use tollgate::clock::{Clock, ManualClock};
 use tollgate::key::{self, Key};
+use tollgate::response::Rejection;
+use tollgate::store::{Check, Store};
 use tollgate::store::{LocalStore, Outcome, Refund};
-use tollgate::{
-    Algorithm, Check, Clock, DecidedBy, Decision, FailMode, ManualClock, MemoryStore, Quota, RateLimitLayer,
-    RedisStore, Rejection, Rule, Store, StoreError,
-};
+use tollgate::verdict::DecidedBy;
+use tollgate::{Algorithm, Decision, FailMode, MemoryStore, Quota, RateLimitLayer, RedisStore, Rule, StoreError};
 use tower::{Layer, ServiceExt};
 
 // ---------------------------------------------------------------------------------------
@@ -421,18 +422,16 @@ async fn run_case<S: Store + Clone>(
     if let Some((algorithm, quota)) = cfg.shadow {
         rules = rules.add_rule(Rule::new("s", quota, key::header("x-key")).algorithm(algorithm).shadow(true));
     }
-    let mut layer = rules
-        .build()
-        .unwrap()
+    let mut rules = rules
         .cost(|req: &Request<Body>| header(req, "x-cost"))
         .timeout(Duration::from_millis(50))
         .max_in_flight(2)
         .circuit_breaker(2, cool_down)
         .local_cache(cache);
     if cfg.fallback {
-        layer = layer.fallback(MemoryStore::with_clock(TokioClockOr(now.clone())), 2);
+        rules = rules.fallback(MemoryStore::with_clock(TokioClockOr(now.clone())), 2);
     }
-    let layer = layer.on_rejected(move |r: &Rejection<'_>| {
+    let layer = rules.build().unwrap().on_rejected(move |r: &Rejection<'_>| {
         if r.decided_by == DecidedBy::LocalCache {
             record.lock().unwrap().cached.push((now.now_micros(), r.rule.to_string(), r.key.as_bytes().to_vec()));
         }

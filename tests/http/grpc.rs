@@ -1,14 +1,16 @@
 //! The tonic example's server behind `RateLimitLayer`, called by a real tonic client over
 //! a loopback port: what a gRPC client sees once its quota is spent.
+#![cfg(all(feature = "tonic", feature = "memory"))]
 
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tollgate::{ManualClock, MemoryStore};
+use tollgate::clock::ManualClock;
+use tollgate::MemoryStore;
 use tonic::{Code, Request};
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../examples/tonic_server.rs"]
+#[path = "../../examples/tonic_server.rs"]
 mod example;
 
 use example::hello::{GreeterClient, HelloRequest};

@@ -5,7 +5,7 @@
 //! Every test starts its own redis-server processes (see `support/redis.rs`).
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
-use tollgate::algorithm::Params;
-use tollgate::{key, Algorithm, Check, FailMode, Quota, RateLimitLayer, RedisStore, Store, StoreError};
+use tollgate::store::Params;
+use tollgate::store::{Check, Store};
+use tollgate::{key, Algorithm, FailMode, Quota, RateLimitLayer, RedisStore, StoreError};
 use tower::{Layer, ServiceExt};
 
 use support::redis::{RedisCluster, RedisServer};
@@ -140,11 +141,14 @@ async fn send(store: &RedisStore, mode: FailMode, deadline: Duration, key: &str,
         counted.fetch_add(1, Ordering::Relaxed);
         std::future::ready(Ok::<_, Infallible>(Response::new(Body::empty())))
     });
-    let svc = RateLimitLayer::<_, Body>::new(Quota::per_minute(LIMIT as u64), key::header("x-api-key"), store.clone())
+    let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+        .rule("default", Quota::per_minute(LIMIT as u64), key::header("x-api-key"))
         .algorithm(Algorithm::Gcra)
         .fail_mode(mode)
         .timeout(deadline)
         .local_cache(false)
+        .build()
+        .unwrap()
         .layer(inner);
     let mut statuses = Vec::with_capacity(n);
     let mut worst = Duration::ZERO;
@@ -286,7 +290,7 @@ const ACL_PASSWORD: &str = "alice-pw-7f3e";
 /// keys only, and only the commands it sends or its scripts call. Read from the document,
 /// so that what users copy is what is tested.
 fn documented_acl(name: &str) -> Vec<&'static str> {
-    let docs = include_str!("../docs/redis.md");
+    let docs = include_str!("../../docs/redis.md");
     let prefix = format!("ACL SETUSER limiter {name}");
     let line =
         docs.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no `{prefix}` in docs/redis.md"));
@@ -296,7 +300,7 @@ fn documented_acl(name: &str) -> Vec<&'static str> {
 /// Every Redis server: `on >PASSWORD …`.
 fn limiter_acl() -> Vec<&'static str> {
     let acl = documented_acl("on >PASSWORD");
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     assert!(
         readme.contains(&format!("ACL SETUSER limiter {}", acl.join(" ").replacen("on ", "on >PASSWORD ", 1))),
         "the README's ACL differs from docs/redis.md's"

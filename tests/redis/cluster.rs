@@ -3,16 +3,17 @@
 //! accepted are given back when another slot rejects.
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use support::redis::RedisCluster;
-use tollgate::algorithm::Params;
 use tollgate::key::Key;
+use tollgate::store::Params;
 use tollgate::store::Refund;
-use tollgate::{Algorithm, Check, Limiter, LimiterBuilder, Quota, RedisStore, Rule, Store};
+use tollgate::store::{Check, Store};
+use tollgate::{Algorithm, Limiter, LimiterBuilder, Quota, RedisStore, Rule};
 
 fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
     Check { rule: rule.into(), key: key.into(), algorithm, params: Params::new(quota) }
@@ -300,12 +301,12 @@ async fn a_slot_that_accepts_after_the_caller_left_gives_every_unit_back() {
         .add_rule(Rule::new("per-account", Quota::per_hour(100), move |_: &http::Request<Body>| {
             Some(Key::from(account.as_str()))
         }))
-        .build()
-        .unwrap()
         .algorithm(Algorithm::Gcra)
         .timeout(Duration::from_secs(1))
         .fail_mode(tollgate::FailMode::Closed)
-        .local_cache(false);
+        .local_cache(false)
+        .build()
+        .unwrap();
     let svc = tower::Layer::layer(
         &layer,
         tower::service_fn(|_: http::Request<Body>| async {

@@ -4,7 +4,7 @@
 //! Each test prints the worst request latency it saw (`--nocapture` shows them).
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ type Svc = tollgate::RateLimit<
     tower::util::ServiceFn<fn(Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>>>,
     RedisStore,
     Body,
-    tollgate::DefaultRejection,
+    tollgate::response::DefaultRejection,
 >;
 
 fn ok(_: Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>> {
@@ -32,12 +32,15 @@ fn ok(_: Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>
 }
 
 fn service(store: RedisStore, quota: Quota, mode: FailMode) -> Svc {
-    RateLimitLayer::<_, Body>::new(quota, key::header("x-api-key"), store)
+    RateLimitLayer::<_, Body>::builder(store)
+        .rule("default", quota, key::header("x-api-key"))
         .algorithm(Algorithm::Gcra)
         .fail_mode(mode)
         .timeout(DEADLINE)
         .circuit_breaker(3, Duration::from_millis(500))
         .local_cache(false)
+        .build()
+        .unwrap()
         .layer(tower::service_fn(ok as fn(_) -> _))
 }
 
@@ -151,10 +154,13 @@ async fn overload_is_bounded_then_fails_open() {
     // DEBUG SLEEP needs the debug command, off by default since Redis 7.
     let redis = RedisServer::start_with_args(&["--enable-debug-command", "yes"]);
     let store = RedisStore::from_url(&redis.url()).unwrap();
-    let svc = RateLimitLayer::<_, Body>::new(Quota::per_minute(1_000_000), key::header("x-api-key"), store)
+    let svc = RateLimitLayer::<_, Body>::builder(store)
+        .rule("default", Quota::per_minute(1_000_000), key::header("x-api-key"))
         .timeout(DEADLINE)
         .max_in_flight(8)
         .circuit_breaker(1_000_000, Duration::from_millis(1))
+        .build()
+        .unwrap()
         .layer(tower::service_fn(ok as fn(_) -> _));
     assert_eq!(svc.clone().oneshot(req("warm")).await.unwrap().status(), StatusCode::OK);
     // Redis busy for 300 ms: every store call would wait.
@@ -235,20 +241,20 @@ async fn the_store_times_out_on_its_own_whatever_the_pool() {
         ("url", RedisStore::from_url(&redis.url()).unwrap().response_timeout(RESPONSE)),
         ("pool", RedisStore::new(pool).response_timeout(RESPONSE)),
     ];
-    let check = tollgate::Check {
+    let check = tollgate::store::Check {
         rule: "t".into(),
         key: "k".into(),
         algorithm: Algorithm::Gcra,
-        params: tollgate::algorithm::Params::new(Quota::per_minute(10)),
+        params: tollgate::store::Params::new(Quota::per_minute(10)),
     };
     for (_, store) in &stores {
         store.ping().await.unwrap();
-        assert!(tollgate::Store::check_one(store, &check).await.unwrap().decision.allowed);
+        assert!(tollgate::store::Store::check_one(store, &check).await.unwrap().decision.allowed);
     }
     redis.pause();
     for (origin, store) in &stores {
         let started = Instant::now();
-        let err = tollgate::Store::check_one(store, &check).await.unwrap_err();
+        let err = tollgate::store::Store::check_one(store, &check).await.unwrap_err();
         let took = started.elapsed();
         assert!(matches!(err, tollgate::StoreError::Timeout(t) if t == RESPONSE), "{origin}: {err}");
         assert!(took >= RESPONSE && took < RESPONSE + MARGIN, "{origin}: answered after {took:?}");

@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
+use tollgate::clock::ManualClock;
 use tollgate::headers::{RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RULE};
-use tollgate::{
-    key, Algorithm, Check, Decision, FailMode, HeaderStyle, ManualClock, MemoryStore, Quota, RateLimitLayer, Rule,
-    Store, StoreError,
-};
+use tollgate::store::{Check, Store};
+use tollgate::{key, Algorithm, Decision, FailMode, HeaderStyle, MemoryStore, Quota, RateLimitLayer, Rule, StoreError};
 use tower::{Layer, Service, ServiceExt};
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -96,8 +95,11 @@ async fn clones_share_one_limiter_and_rejections_skip_the_inner_service() {
 #[tokio::test]
 async fn rejection_carries_retry_after_and_legacy_headers() {
     let c = clock();
-    let svc = RateLimitLayer::new(Quota::per_minute(2), key::Global, MemoryStore::with_clock(c.clone()))
+    let svc = RateLimitLayer::builder(MemoryStore::with_clock(c.clone()))
+        .rule("default", Quota::per_minute(2), key::Global)
         .algorithm(Algorithm::FixedWindow)
+        .build()
+        .unwrap()
         .layer(Counting::default());
     c.set(T0 - T0 % 60_000_000 + 20_000_000); // 20 s into a window
     let ok = send(&svc, get("/")).await;
@@ -159,8 +161,11 @@ async fn on_rejected_customises_the_response_and_headers_are_still_added() {
 
 #[tokio::test]
 async fn grpc_requests_get_resource_exhausted() {
-    let svc = RateLimitLayer::new(Quota::per_second(1), key::Global, MemoryStore::with_clock(clock()))
+    let svc = RateLimitLayer::builder(MemoryStore::with_clock(clock()))
+        .rule("default", Quota::per_second(1), key::Global)
         .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap()
         .layer(Counting::default());
     let grpc = || with_header("/pkg.Svc/Call", "content-type", "application/grpc+proto");
     assert_eq!(send(&svc, grpc()).await.status(), StatusCode::OK);
@@ -307,8 +312,11 @@ async fn tiers_choose_the_quota_per_request() {
 
 #[tokio::test]
 async fn request_cost() {
-    let svc = RateLimitLayer::new(Quota::per_minute(10), key::Global, MemoryStore::with_clock(clock()))
+    let svc = RateLimitLayer::builder(MemoryStore::with_clock(clock()))
+        .rule("default", Quota::per_minute(10), key::Global)
         .cost(|req: &Request<Body>| if req.method() == http::Method::POST { 4 } else { 1 })
+        .build()
+        .unwrap()
         .layer(Counting::default());
     let post = || Request::post("/").body(Body::empty()).unwrap();
     assert_eq!(send(&svc, post()).await.headers()[X_RATELIMIT_REMAINING], "6");
@@ -327,8 +335,11 @@ async fn leaky_bucket_shapes_requests() {
         f.lock().unwrap().push(started.elapsed().as_millis());
         async { Ok::<_, Infallible>(Response::new(Body::empty())) }
     });
-    let svc = RateLimitLayer::new(Quota::per_second(5).burst(3), key::Global, MemoryStore::with_clock(clock()))
+    let svc = RateLimitLayer::builder(MemoryStore::with_clock(clock()))
+        .rule("default", Quota::per_second(5).burst(3), key::Global)
         .algorithm(Algorithm::LeakyBucket)
+        .build()
+        .unwrap()
         .layer(inner);
     let all = futures_join_all((0..6).map(|_| svc.clone().oneshot(get("/"))).collect()).await;
     let statuses: Vec<StatusCode> = all.iter().map(|r| r.as_ref().unwrap().status()).collect();
@@ -418,8 +429,11 @@ async fn store_failures_fail_open_by_default_and_closed_when_asked() {
         assert!(!res.headers().contains_key(X_RATELIMIT_LIMIT), "a fail-open pass knows no quota");
     }
     assert_eq!(inner.calls(), 3);
-    let closed = RateLimitLayer::new(Quota::per_minute(1), key::Global, BrokenStore::default())
+    let closed = RateLimitLayer::builder(BrokenStore::default())
+        .rule("default", Quota::per_minute(1), key::Global)
         .fail_mode(FailMode::Closed)
+        .build()
+        .unwrap()
         .layer(inner.clone());
     let res = send(&closed, get("/")).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -430,9 +444,12 @@ async fn store_failures_fail_open_by_default_and_closed_when_asked() {
 #[tokio::test]
 async fn a_hanging_store_costs_at_most_the_deadline_and_then_the_breaker_opens() {
     let store = BrokenStore { hang: true, ..Default::default() };
-    let svc = RateLimitLayer::new(Quota::per_minute(1), key::Global, store.clone())
+    let svc = RateLimitLayer::builder(store.clone())
+        .rule("default", Quota::per_minute(1), key::Global)
         .timeout(Duration::from_millis(30))
         .circuit_breaker(3, Duration::from_secs(60))
+        .build()
+        .unwrap()
         .layer(Counting::default());
     for i in 0..10 {
         let started = std::time::Instant::now();
@@ -447,8 +464,11 @@ async fn a_hanging_store_costs_at_most_the_deadline_and_then_the_breaker_opens()
 #[tokio::test]
 async fn fallback_limits_while_the_store_is_down() {
     let fallback = MemoryStore::with_clock(clock());
-    let svc = RateLimitLayer::new(Quota::per_minute(6), key::Global, BrokenStore::default())
+    let svc = RateLimitLayer::builder(BrokenStore::default())
+        .rule("default", Quota::per_minute(6), key::Global)
         .fallback(fallback, 3)
+        .build()
+        .unwrap()
         .layer(Counting::default());
     let mut ok = 0;
     for _ in 0..10 {
@@ -477,7 +497,7 @@ async fn shadow_rules_decide_but_never_reject() {
         rule: "trial".into(),
         key: "global".into(),
         algorithm: Algorithm::default(),
-        params: tollgate::algorithm::Params::new(Quota::per_minute(1)),
+        params: tollgate::store::Params::new(Quota::per_minute(1)),
     };
     assert!(!store.peek(&check).await.unwrap().allowed);
 }

@@ -9,7 +9,7 @@
 //! Run with `--nocapture` to see the figures.
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use support::redis::{RedisCluster, RedisServer, CLUSTER_NODE_TIMEOUT_MS};
 use support::sentinel::{SentinelGroup, DOWN_AFTER_MS, INFO_PERIOD_MS};
-use tollgate::{Algorithm, DecidedBy, FailMode, Limiter, Quota, RedisStore};
+use tollgate::verdict::DecidedBy;
+use tollgate::{Algorithm, FailMode, Limiter, Quota, RedisStore};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -442,7 +443,7 @@ async fn sentinel_credentials_are_the_sentinels_own_and_never_shown() {
 
 /// The least-privilege ACL of docs/redis.md, with `extra` permissions.
 fn documented_acl(extra: &[&'static str]) -> Vec<&'static str> {
-    let docs = include_str!("../docs/redis.md");
+    let docs = include_str!("../../docs/redis.md");
     let line =
         docs.lines().find(|l| l.starts_with("ACL SETUSER limiter on >PASSWORD")).expect("the ACL in docs/redis.md");
     let mut acl: Vec<&str> = line.split(' ').skip(3).filter(|w| *w != ">PASSWORD").collect();

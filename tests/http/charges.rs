@@ -6,7 +6,7 @@
 //! the deadline; a charge that cannot be taken is logged and counted.
 #![cfg(all(feature = "memory", feature = "metrics"))]
 
-mod support;
+use crate::support;
 
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
@@ -16,10 +16,11 @@ use axum::body::Body;
 use http::{Request, StatusCode};
 use support::fake::{settle, Mode, Remote};
 use support::{counter, llm, YieldOnce};
-use tollgate::algorithm::Params;
 use tollgate::key::{self, Key, KeyExtractor};
+use tollgate::store::Params;
+use tollgate::store::{Check, Store};
 use tollgate::store::{Outcome, Refund};
-use tollgate::{Algorithm, Check, Decision, Limiter, MemoryStore, Quota, RateLimitLayer, Rule, Store, StoreError};
+use tollgate::{Algorithm, Decision, Limiter, MemoryStore, Quota, RateLimitLayer, Rule, StoreError};
 use tower::{Layer, ServiceExt};
 
 fn prompt(user: &str, tokens: u64) -> Request<Body> {
@@ -95,9 +96,9 @@ fn a_shadow_rules_charge_after_a_response_goes_to_the_fallback() {
             let fallback = MemoryStore::new();
             let svc = RateLimitLayer::<_, Body>::builder(store)
                 .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-key")).charged().shadow(true))
+                .fallback(fallback.clone(), 1)
                 .build()
                 .unwrap()
-                .fallback(fallback.clone(), 1)
                 .layer(llm());
             assert_eq!(svc.clone().oneshot(prompt("ada", 30)).await.unwrap().status(), StatusCode::OK);
             settle().await;
@@ -161,7 +162,7 @@ async fn a_charge_goes_to_whoever_decided_each_rule() {
         .unwrap();
     let verdict = limiter.check("ada").await;
     assert!(verdict.is_allowed());
-    assert_eq!(verdict.decided_by(), Some(tollgate::DecidedBy::Fallback));
+    assert_eq!(verdict.decided_by(), Some(tollgate::verdict::DecidedBy::Fallback));
     limiter.charge(&verdict, 30).await.unwrap();
     assert_eq!(remaining(&inner, "shadow-tokens", "ada").await, 99, "the store decided nothing");
     assert_eq!(remaining(&fallback, "tokens", "ada").await, 69, "the fallback decided the enforced rule");
@@ -232,9 +233,9 @@ fn a_hanging_charge_after_a_response_is_counted() {
             let remote = LazyCharge { inner: MemoryStore::new(), hang: true };
             let svc = RateLimitLayer::<_, Body>::builder(remote)
                 .add_rule(tokens(key::header("x-key")))
+                .timeout(Duration::from_millis(50))
                 .build()
                 .unwrap()
-                .timeout(Duration::from_millis(50))
                 .layer(llm());
             assert_eq!(svc.oneshot(prompt("ada", 30)).await.unwrap().status(), StatusCode::OK);
             tokio::time::sleep(Duration::from_secs(1)).await;

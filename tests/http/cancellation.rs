@@ -7,7 +7,7 @@
 //! kept that the request should give back, and later requests decided normally. (Refunds
 //! run in tasks of their own, never on the request's future.)
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,10 +21,9 @@ use http::{Request, Response, StatusCode};
 use support::fake::{settle, Mode, Remote, TokioClock};
 use tollgate::headers::X_RATELIMIT_REMAINING;
 use tollgate::key::{self, Key};
+use tollgate::store::{Check, Store};
 use tollgate::store::{Outcome, Refund};
-use tollgate::{
-    Algorithm, Check, Decision, FailMode, Limiter, MemoryStore, Quota, RateLimitLayer, Rule, Store, StoreError,
-};
+use tollgate::{Algorithm, Decision, FailMode, Limiter, MemoryStore, Quota, RateLimitLayer, Rule, StoreError};
 use tower::{Layer, Service, ServiceExt};
 
 /// 200 after `/hang` never, else at once; `/fail` is 401.
@@ -70,10 +69,13 @@ fn remaining(res: &Response<Body>) -> u64 {
 #[tokio::test(start_paused = true)]
 async fn dropped_during_the_store_call_leaves_no_call_in_flight() {
     let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
-    let svc = RateLimitLayer::new(Quota::per_minute(10), key::header("x-key"), store.clone())
+    let svc = RateLimitLayer::builder(store.clone())
+        .rule("default", Quota::per_minute(10), key::header("x-key"))
         .timeout(Duration::from_millis(50))
         .max_in_flight(1)
         .circuit_breaker(100, Duration::from_secs(1))
+        .build()
+        .unwrap()
         .layer(inner());
     store.set(Mode::Hanging);
     for _ in 0..3 {
@@ -92,10 +94,13 @@ async fn dropped_during_the_store_call_leaves_no_call_in_flight() {
 #[tokio::test(start_paused = true)]
 async fn dropped_during_the_half_open_probe_the_circuit_still_recovers() {
     let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
-    let svc = RateLimitLayer::new(Quota::per_minute(10), key::header("x-key"), store.clone())
+    let svc = RateLimitLayer::builder(store.clone())
+        .rule("default", Quota::per_minute(10), key::header("x-key"))
         .timeout(Duration::from_millis(50))
         .circuit_breaker(2, Duration::from_secs(1))
         .fail_mode(FailMode::Closed)
+        .build()
+        .unwrap()
         .layer(inner());
     store.set(Mode::Failing);
     for _ in 0..3 {
@@ -304,9 +309,9 @@ async fn a_fallback_decisions_units_are_back_for_the_very_next_request() {
         };
         let svc = RateLimitLayer::<_, Body>::builder(store.clone())
             .add_rule(rule)
+            .fallback(MemoryStore::with_clock(TokioClock::new()), 1)
             .build()
             .unwrap()
-            .fallback(MemoryStore::with_clock(TokioClock::new()), 1)
             .layer(inner());
         assert_eq!(svc.clone().oneshot(get("/", "a")).await.unwrap().status(), StatusCode::OK);
         if leaky {
@@ -398,9 +403,9 @@ async fn a_request_dropped_while_its_shadow_call_is_in_flight_gives_back_its_enf
     let layer = RateLimitLayer::<_, Body>::builder(Hangs("shadow", MemoryStore::new()))
         .rule("count", Quota::per_minute(2), key::header("x-key"))
         .add_rule(Rule::new("shadow", Quota::per_minute(100), key::Global).shadow(true))
+        .timeout(Duration::from_secs(1))
         .build()
-        .unwrap()
-        .timeout(Duration::from_secs(1));
+        .unwrap();
     let svc = layer.clone().layer(inner());
     // The client goes away after 10 ms: the enforced call has answered (a unit taken),
     // the shadow call has not. The request never reached the handler.
@@ -435,9 +440,9 @@ async fn a_request_dropped_while_its_enforced_call_is_in_flight_gives_back_its_s
     let layer = RateLimitLayer::<_, Body>::builder(Hangs("count", MemoryStore::new()))
         .rule("count", Quota::per_minute(2), key::header("x-key"))
         .add_rule(Rule::new("tally", Quota::per_minute(2), key::Global).shadow(true))
+        .timeout(Duration::from_secs(1))
         .build()
-        .unwrap()
-        .timeout(Duration::from_secs(1));
+        .unwrap();
     let svc = layer.clone().layer(inner());
     let r = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/", "a"))).await;
     assert!(r.is_err(), "dropped while the enforced call hangs");

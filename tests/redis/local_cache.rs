@@ -5,7 +5,7 @@
 //! (`INFO commandstats`, `cmdstat_evalsha`).
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,8 +44,9 @@ fn reset_stats(server: &RedisServer) {
     assert_eq!(server.cmd(&["CONFIG", "RESETSTAT"]), "OK");
 }
 
-/// `layer` over a service that answers `status` and counts its calls. Store errors
-/// answer 503 (fail closed), so that no error can pass for a decision.
+/// `layer` over a service that answers `status` and counts its calls. The layers are
+/// built with a 2 s deadline and `FailMode::Closed`: store errors answer 503 (fail closed), so that no error can
+/// pass for a decision.
 fn service(
     layer: RateLimitLayer<RedisStore, Body>,
     status: StatusCode,
@@ -58,7 +59,7 @@ fn service(
         *res.status_mut() = status;
         async move { Ok::<_, Infallible>(res) }
     });
-    layer.timeout(Duration::from_secs(2)).fail_mode(FailMode::Closed).layer(inner)
+    layer.layer(inner)
 }
 
 fn get(key: &str) -> Request<Body> {
@@ -106,9 +107,14 @@ async fn a_flood_over_the_limit_costs_one_store_call_per_retry_after_with_the_ca
         let what = if cache { "cache on" } else { "cache off" };
         let key = format!("flooder-{what}");
         let inner = Arc::new(AtomicUsize::new(0));
-        let layer = RateLimitLayer::new(HOURLY, key::header("x-api-key"), store.clone())
+        let layer = RateLimitLayer::builder(store.clone())
+            .rule("default", HOURLY, key::header("x-api-key"))
             .algorithm(Algorithm::Gcra)
-            .local_cache(cache);
+            .local_cache(cache)
+            .timeout(Duration::from_secs(2))
+            .fail_mode(FailMode::Closed)
+            .build()
+            .unwrap();
         let svc = service(layer, StatusCode::OK, &inner);
         use_up(&svc, &key).await;
 
@@ -132,7 +138,13 @@ async fn a_concurrent_flood_reaches_the_store_at_most_once_per_request_in_flight
     let server = RedisServer::start();
     let store = store_for(&server).await;
     let inner = Arc::new(AtomicUsize::new(0));
-    let layer = RateLimitLayer::new(HOURLY, key::header("x-api-key"), store).algorithm(Algorithm::Gcra);
+    let layer = RateLimitLayer::builder(store)
+        .rule("default", HOURLY, key::header("x-api-key"))
+        .algorithm(Algorithm::Gcra)
+        .timeout(Duration::from_secs(2))
+        .fail_mode(FailMode::Closed)
+        .build()
+        .unwrap();
     let svc = service(layer, StatusCode::OK, &inner);
     use_up(&svc, "crowd").await;
 
@@ -170,6 +182,8 @@ async fn count_if_rules_are_never_served_by_the_cache() {
                 .algorithm(Algorithm::Gcra)
                 .count_if(|s| s == StatusCode::UNAUTHORIZED),
         )
+        .timeout(Duration::from_secs(2))
+        .fail_mode(FailMode::Closed)
         .build()
         .unwrap();
     let svc = service(layer, StatusCode::UNAUTHORIZED, &inner);
@@ -192,7 +206,13 @@ async fn the_cache_admits_nothing_itself_and_blocks_no_longer_than_retry_after()
     let server = RedisServer::start();
     let store = store_for(&server).await;
     let inner = Arc::new(AtomicUsize::new(0));
-    let layer = RateLimitLayer::new(Quota::per_second(10), key::header("x-api-key"), store).algorithm(Algorithm::Gcra);
+    let layer = RateLimitLayer::builder(store)
+        .rule("default", Quota::per_second(10), key::header("x-api-key"))
+        .algorithm(Algorithm::Gcra)
+        .timeout(Duration::from_secs(2))
+        .fail_mode(FailMode::Closed)
+        .build()
+        .unwrap();
     let svc = service(layer, StatusCode::OK, &inner);
 
     // Use up the burst: 10 pass (a few more on a slow machine, as units come back).

@@ -6,6 +6,7 @@
 //! Then, per algorithm, the Redis scripts on the server's own `TIME`.
 #![cfg(feature = "redis")]
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::fmt::Write as _;
@@ -13,10 +14,12 @@ use std::time::Duration;
 
 use support::fake::sliding_log_refund_example;
 use support::redis::{RedisCluster, RedisServer};
-use tollgate::algorithm::Params;
+use tollgate::clock::{Clock, ManualClock};
 use tollgate::key::Key;
+use tollgate::store::Params;
+use tollgate::store::{Check, Store};
 use tollgate::store::{Outcome as StoreOutcome, Refund};
-use tollgate::{Algorithm, Check, Clock, Decision, ManualClock, MemoryStore, Quota, RedisStore, Store};
+use tollgate::{Algorithm, Decision, MemoryStore, Quota, RedisStore};
 
 /// 2023-11-14T22:13:20Z, in µs.
 const T0: u64 = 1_700_000_000_000_000;
@@ -696,7 +699,7 @@ async fn server_time_gcra() {
 }
 
 /// The review's sliding log example with explicit expectations, on Redis and on a cluster
-/// (the memory store runs it in `correctness.rs`): a refund after its units left the
+/// (the memory store runs it in `tests/http/refunds.rs`): a refund after its units left the
 /// window gives back nothing; one while they are in it gives back exactly them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sliding_log_refund_gives_back_its_own_units_on_redis_and_cluster() {

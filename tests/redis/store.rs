@@ -3,16 +3,17 @@
 //! unreachable and failing servers, TTLs, and keys with any bytes.
 #![cfg(feature = "redis")]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use support::redis::RedisServer;
-use tollgate::algorithm::Params;
 use tollgate::key::Key;
+use tollgate::store::Params;
+use tollgate::store::{Check, Store};
 use tollgate::store::{Outcome, Refund, Taken};
-use tollgate::{Algorithm, BuildError, Check, MemoryStore, Quota, RedisStore, Store, StoreError};
+use tollgate::{Algorithm, BuildError, MemoryStore, Quota, RedisStore, StoreError};
 
 fn check(rule: &str, key: impl Into<Key>, algorithm: Algorithm, quota: Quota) -> Check {
     Check { rule: rule.into(), key: key.into(), algorithm, params: Params::new(quota) }
@@ -207,7 +208,11 @@ async fn killed_restarted_and_paused_servers_never_hold_a_request() {
 async fn every_key_has_a_ttl_and_idle_keys_disappear() {
     let server = RedisServer::start();
     let store = store_for(&server).await;
-    // Short quotas: every state is "never seen" again within 1 s.
+    // Short quotas: every state is "never seen" again within 1 s. The fixed window's key
+    // lives to the end of its aligned second: start just after a second begins, so that
+    // it is still there when the keys are listed.
+    let into_second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_micros();
+    tokio::time::sleep(Duration::from_micros(u64::from(1_000_000 - into_second) + 5_000)).await;
     for algorithm in Algorithm::ALL {
         let mut c = check("ttl", "user", algorithm, Quota::per_second(4));
         store.check(std::slice::from_ref(&c)).await.unwrap();
@@ -618,10 +623,10 @@ async fn ttl_walk(algorithm: Algorithm, url: String, batch: usize, mut seed: u64
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_clock_stepping_back_loses_no_state() {
     let server = RedisServer::start();
-    let t0 = tollgate::Clock::now_micros(&tollgate::SystemClock);
+    let t0 = tollgate::clock::Clock::now_micros(&tollgate::clock::SystemClock);
     for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket, Algorithm::FixedWindow, Algorithm::SlidingWindowCounter]
     {
-        let clock = tollgate::ManualClock::new(t0);
+        let clock = tollgate::clock::ManualClock::new(t0);
         let store = store_for(&server).await.with_clock(clock.clone());
         let c = check("back", "k", algorithm, Quota::per_minute(60));
         assert!(store.check_one(&c).await.unwrap().decision.allowed);

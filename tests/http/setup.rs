@@ -8,8 +8,9 @@ use std::process::Command;
 use axum::body::Body;
 use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
+use tollgate::clock::ManualClock;
 use tollgate::headers::{RATELIMIT_POLICY, X_RATELIMIT_RULE};
-use tollgate::{key, response, FailMode, HeaderStyle, ManualClock, MemoryStore, Quota, RateLimitLayer, Rule};
+use tollgate::{key, response, FailMode, HeaderStyle, MemoryStore, Quota, RateLimitLayer, Rule};
 use tower::{Layer, ServiceExt};
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -53,7 +54,7 @@ async fn child_without_connect_info() {
 fn a_forgotten_connect_info_is_said_once_on_stderr() {
     // In a process of its own, with no tracing subscriber: what a new user would see.
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_without_connect_info", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "setup::child_without_connect_info", "--nocapture", "--test-threads=1"])
         .env("TOLLGATE_CHILD", "1")
         .output()
         .unwrap();
@@ -134,10 +135,10 @@ async fn ready_made_json_and_text_rejections() {
 #[derive(Clone, Default)]
 struct Down;
 
-impl tollgate::Store for Down {
+impl tollgate::store::Store for Down {
     fn check(
         &self,
-        _: &[tollgate::Check],
+        _: &[tollgate::store::Check],
     ) -> impl std::future::Future<Output = Result<Vec<Option<tollgate::store::Outcome>>, tollgate::StoreError>> + Send
     {
         std::future::ready(Err(tollgate::StoreError::Unavailable("down".into())))
@@ -150,7 +151,7 @@ impl tollgate::Store for Down {
     }
     fn peek(
         &self,
-        _: &tollgate::Check,
+        _: &tollgate::store::Check,
     ) -> impl std::future::Future<Output = Result<tollgate::Decision, tollgate::StoreError>> + Send {
         std::future::ready(Err(tollgate::StoreError::Unavailable("down".into())))
     }
@@ -167,11 +168,16 @@ impl tollgate::Store for Down {
 #[tokio::test]
 async fn the_fail_closed_503_can_be_customised() {
     let app = ok().layer(
-        RateLimitLayer::new(Quota::per_minute(1), key::Global, Down).fail_mode(FailMode::Closed).on_unavailable(|u| {
-            let mut res = Response::new(Body::from(format!("limiter down: {}", u.error)));
-            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            res
-        }),
+        RateLimitLayer::builder(Down)
+            .rule("default", Quota::per_minute(1), key::Global)
+            .fail_mode(FailMode::Closed)
+            .build()
+            .unwrap()
+            .on_unavailable(|u| {
+                let mut res = Response::new(Body::from(format!("limiter down: {}", u.error)));
+                *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                res
+            }),
     );
     let res = app.oneshot(get()).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);

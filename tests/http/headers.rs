@@ -1,0 +1,235 @@
+//! What a response says: `Retry-After`, the legacy and IETF headers agree on one moment,
+//! a cached refusal repeats the store's, and nested layers describe both.
+
+use crate::support;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use support::fake::{Remote, T0};
+use support::sf_params;
+use tokio::sync::Notify;
+use tollgate::clock::ManualClock;
+use tollgate::key;
+use tollgate::{Algorithm, HeaderStyle, MemoryStore, Quota, RateLimitLayer, Rule};
+use tower::{Layer, Service, ServiceExt};
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+/// 200, except `/fail` (401) and `/slow` (200 once `go` is notified).
+fn app(
+    go: Arc<Notify>,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone {
+    tower::service_fn(move |req: Request<Body>| {
+        let go = go.clone();
+        async move {
+            let mut res = Response::new(Body::empty());
+            match req.uri().path() {
+                "/fail" => *res.status_mut() = StatusCode::UNAUTHORIZED,
+                "/slow" => go.notified().await,
+                _ => {}
+            }
+            Ok(res)
+        }
+    })
+}
+
+// 13 and 15. Header values, read back with a structured-field parser.
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+}
+
+#[tokio::test]
+async fn on_a_429_retry_after_t_and_reset_name_one_moment() {
+    let clock = ManualClock::new(T0);
+    let svc = RateLimitLayer::builder(MemoryStore::with_clock(clock.clone()))
+        .rule("default", Quota::per_hour(10), key::Global)
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap()
+        .headers(HeaderStyle::Both)
+        .layer(app(Arc::default()));
+    for _ in 0..10 {
+        assert_eq!(svc.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::OK);
+    }
+    clock.advance(Duration::from_secs(2));
+    let no = svc.clone().oneshot(get("/")).await.unwrap();
+    assert_eq!(no.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = no.headers();
+    let retry: u64 = h[http::header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    assert_eq!(retry, 358, "one every 360 s; 2 s have passed");
+    let t = sf_params(&h["ratelimit"])[0].1.iter().find(|(k, _)| k == "t").unwrap().1;
+    assert_eq!(t, 358, "t and Retry-After disagree (t used to be the full reset, 3598)");
+    let reset: u64 = h["x-ratelimit-reset"].to_str().unwrap().parse().unwrap();
+    assert!(reset.abs_diff(unix_now() + 358) <= 1, "X-RateLimit-Reset {reset}");
+}
+
+#[tokio::test]
+async fn on_a_2xx_t_and_reset_name_when_more_quota_comes() {
+    let clock = ManualClock::new(T0);
+    let svc = RateLimitLayer::builder(MemoryStore::with_clock(clock.clone()))
+        .rule("default", Quota::per_minute(3), key::Global)
+        .algorithm(Algorithm::SlidingWindowLog)
+        .build()
+        .unwrap()
+        .headers(HeaderStyle::Both)
+        .layer(app(Arc::default()));
+    svc.clone().oneshot(get("/")).await.unwrap();
+    clock.advance(Duration::from_secs(15));
+    let ok = svc.clone().oneshot(get("/")).await.unwrap();
+    let h = ok.headers();
+    // The first unit leaves the window 45 s from now: one more fits then.
+    let params = &sf_params(&h["ratelimit"])[0].1;
+    assert_eq!(params, &[("r".to_owned(), 1), ("t".to_owned(), 45)]);
+    let reset: u64 = h["x-ratelimit-reset"].to_str().unwrap().parse().unwrap();
+    assert!(reset.abs_diff(unix_now() + 45) <= 1, "X-RateLimit-Reset {reset}");
+}
+
+#[tokio::test]
+async fn a_policy_of_a_sub_second_period_states_its_rate() {
+    let svc = RateLimitLayer::new(Quota::new(1, Duration::from_millis(250)), key::Global, MemoryStore::new())
+        .headers(HeaderStyle::Ietf)
+        .layer(app(Arc::default()));
+    let ok = svc.oneshot(get("/")).await.unwrap();
+    let policy = sf_params(&ok.headers()["ratelimit-policy"]);
+    assert_eq!(policy, [("default".to_owned(), vec![("q".to_owned(), 4), ("w".to_owned(), 1)])], "1/250ms was q=1;w=1");
+}
+
+// R5. A 429 answered by the blocked-key cache said `remaining: 0` where the store's 429
+// for the same request had said 2.
+
+#[tokio::test]
+async fn a_cached_429_says_what_the_stores_429_said() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let layer = RateLimitLayer::<_, Body>::builder(store.clone())
+        .rule("per-user", Quota::per_hour(5), key::Global)
+        .cost(|_| 3)
+        .build()
+        .unwrap()
+        .headers(HeaderStyle::Both);
+    let svc = layer.layer(app(Arc::new(Notify::new())));
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let res = svc.clone().oneshot(get("/")).await.unwrap();
+        let h = |n: &str| res.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+        seen.push((res.status(), h("x-ratelimit-remaining"), h("retry-after"), h("ratelimit"), h("x-ratelimit-reset")));
+    }
+    assert_eq!(seen[0].0, StatusCode::OK);
+    assert_eq!(seen[1].0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(store.checks(), 2, "the third request was answered by the cache");
+    assert_eq!(seen[1].1.as_deref(), Some("2"), "the store's 429: 2 units left, 3 asked");
+    assert_eq!(seen[2], seen[1], "the cache's 429 differs from the store's");
+}
+
+// Nested layers (issue 27): the README's `.route_layer(login)` inside `.layer(api)`. The
+// outer layer's headers used to overwrite the inner one's: a login 429 said `ip` 86/100
+// and a reset ten seconds away while `Retry-After` said an hour.
+
+/// An axum app: `/login` answers 401 (a failed login) behind a login limit of 5 that
+/// counts 401s and blocks for an hour; every route behind a per-IP limit of 100.
+fn nested(style: HeaderStyle) -> axum::Router {
+    let store = MemoryStore::new();
+    let login = RateLimitLayer::builder(store.clone())
+        .add_rule(
+            Rule::new("login", Quota::per_minute(5), key::Global)
+                .count_if(|status| status == StatusCode::UNAUTHORIZED)
+                .block_for(Duration::from_secs(3600)),
+        )
+        .build()
+        .unwrap()
+        .headers(style);
+    let api = RateLimitLayer::builder(store)
+        .rule("ip", Quota::per_minute(100), key::Global)
+        .algorithm(Algorithm::SlidingWindowLog)
+        .build()
+        .unwrap()
+        .headers(style);
+    axum::Router::new()
+        .route("/login", axum::routing::post(|| async { StatusCode::UNAUTHORIZED }))
+        .route_layer(login)
+        .route("/items", axum::routing::get(|| async { "items" }))
+        .layer(api)
+}
+
+fn post(path: &str) -> Request<Body> {
+    Request::post(path).body(Body::empty()).unwrap()
+}
+
+fn unix_header(h: &http::HeaderMap, name: &str) -> u64 {
+    h[name].to_str().unwrap().parse().unwrap()
+}
+
+/// The legacy headers describe the most restrictive rule of both layers; an inner 429's
+/// `Retry-After` and `X-RateLimit-Reset` are never contradicted.
+#[tokio::test]
+async fn nested_layers_describe_the_most_restrictive_rule_of_both() {
+    let app = nested(HeaderStyle::Legacy);
+    // A 401 from /login: login has 4 of 5 left, ip 99 of 100 — login is the tighter one.
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let h = res.headers();
+    assert_eq!(h["x-ratelimit-remaining"], "4");
+    assert_eq!(h["x-ratelimit-limit"], "5");
+    // The login layer has one rule, so it names none; the outer one never names its own
+    // over headers it did not write.
+    assert!(h.get("x-ratelimit-rule").is_none(), "{h:?}");
+    // /items has only the ip rule: its own headers, as before.
+    let res = app.clone().oneshot(get("/items")).await.unwrap();
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "98");
+    for _ in 0..4 {
+        app.clone().oneshot(post("/login")).await.unwrap();
+    }
+    // The sixth failed login: refused by the inner layer and blocked for an hour.
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = res.headers();
+    let retry = unix_header(h, "retry-after");
+    assert!((3590..=3600).contains(&retry), "Retry-After {retry}");
+    assert!(h.get("x-ratelimit-rule").is_none(), "the outer layer named its own rule over a 429: {h:?}");
+    assert_eq!(h["x-ratelimit-remaining"], "0");
+    let reset = unix_header(h, "x-ratelimit-reset");
+    assert!(reset.abs_diff(unix_now() + retry) <= 1, "X-RateLimit-Reset {reset} contradicts Retry-After {retry}");
+    // The outer rule is the tighter one: its headers, naming it.
+    let app = nested(HeaderStyle::Legacy);
+    for _ in 0..98 {
+        app.clone().oneshot(get("/items")).await.unwrap();
+    }
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    let h = res.headers();
+    assert_eq!(h["x-ratelimit-rule"], "ip");
+    assert_eq!(h["x-ratelimit-remaining"], "1");
+    assert_eq!(h["x-ratelimit-limit"], "100");
+}
+
+/// The IETF headers of nested layers: `RateLimit-Policy` lists every policy of both,
+/// `RateLimit` both rules, the most restrictive first (read with a structured-field
+/// parser).
+#[tokio::test]
+async fn nested_layers_list_every_policy_and_the_tightest_rule_first() {
+    let app = nested(HeaderStyle::Ietf);
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    let h = res.headers();
+    let names = |v| sf_params(v).into_iter().map(|(name, _)| name).collect::<Vec<_>>();
+    assert_eq!(names(&h["ratelimit-policy"]), ["login", "ip"]);
+    let limits = sf_params(&h["ratelimit"]);
+    assert_eq!(limits.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["login", "ip"]);
+    assert_eq!(limits[0].1[0], ("r".to_owned(), 4));
+    assert_eq!(limits[1].1[0], ("r".to_owned(), 99));
+    // A route with the outer layer only: one policy, as before.
+    let res = app.clone().oneshot(get("/items")).await.unwrap();
+    assert_eq!(names(&res.headers()["ratelimit-policy"]), ["ip"]);
+    // When the outer layer is the tighter one, it comes first.
+    for _ in 0..97 {
+        app.clone().oneshot(get("/items")).await.unwrap();
+    }
+    let res = app.clone().oneshot(post("/login")).await.unwrap();
+    let limits = sf_params(&res.headers()["ratelimit"]);
+    assert_eq!(limits.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["ip", "login"], "{limits:?}");
+    assert_eq!(limits[0].1[0], ("r".to_owned(), 0));
+}

@@ -1,0 +1,21 @@
+//! The HTTP layer in process: what a request gets (status, headers), what it holds and
+//! gives back, rules, charges, configuration, and the store failing under it. One binary;
+//! the Redis-backed behaviour is in `tests/redis`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cancellation;
+mod charges;
+mod config;
+mod delays;
+mod grpc;
+mod headers;
+mod layer;
+mod nested_layers;
+mod outage;
+mod production;
+mod proxies;
+mod refunds;
+mod rules;
+mod setup;

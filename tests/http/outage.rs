@@ -1,0 +1,83 @@
+//! A failing store: the circuit breaker's probe, and the in-process fallback.
+
+use crate::support;
+
+use std::time::Duration;
+
+use support::fake::{Mode, Remote, TokioClock, T0};
+use tollgate::clock::ManualClock;
+use tollgate::key::Key;
+use tollgate::verdict::DecidedBy;
+use tollgate::{FailMode, Limiter, MemoryStore, Quota};
+
+fn user(u: &str) -> Option<Key> {
+    Some(Key::from(u))
+}
+
+// 1. The circuit breaker stayed open for ever when its half-open probe was dropped.
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_probe_does_not_keep_the_circuit_open() {
+    let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
+    let limiter = Limiter::builder(store.clone())
+        .rule("r", Quota::per_minute(100), user)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1, Duration::from_secs(1))
+        .fail_mode(FailMode::Closed)
+        .build()
+        .unwrap();
+    store.set(Mode::Failing);
+    assert!(!limiter.check("a").await.is_allowed());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // The probe finds the store slow; its caller gives up before the deadline.
+    store.set(Mode::Hanging);
+    assert!(tokio::time::timeout(Duration::from_millis(10), limiter.check("a")).await.is_err());
+    let calls = store.checks();
+    store.set(Mode::Up);
+    let v = limiter.check("a").await;
+    assert!(v.is_allowed() && v.store_error().is_none(), "the circuit stayed open: {v:?}");
+    assert_eq!(store.checks(), calls + 1, "the store was not asked again");
+}
+
+// 4 and 5. The fallback limiter's decisions are its own: its rejections never enter the
+// blocked-key cache, and its units are given back to it.
+
+fn fallback_limiter(store: Remote, quota: Quota) -> Limiter<Remote, str> {
+    Limiter::builder(store)
+        .rule("r", quota, user)
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)), 2)
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn fallback_rejections_end_with_the_outage() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = fallback_limiter(store.clone(), Quota::per_hour(4));
+    store.set(Mode::Failing);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(limiter.check("k").await);
+    }
+    assert_eq!(got.iter().map(tollgate::Verdict::is_allowed).collect::<Vec<_>>(), [true, true, false]);
+    assert_eq!(got[2].decided_by(), Some(DecidedBy::Fallback));
+    assert!(got[2].retry_after().is_some_and(|r| r > Duration::from_secs(60)));
+    // Redis is back: the key has used nothing there, and the store must be asked.
+    store.set(Mode::Up);
+    let calls = store.checks();
+    let v = limiter.check("k").await;
+    assert_eq!(store.checks(), calls + 1, "the fallback's rejection was served from the cache");
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Store), "{v:?}");
+}
+
+// 11. The fallback rebuilt quotas with `Quota::burst`, which could panic at request time.
+
+#[tokio::test]
+async fn the_fallback_never_panics_on_a_quota_the_builder_accepted() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = fallback_limiter(store.clone(), Quota::per_day(3).try_burst(150_000).unwrap());
+    store.set(Mode::Failing);
+    let v = limiter.check("k").await;
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+}

@@ -1,0 +1,153 @@
+//! Rule names and shadow rules: what two layers over one store share, and what a shadow
+//! rule counts.
+
+use crate::support;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use support::fake::{settle, T0};
+use tokio::sync::Notify;
+use tollgate::clock::ManualClock;
+use tollgate::key::{self};
+use tollgate::{BuildError, MemoryStore, Quota, RateLimitLayer, Rule};
+use tower::{Layer, Service, ServiceExt};
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+/// 200, except `/fail` (401) and `/slow` (200 once `go` is notified).
+fn app(
+    go: Arc<Notify>,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone {
+    tower::service_fn(move |req: Request<Body>| {
+        let go = go.clone();
+        async move {
+            let mut res = Response::new(Body::empty());
+            match req.uri().path() {
+                "/fail" => *res.status_mut() = StatusCode::UNAUTHORIZED,
+                "/slow" => go.notified().await,
+                _ => {}
+            }
+            Ok(res)
+        }
+    })
+}
+
+// Two layers over one store with one rule name share their counts: `RateLimitLayer::new`
+// (which cannot fail) shares and says so once; a builder refuses the name.
+
+#[tokio::test]
+async fn two_new_layers_over_one_store_share_and_builders_refuse_the_name() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let search = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, store.clone());
+    // No panic: the second `new` shares "default" (and says so on stderr).
+    let upload = RateLimitLayer::<_, Body>::new(Quota::per_minute(100), key::Global, store.clone());
+    let (search_svc, upload_svc) = (search.layer(app(Arc::default())), upload.layer(app(Arc::default())));
+    for _ in 0..3 {
+        assert_eq!(upload_svc.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::OK);
+    }
+    let res = search_svc.clone().oneshot(get("/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "the two `new` layers count into one state");
+
+    let err = RateLimitLayer::<_, Body>::builder(store.clone()).rule("default", Quota::per_day(1), key::Global).build();
+    let err = err.unwrap_err();
+    assert!(matches!(&err, BuildError::RuleInUse { rule, .. } if rule == "default"), "{err}");
+    assert!(err.to_string().contains("RateLimitLayer::builder(store)"), "the hint names what was built: {err}");
+    // A limiter's hint names the limiter's builder, not the layer's.
+    let err =
+        tollgate::Limiter::<_, str>::builder(store.clone()).rule("default", Quota::per_day(1), key::Global).build();
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("Limiter::builder(store)") && !err.contains("RateLimitLayer::builder"), "{err}");
+    // Other stores and other names are fine.
+    let _other = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, MemoryStore::new());
+    let other = RateLimitLayer::<_, Body>::builder(store.clone()).rule("upload", Quota::per_minute(100), key::Global);
+    assert!(other.build().is_ok());
+    // Once the layers are gone, their names are free again.
+    drop((search, upload, search_svc, upload_svc));
+    let again = RateLimitLayer::<_, Body>::builder(store).rule("default", Quota::per_minute(3), key::Global).build();
+    assert!(again.is_ok(), "{again:?}");
+}
+
+#[tokio::test]
+async fn named_rules_on_two_routes_keep_their_own_counts() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let layer = |name: &str, q| {
+        RateLimitLayer::<_, Body>::builder(store.clone())
+            .rule(name, q, key::Global)
+            .build()
+            .unwrap()
+            .layer(app(Arc::default()))
+    };
+    let (upload, search) = (layer("upload", Quota::per_minute(100)), layer("search", Quota::per_minute(3)));
+    for _ in 0..5 {
+        assert_eq!(upload.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::OK);
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            search.clone().oneshot(get("/")).await.unwrap().status(),
+            StatusCode::OK,
+            "/upload used /search's limit"
+        );
+    }
+    assert_eq!(search.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+// 12. `count_if` on a shadow rule was ignored.
+
+#[tokio::test]
+async fn count_if_applies_to_shadow_rules_too() {
+    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .add_rule(
+            Rule::new("trial", Quota::per_minute(1), key::Global)
+                .shadow(true)
+                .count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap();
+    let svc = layer.clone().layer(app(Arc::default()));
+    for _ in 0..3 {
+        assert_eq!(svc.clone().oneshot(get("/ok")).await.unwrap().status(), StatusCode::OK);
+        settle().await;
+    }
+    let d = layer.peek("trial", "global").await.unwrap().unwrap();
+    assert!(d.allowed, "successes were counted by the shadow rule: {d:?}");
+    assert_eq!(svc.clone().oneshot(get("/fail")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    settle().await;
+    assert!(!layer.peek("trial", "global").await.unwrap().unwrap().allowed, "the failure counts");
+}
+
+// R3. Shadow rules kept what they took for requests another rule refused: a shadow rule
+// counting only 401s was charged for 429s, and a plain one counted requests that never
+// happened (an enforced rule in its place would have taken nothing).
+
+#[tokio::test]
+async fn a_refused_request_takes_nothing_from_shadow_rules() {
+    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .rule("strict", Quota::per_minute(1), key::Global)
+        .add_rule(
+            Rule::new("logins", Quota::per_minute(3), key::Global)
+                .shadow(true)
+                .count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .add_rule(Rule::new("candidate", Quota::per_minute(10), key::Global).shadow(true))
+        .build()
+        .unwrap();
+    let svc = layer.clone().layer(app(Arc::new(Notify::new())));
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(svc.clone().oneshot(get("/ok")).await.unwrap().status());
+        settle().await;
+    }
+    assert_eq!(statuses[0], StatusCode::OK);
+    assert!(statuses[1..].iter().all(|&s| s == StatusCode::TOO_MANY_REQUESTS), "{statuses:?}");
+    // No 401: the 401 counter holds nothing (a peek reports the room after one more).
+    let logins = layer.peek("logins", "global").await.unwrap().unwrap();
+    assert_eq!(logins.remaining, 2, "the shadow 401-counter was charged: {logins:?}");
+    // One request happened: the candidate limit counted it alone.
+    let candidate = layer.peek("candidate", "global").await.unwrap().unwrap();
+    assert_eq!(candidate.remaining, 8, "the shadow rule counted refused requests: {candidate:?}");
+}

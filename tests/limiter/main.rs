@@ -1,0 +1,9 @@
+//! The key-level [`tollgate::Limiter`]: deciding by key and by input, the reference model
+//! the layer is checked against, and the in-process store's key cap.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod by_key;
+mod max_keys;
+mod model;

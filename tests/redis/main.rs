@@ -1,0 +1,16 @@
+//! Every server sharing one Redis: standalone, Sentinel failover, a 3-node Cluster, batching,
+//! ACLs, faults (kills and stalls), and the features that only show across servers. The
+//! tests start their own `redis-server` processes on free loopback ports.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod auth;
+mod batch;
+mod cluster;
+mod failover;
+mod faults;
+mod features;
+mod local_cache;
+mod shared_limit;
+mod store;
