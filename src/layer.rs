@@ -89,7 +89,7 @@ impl<St: Store, B: 'static> RateLimitLayer<St, B> {
     /// `"default"`, so they share one count: `/upload`'s requests use up `/search`'s
     /// limit. This is said once on stderr (and as a `tracing` warning). Name the rules to
     /// count apart — `RateLimitLayer::builder(store).rule("search", quota, key).build()`,
-    /// which refuses a name in use with [`BuildError::RuleInUse`] — as rule names are what
+    /// which refuses a name in use with [`BuildError::RuleInUse`](crate::BuildError::RuleInUse) — as rule names are what
     /// servers sharing a Redis agree on. Clones of one layer share one limiter and are
     /// fine.
     pub fn new(quota: Quota, key: impl KeyExtractor<Request<B>>, store: St) -> Self {
@@ -173,7 +173,7 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     }
 
     /// Builds the `503` of a request refused because the store could not decide under
-    /// [`FailMode::Closed`] (default: an empty `503`); `Retry-After` is added to what it
+    /// [`FailMode::Closed`](crate::FailMode::Closed) (default: an empty `503`); `Retry-After` is added to what it
     /// returns.
     pub fn on_unavailable<F, ResBody>(self, f: F) -> RateLimitLayer<St, B, R, F>
     where

@@ -61,7 +61,7 @@
 //! [`MemoryStore`] keeps the state in this process; `RedisStore` (feature `redis`) shares
 //! it between servers. An in-process store implements [`store::LocalStore`]
 //! (synchronous: an input is decided in the caller's thread, with no future, timer or
-//! runtime); a remote one implements [`Store`] (async, called under a deadline).
+//! runtime); a remote one implements [`store::Store`] (async, called under a deadline).
 //!
 //! # When the store fails
 //!
@@ -69,7 +69,7 @@
 //! deadline (50 ms by default), the number of calls in flight is capped, a circuit
 //! breaker stops calling a store that keeps failing, and a store error lets the request
 //! through ([`FailMode::Open`], the default) or answers 503 ([`FailMode::Closed`]).
-//! [`RateLimitLayer::fallback`] limits approximately in-process during an outage.
+//! [`LimiterBuilder::fallback`] limits approximately in-process during an outage.
 //!
 //! # Differences from `tower::limit::RateLimit`
 //!

@@ -107,8 +107,7 @@ pub struct Params {
     pub cost: u64,
     /// Leaky bucket: the longest delay, in µs.
     pub max_delay_us: u64,
-    /// How long a rejection blocks the key, in µs (0: no block; `Rule::block_for`). See
-    /// [`blocking`].
+    /// How long a rejection blocks the key, in µs (0: no block; `Rule::block_for`).
     pub block_us: u64,
     /// Whether the key can be blocked by hand (`Limiter::block`, `Rule::blockable`): a
     /// remote store then reads the key's block on every check even when `block_us` is 0.
@@ -183,17 +182,17 @@ pub(crate) fn next_unit(free: u64, t: u64) -> u64 {
 /// The state of one (rule, key) for any algorithm: what `MemoryStore` keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
-    /// [`fixed_window`]
+    /// The fixed window counter.
     FixedWindow(fixed_window::FixedWindow),
-    /// [`sliding_window_log`]
+    /// The sliding window log.
     SlidingWindowLog(sliding_window_log::SlidingWindowLog),
-    /// [`sliding_window_counter`]
+    /// The sliding window counter.
     SlidingWindowCounter(sliding_window_counter::SlidingWindowCounter),
-    /// [`token_bucket`]
+    /// The token bucket.
     TokenBucket(token_bucket::TokenBucket),
-    /// [`leaky_bucket`]
+    /// The leaky bucket.
     LeakyBucket(leaky_bucket::LeakyBucket),
-    /// [`gcra`]
+    /// GCRA.
     Gcra(gcra::Gcra),
 }
 
@@ -254,11 +253,11 @@ impl State {
     /// `Rule::charged`): the key may go into debt. Windows count past the limit (the
     /// fixed window until it ends; the sliding ones until the charge leaves the window);
     /// GCRA and the leaky bucket push their time forward; the token bucket goes below
-    /// empty (see [`token_bucket::TokenBucket::force`]). Later requests are rejected until
+    /// empty (its tokens go negative). Later requests are rejected until
     /// the debt is paid, with a `retry_after` that says when.
     ///
-    /// A charge takes at most [`MAX_COST`] units, and at most what keeps the debt within
-    /// [`MAX_DEBT`] (whole units: for the bucket algorithms and GCRA, whole emission
+    /// A charge takes at most 2^40 units, and at most what keeps the debt within 2^46
+    /// units (whole units: for the bucket algorithms and GCRA, whole emission
     /// intervals).
     pub fn force(&mut self, p: &Params, now: u64) {
         let t = p.quota.emission_interval_micros();

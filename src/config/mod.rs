@@ -67,7 +67,7 @@
 //!
 //! Rules that need code — a key read from request extensions, a quota chosen per request,
 //! `bypass_if`, `count_if` — are added to what the file gives:
-//! [`LayerConfig::builder`] returns a [`RateLimitLayerBuilder`] to add them to, and
+//! [`LayerConfig::builder`] returns a layer's [`LimiterBuilder`] to add them to, and
 //! [`LayerConfig::apply`] then sets the layer-wide settings; [`LayerConfig::to_rules`]
 //! hands out the configured rules to adjust first.
 
