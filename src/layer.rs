@@ -114,8 +114,8 @@ impl<St, B: 'static> RateLimitLayer<St, B> {
     /// [`RateLimitLayer::on_unavailable`]), set on the layer.
     pub fn from_limiter(limiter: Limiter<St, Request<B>>) -> Self {
         Self {
+            style: limiter.headers.unwrap_or_default(),
             limiter: Arc::new(limiter),
-            style: HeaderStyle::default(),
             on_rejected: Arc::new(DefaultRejection),
             on_unavailable: Arc::new(DefaultUnavailable),
         }
@@ -294,8 +294,9 @@ impl<S, St, B: 'static, R, U> Layer<S> for RateLimitLayer<St, B, R, U> {
 
 /// The HTTP setting of a layer's builder.
 impl<St, B: 'static> LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>> {
-    /// Which rate-limit headers responses carry (default: legacy `X-RateLimit-*`); as
-    /// [`RateLimitLayer::headers`].
+    /// Which rate-limit headers responses carry (default: legacy `X-RateLimit-*`): the
+    /// layer's style, which a later [`RateLimitLayer::headers`] replaces and a reloaded
+    /// configuration that names `headers` overrides.
     #[must_use]
     pub fn headers(self, style: HeaderStyle) -> Self {
         self.with_headers(style)

@@ -2,10 +2,8 @@
 //! `docs/accuracy.md` (or of any file that has the same markers).
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 
-use tollgate::key::Key;
-use tollgate::store::{Params, State};
+use tollgate::store::Params;
 use tollgate::{Algorithm, Quota};
 
 use super::sim::{Figures, Run, Trace, TraceKind};
@@ -292,22 +290,10 @@ pub(crate) fn heavy_tail_summary(replayed: &[Replayed]) -> Option<String> {
 /// The row of the memory table filled by hand from the Redis measurement.
 pub(crate) const REDIS_ROW: &str = "| Redis (`MEMORY USAGE` of the key) |";
 
-/// What one (rule, key) costs in memory, per algorithm. The `MemoryStore` row adds what its
-/// table entry holds besides the state (rule name, key, algorithm, expiry), mirrored from
-/// `src/store/memory.rs`. The Redis row is measured elsewhere: `redis_row` keeps the one
+/// What one (rule, key) costs in memory, per algorithm, beyond its fixed-size state. The
+/// Redis row is measured elsewhere: `redis_row` keeps the one
 /// already in the document, else a placeholder is written.
 pub(crate) fn memory_table(quota: Quota, redis_row: Option<&str>) -> String {
-    /// The fields of a `MemoryStore` table entry, as laid out in `src/store/memory.rs`.
-    #[allow(dead_code)]
-    struct EntryLayout {
-        rule: Arc<str>,
-        algorithm: Algorithm,
-        key: Key,
-        state: State,
-        expires_at: u64,
-    }
-    // One `State` enum for every algorithm: its size is the largest variant's.
-    let state = size_of::<State>();
     // Run-length encoded `(µs, units)` pairs; a VecDeque may hold up to twice what it uses.
     let log_entry = size_of::<(u64, u64)>();
     let l = quota.limit() as usize;
@@ -315,9 +301,7 @@ pub(crate) fn memory_table(quota: Quota, redis_row: Option<&str>) -> String {
     out += &Algorithm::ALL.map(|a| format!("`{}`", a.name())).join(" | ");
     out += " |\n|---|";
     out += &"---:|".repeat(Algorithm::ALL.len());
-    out += "\n| algorithm state (`size_of::<store::State>()`, one enum for all) | ";
-    out += &Algorithm::ALL.map(|_| format!("{state} B")).join(" | ");
-    out += " |\n| heap per key | ";
+    out += "\n| heap per key | ";
     out += &Algorithm::ALL
         .map(|a| match a {
             Algorithm::SlidingWindowLog => format!(
@@ -327,9 +311,6 @@ pub(crate) fn memory_table(quota: Quota, redis_row: Option<&str>) -> String {
             _ => "0".to_owned(),
         })
         .join(" | ");
-    out += " |\n| `MemoryStore` table entry (state, key inline up to 46 bytes, rule, expiry) | ";
-    let entry = format!("{} B", size_of::<EntryLayout>());
-    out += &vec![entry.as_str(); Algorithm::ALL.len()].join(" | ");
     out += " |\n";
     match redis_row {
         Some(row) => out += row,

@@ -8,7 +8,7 @@ use crate::decision::Decision;
 
 /// The window index and the units accepted in it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FixedWindow {
+pub(crate) struct FixedWindow {
     /// `floor(t / W)` of the window the count belongs to.
     pub window: u64,
     /// Units accepted in that window.
@@ -38,7 +38,7 @@ impl FixedWindow {
 
     /// Decides without changing anything.
     #[must_use]
-    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+    pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, period, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
         let w = self.window_of(period, now);
         let count = self.count_at(w);
@@ -59,7 +59,7 @@ impl FixedWindow {
 
     /// Applies an accepted request; returns where its units went (`now`, whose window
     /// holds them; the stored window's start when the clock stepped back before it).
-    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
+    pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let period = p.quota.period_micros();
         let w = self.window_of(period, now);
         self.count = self.count_at(w) + p.cost;
@@ -70,7 +70,7 @@ impl FixedWindow {
     /// Gives back the units of a commit made at `at`, if its window is still the stored
     /// one (after the boundary they have left already; units of the new window are never
     /// touched).
-    pub fn refund(&mut self, p: &Params, at: u64, _now: u64) {
+    pub(crate) fn refund(&mut self, p: &Params, at: u64, _now: u64) {
         if self.window == at / p.quota.period_micros() {
             self.count = self.count.saturating_sub(p.cost);
         }
@@ -78,7 +78,7 @@ impl FixedWindow {
 
     /// The end of the stored window.
     #[must_use]
-    pub fn expires_at(&self, p: &Params) -> u64 {
+    pub(crate) fn expires_at(&self, p: &Params) -> u64 {
         (self.window + 1) * p.quota.period_micros()
     }
 }

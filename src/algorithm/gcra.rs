@@ -19,7 +19,7 @@ use crate::decision::Decision;
 /// The theoretical arrival time and the latest commit, µs since the epoch (0: never
 /// seen).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Gcra {
+pub(crate) struct Gcra {
     /// Theoretical arrival time.
     pub tat: u64,
     /// When the latest commit was made (bounds refunds; see the module docs).
@@ -29,7 +29,7 @@ pub struct Gcra {
 impl Gcra {
     /// Decides without changing anything.
     #[must_use]
-    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+    pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, b, t, c) = (p.quota.limit(), p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
         let tat = self.tat.max(now);
         let capacity = b * t;
@@ -44,7 +44,7 @@ impl Gcra {
 
     /// Applies an accepted request; returns `now`, the commit's identity for
     /// [`Gcra::refund`].
-    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
+    pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         self.tat = self.tat.max(now) + p.cost * p.quota.emission_interval_micros();
         self.last = self.last.max(now);
         now
@@ -53,7 +53,7 @@ impl Gcra {
     /// Gives back what the commit made at `at` still holds back: its `c·T`, less the time
     /// from it to the latest commit (see the module docs), never moving the TAT before
     /// `now` (what has drained since is not given twice).
-    pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
+    pub(crate) fn refund(&mut self, p: &Params, at: u64, now: u64) {
         let cells = p.cost * p.quota.emission_interval_micros();
         let held = cells.min((at + cells).saturating_sub(self.last));
         self.tat = self.tat.saturating_sub(held).max(now);
@@ -61,7 +61,7 @@ impl Gcra {
 
     /// The theoretical arrival time: from then on the full burst is available again.
     #[must_use]
-    pub fn expires_at(&self, _p: &Params) -> u64 {
+    pub(crate) fn expires_at(&self, _p: &Params) -> u64 {
         self.tat
     }
 }

@@ -14,7 +14,7 @@ use crate::decision::Decision;
 
 /// The next free slot, µs since the epoch (0: never seen).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LeakyBucket {
+pub(crate) struct LeakyBucket {
     /// Next free slot.
     pub next: u64,
 }
@@ -22,7 +22,7 @@ pub struct LeakyBucket {
 impl LeakyBucket {
     /// Decides without changing anything.
     #[must_use]
-    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+    pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, b, t, c) = (p.quota.limit(), p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
         let slot = self.next.max(now);
         let delay = slot - now;
@@ -48,7 +48,7 @@ impl LeakyBucket {
     }
 
     /// Applies an accepted request; returns its first slot, `max(next, now)`.
-    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
+    pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let slot = self.next.max(now);
         self.next = slot + p.cost * p.quota.emission_interval_micros();
         slot
@@ -57,7 +57,7 @@ impl LeakyBucket {
     /// Gives back the slots of a commit whose first slot was `at` — only while they are
     /// the last ones taken (a later request holds the slots after them, and must keep
     /// its own), and only those not yet reached.
-    pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
+    pub(crate) fn refund(&mut self, p: &Params, at: u64, now: u64) {
         if self.next == at + p.cost * p.quota.emission_interval_micros() {
             self.next = at.max(now);
         }
@@ -65,7 +65,7 @@ impl LeakyBucket {
 
     /// When the queue is empty.
     #[must_use]
-    pub fn expires_at(&self, _p: &Params) -> u64 {
+    pub(crate) fn expires_at(&self, _p: &Params) -> u64 {
         self.next
     }
 }

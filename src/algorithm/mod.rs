@@ -181,7 +181,7 @@ pub(crate) fn next_unit(free: u64, t: u64) -> u64 {
 
 /// The state of one (rule, key) for any algorithm: what `MemoryStore` keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     /// The fixed window counter.
     FixedWindow(fixed_window::FixedWindow),
     /// The sliding window log.
@@ -199,7 +199,7 @@ pub enum State {
 impl State {
     /// The "never seen" state of an algorithm.
     #[must_use]
-    pub fn new(algorithm: Algorithm) -> Self {
+    pub(crate) fn new(algorithm: Algorithm) -> Self {
         match algorithm {
             Algorithm::FixedWindow => State::FixedWindow(Default::default()),
             Algorithm::SlidingWindowLog => State::SlidingWindowLog(Default::default()),
@@ -210,22 +210,9 @@ impl State {
         }
     }
 
-    /// Which algorithm this state belongs to.
-    #[must_use]
-    pub fn algorithm(&self) -> Algorithm {
-        match self {
-            State::FixedWindow(_) => Algorithm::FixedWindow,
-            State::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
-            State::SlidingWindowCounter(_) => Algorithm::SlidingWindowCounter,
-            State::TokenBucket(_) => Algorithm::TokenBucket,
-            State::LeakyBucket(_) => Algorithm::LeakyBucket,
-            State::Gcra(_) => Algorithm::Gcra,
-        }
-    }
-
     /// Decides without changing anything.
     #[must_use]
-    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+    pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         match self {
             State::FixedWindow(s) => s.decide(p, now),
             State::SlidingWindowLog(s) => s.decide(p, now),
@@ -238,7 +225,7 @@ impl State {
 
     /// Applies an accepted request (call only after `decide` allowed it). Returns where
     /// its units went: the identity [`State::refund`] needs to give back exactly them.
-    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
+    pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         match self {
             State::FixedWindow(s) => s.commit(p, now),
             State::SlidingWindowLog(s) => s.commit(p, now),
@@ -259,7 +246,7 @@ impl State {
     /// A charge takes at most 2^40 units, and at most what keeps the debt within 2^46
     /// units (whole units: for the bucket algorithms and GCRA, whole emission
     /// intervals).
-    pub fn force(&mut self, p: &Params, now: u64) {
+    pub(crate) fn force(&mut self, p: &Params, now: u64) {
         let t = p.quota.emission_interval_micros();
         let room = match self {
             State::FixedWindow(s) => MAX_DEBT.saturating_sub(s.in_use(p, now)),
@@ -286,7 +273,7 @@ impl State {
     /// refunds, cancelled requests, multi-slot checks where another rule rejected): exactly
     /// those units, and nothing once they have left the window or refilled. Never gives
     /// back more than was taken, nor units of later commits.
-    pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
+    pub(crate) fn refund(&mut self, p: &Params, at: u64, now: u64) {
         match self {
             State::FixedWindow(s) => s.refund(p, at, now),
             State::SlidingWindowLog(s) => s.refund(p, at, now),
@@ -300,7 +287,7 @@ impl State {
     /// The time (µs since the epoch) from which this state is the same as "never seen":
     /// the store may forget it then (memory eviction, Redis TTL).
     #[must_use]
-    pub fn expires_at(&self, p: &Params) -> u64 {
+    pub(crate) fn expires_at(&self, p: &Params) -> u64 {
         match self {
             State::FixedWindow(s) => s.expires_at(p),
             State::SlidingWindowLog(s) => s.expires_at(p),

@@ -11,7 +11,7 @@ use crate::decision::Decision;
 
 /// The current window's index and the counts of it and of the window before.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SlidingWindowCounter {
+pub(crate) struct SlidingWindowCounter {
     /// `floor(t / W)` of the window `curr` counts.
     pub window: u64,
     /// Units accepted in window `window - 1`.
@@ -57,7 +57,7 @@ impl SlidingWindowCounter {
     /// Decides without changing anything.
     #[must_use]
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
-    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+    pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, period, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
         let (w, e) = self.window_of(period, now);
         let (prev, curr) = self.counts_at(w);
@@ -91,7 +91,7 @@ impl SlidingWindowCounter {
 
     /// Applies an accepted request; returns `now` (whose window holds its units; the
     /// stored window's start when the clock stepped back before it).
-    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
+    pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let period = p.quota.period_micros();
         let (w, _) = self.window_of(period, now);
         let (prev, curr) = self.counts_at(w);
@@ -102,7 +102,7 @@ impl SlidingWindowCounter {
     /// Gives back the units of a commit made at `at`: from `curr` while its window is the
     /// current one, from `prev` once the state rolled over to the next, and nothing after
     /// that (they have left the estimate).
-    pub fn refund(&mut self, p: &Params, at: u64, _now: u64) {
+    pub(crate) fn refund(&mut self, p: &Params, at: u64, _now: u64) {
         let w = at / p.quota.period_micros();
         if self.window == w {
             self.curr = self.curr.saturating_sub(p.cost);
@@ -113,7 +113,7 @@ impl SlidingWindowCounter {
 
     /// When both counts have left the window.
     #[must_use]
-    pub fn expires_at(&self, p: &Params) -> u64 {
+    pub(crate) fn expires_at(&self, p: &Params) -> u64 {
         (self.window + 2) * p.quota.period_micros()
     }
 }

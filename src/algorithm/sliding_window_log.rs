@@ -23,7 +23,7 @@ const WALK: usize = 8;
 
 /// Accepted units as `(timestamp, units)`, oldest first, with their running total.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SlidingWindowLog {
+pub(crate) struct SlidingWindowLog {
     /// `(µs since the epoch, units accepted then)`, in non-decreasing time order.
     entries: VecDeque<(u64, u64)>,
     /// The units of every entry, expired or not: `commit` and `refund` keep it in step.
@@ -32,7 +32,7 @@ pub struct SlidingWindowLog {
 
 /// What a decision needs to know of a log: what the Redis script reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Units in the window `(now - W, now]`.
     pub in_window: u64,
     /// When the request does not fit: the timestamp of the `k`-th oldest unit in the
@@ -47,7 +47,7 @@ pub struct Summary {
 impl Summary {
     /// The decision for a log summarised at `now`.
     #[must_use]
-    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+    pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, w, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
         let n = self.in_window;
         if n.saturating_add(c) <= l {
@@ -63,7 +63,7 @@ impl Summary {
     /// How many units must leave the window before `cost` more fit (0: they fit now, or
     /// can never fit).
     #[must_use]
-    pub fn units_to_leave(in_window: u64, p: &Params) -> u64 {
+    pub(crate) fn units_to_leave(in_window: u64, p: &Params) -> u64 {
         let (l, c) = (p.quota.limit(), p.cost);
         if c > l || in_window.saturating_add(c) <= l {
             0
@@ -101,7 +101,7 @@ impl SlidingWindowLog {
 
     /// The summary a decision needs.
     #[must_use]
-    pub fn summary(&self, p: &Params, now: u64) -> Summary {
+    pub(crate) fn summary(&self, p: &Params, now: u64) -> Summary {
         let (first, expired) = self.expired(p, now);
         let in_window = self.total - expired;
         let k = Summary::units_to_leave(in_window, p);
@@ -124,7 +124,7 @@ impl SlidingWindowLog {
 
     /// Decides without changing anything.
     #[must_use]
-    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+    pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         self.summary(p, now).decide(p, now)
     }
 
@@ -136,7 +136,7 @@ impl SlidingWindowLog {
     /// Applies an accepted request: drops expired entries, records the units at `now`.
     /// Returns the timestamp they were recorded under (`now`, or the newest entry's when
     /// the clock stepped back).
-    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
+    pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let (first, expired) = self.expired(p, now);
         self.entries.drain(..first);
         self.total -= expired;
@@ -157,7 +157,7 @@ impl SlidingWindowLog {
 
     /// Gives back the units of the commit recorded at `at`: from its own entry, while that
     /// is still in the window — never units of other requests.
-    pub fn refund(&mut self, p: &Params, at: u64, now: u64) {
+    pub(crate) fn refund(&mut self, p: &Params, at: u64, now: u64) {
         if at + p.quota.period_micros() <= now {
             return; // they have left the window
         }
@@ -176,7 +176,7 @@ impl SlidingWindowLog {
 
     /// When the newest entry leaves the window.
     #[must_use]
-    pub fn expires_at(&self, p: &Params) -> u64 {
+    pub(crate) fn expires_at(&self, p: &Params) -> u64 {
         self.entries.back().map_or(0, |&(ts, _)| ts + p.quota.period_micros())
     }
 }

@@ -12,7 +12,7 @@ use crate::decision::Decision;
 ///
 /// The default (`level 0` at `last 0`) refills to a full bucket at any real time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     /// Tokens × T at `last`.
     pub level: u64,
     /// When the latest commit was made (µs since the epoch): the level is as of then.
@@ -27,7 +27,7 @@ impl TokenBucket {
 
     /// Decides without changing anything.
     #[must_use]
-    pub fn decide(&self, p: &Params, now: u64) -> Decision {
+    pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, b, t, c) = (p.quota.limit(), p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
         let capacity = b * t;
         let level = self.level_at(capacity, now);
@@ -61,7 +61,7 @@ impl TokenBucket {
     /// Takes `c` tokens whatever the level (a charge reported after the response): past
     /// empty, the bucket goes into debt by moving `last` forward by the missing refill
     /// time, so that it refills from then on — time pushed forward, as GCRA's TAT is.
-    pub fn force(&mut self, p: &Params, now: u64) {
+    pub(crate) fn force(&mut self, p: &Params, now: u64) {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
         let need = p.cost * t;
@@ -76,7 +76,7 @@ impl TokenBucket {
 
     /// Applies an accepted request; returns `now`, the commit's identity for
     /// [`TokenBucket::refund`].
-    pub fn commit(&mut self, p: &Params, now: u64) -> u64 {
+    pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
         // Saturating: a check list naming the same state twice must not underflow.
@@ -90,7 +90,7 @@ impl TokenBucket {
     /// [`Gcra::refund`](super::gcra::Gcra::refund), whose module docs say why), never
     /// above the capacity. The level stays as of the latest commit: adding to it there is
     /// adding to it now, as the refill since is the same.
-    pub fn refund(&mut self, p: &Params, at: u64, _now: u64) {
+    pub(crate) fn refund(&mut self, p: &Params, at: u64, _now: u64) {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
         let tokens = p.cost * t;
@@ -100,7 +100,7 @@ impl TokenBucket {
 
     /// When the bucket is full again.
     #[must_use]
-    pub fn expires_at(&self, p: &Params) -> u64 {
+    pub(crate) fn expires_at(&self, p: &Params) -> u64 {
         let capacity = p.quota.burst_size() * p.quota.emission_interval_micros();
         self.last + (capacity - self.level.min(capacity))
     }

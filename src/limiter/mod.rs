@@ -27,6 +27,7 @@ pub(crate) use self::plan::Plan;
 pub use self::rules::LimiterHandle;
 pub(crate) use self::rules::{Draft, RuleSet, Rules};
 use crate::error::StoreError;
+use crate::headers::HeaderStyle;
 use crate::key::Key;
 use crate::rule::Rule;
 use crate::runtime::Runtime;
@@ -74,6 +75,9 @@ pub struct Limiter<St, I: ?Sized> {
     /// The rules, with the algorithm, fail mode and deadline: swappable at run time.
     rules: Arc<Rules<I>>,
     pub(crate) runtime: Runtime,
+    /// The header style set on a layer's builder: the layer's own, which a later
+    /// `RateLimitLayer::headers` replaces and a reloaded configuration's overrides.
+    pub(crate) headers: Option<HeaderStyle>,
 }
 
 impl<St: fmt::Debug, I: ?Sized> fmt::Debug for Limiter<St, I> {

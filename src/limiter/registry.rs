@@ -63,6 +63,15 @@ pub(crate) fn claim<'a>(
     Ok(claim)
 }
 
+/// The live owner of `name` on the store of identity `store`, if any: the limiter that
+/// `RateLimitLayer::new` joins when its `"default"` is taken, so that both claim the name
+/// as one owner (neither's drop frees it while the other lives, and each may swap it).
+pub(crate) fn owner_of(store: usize, name: &Arc<str>) -> Option<Owner> {
+    let reg = registry();
+    let (by, claims) = reg.get(&(store, name.clone()))?;
+    claims.iter().any(|w| w.strong_count() > 0).then_some(*by)
+}
+
 impl Drop for Claim {
     fn drop(&mut self) {
         let mut reg = registry();

@@ -16,7 +16,6 @@ use super::registry::{self, Claim, Owner};
 use crate::algorithm::Algorithm;
 use crate::error::BuildError;
 use crate::headers::HeaderStyle;
-use crate::notice::Once;
 use crate::quota::Quota;
 use crate::rule::{check_rule_name, Shared};
 use crate::rule::{FailMode, Rule};
@@ -61,15 +60,6 @@ impl<I: ?Sized> RuleSet<I> {
     }
 }
 
-/// What a build does when another live limiter over the store holds one of its rule names.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum OnClash {
-    /// Refuses with [`BuildError::RuleInUse`], whose hint names the builder the user called.
-    Refuse(&'static str),
-    /// Shares the count, and says so once (`RateLimitLayer::new`, which cannot fail).
-    Share,
-}
-
 /// What a set is made of, before it is checked.
 pub(crate) struct Draft<I: ?Sized> {
     pub(crate) rules: Vec<Rule<I>>,
@@ -97,7 +87,7 @@ impl<I: ?Sized> Draft<I> {
         store: Option<usize>,
         owner: Owner,
         cost: Option<&Shared<I, u64>>,
-        on_clash: OnClash,
+        hint: &'static str,
     ) -> Result<RuleSet<I>, BuildError> {
         if self.rules.is_empty() {
             return Err(BuildError::InvalidConfig {
@@ -112,22 +102,11 @@ impl<I: ?Sized> Draft<I> {
                 return Err(BuildError::DuplicateRule(r.name.to_string()));
             }
         }
-        let claim = match store.map(|id| registry::claim(id, owner, self.rules.iter().map(|r| &r.name))) {
-            Some(Ok(claim)) => Some(claim),
-            Some(Err(name)) => match on_clash {
-                OnClash::Refuse(hint) => return Err(BuildError::RuleInUse { rule: name.to_string(), hint }),
-                OnClash::Share => {
-                    static SHARED: Once = Once::new();
-                    SHARED.tell(false, || {
-                        format!(
-                            "tollgate: two RateLimitLayer::new over one store both name their rule {name:?}: they \
-                             share one count. Name the rules to count apart: \
-                             RateLimitLayer::builder(store).rule(\"search\", quota, key).build()"
-                        )
-                    });
-                    None
-                }
-            },
+        let claim = match store {
+            Some(id) => Some(
+                registry::claim(id, owner, self.rules.iter().map(|r| &r.name))
+                    .map_err(|n| BuildError::RuleInUse { rule: n.to_string(), hint })?,
+            ),
             None => None,
         };
         Ok(self.into_set(cost, claim))
@@ -183,7 +162,7 @@ impl<I: ?Sized> Rules<I> {
         let set = self.load();
         let mut draft = Draft::of(&set);
         f(&mut draft)?;
-        let hint = OnClash::Refuse("in the rules given to LimiterHandle");
+        let hint = "in the rules given to LimiterHandle";
         let next = draft.check(self.store, self.owner, self.cost.as_ref(), hint)?;
         tracing::info!(rules = ?next.rules.iter().map(|r| (r.name(), r.quota())).collect::<Vec<_>>(), "tollgate: rules swapped");
         self.current.store(Arc::new(next));

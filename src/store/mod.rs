@@ -10,7 +10,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 
-pub use crate::algorithm::{Params, State};
+pub use crate::algorithm::Params;
 
 #[cfg(feature = "memory")]
 pub mod memory;
@@ -22,14 +22,13 @@ pub mod redis;
 pub(crate) type Outcomes = smallvec::SmallVec<[Option<Outcome>; 1]>;
 
 /// Where a store recorded the units of an allowed, committed check: what a refund needs to
-/// give back exactly those units, and nothing else (see [`State::refund`]).
+/// give back exactly those units, and nothing else.
 ///
 /// `at` is in µs since the epoch: the time of the decision for the window algorithms (the
 /// stored window's start when the clock stepped back before it), the token bucket and
 /// GCRA; the timestamp the units were logged under for the sliding window log (the newest
 /// entry's, when the clock stepped back); the first slot for the leaky bucket.
 ///
-/// [`State::refund`]: crate::store::State::refund
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Taken {
     /// Where the units were recorded, µs since the epoch.
@@ -112,13 +111,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Gives back the units of earlier commits (count-by-outcome rules, cancelled
     /// requests): exactly what each commit took, and nothing once those units have left
-    /// the window (see [`State::refund`](crate::store::State::refund)).
+    /// the window.
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Takes each check's cost whatever it would decide: units reported after the work
     /// was done (a response's [`Charge`](crate::Charge), for `Rule::charged` rules). The
     /// key may go into debt, and is then rejected until the debt is paid (see
-    /// [`State::force`](crate::store::State::force)). Checks of cost 0 take nothing.
+    /// its algorithm's debt). Checks of cost 0 take nothing.
     ///
     /// The default refuses with [`StoreError::Invalid`]: a store that cannot take charges
     /// says so, and the failed charge is logged and counted.

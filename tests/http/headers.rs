@@ -233,3 +233,35 @@ async fn nested_layers_list_every_policy_and_the_tightest_rule_first() {
     assert_eq!(limits.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["ip", "login"], "{limits:?}");
     assert_eq!(limits[0].1[0], ("r".to_owned(), 0));
 }
+
+/// The header style is the layer's: set on its builder or its configuration, a later
+/// `RateLimitLayer::headers` replaces it, and a reloaded configuration that names none
+/// keeps it (found by review: the builder's style used to win over a later one).
+#[tokio::test]
+async fn the_last_header_style_set_on_a_layer_wins() {
+    use tollgate::headers::{RATELIMIT_POLICY, X_RATELIMIT_LIMIT};
+    let answer = |layer: RateLimitLayer<MemoryStore, Body>| async move {
+        let res = layer.layer(app(Arc::default())).oneshot(get("/")).await.unwrap();
+        (res.headers().contains_key(X_RATELIMIT_LIMIT), res.headers().contains_key(RATELIMIT_POLICY))
+    };
+    let built = |style| {
+        RateLimitLayer::builder(MemoryStore::new()).rule("api", Quota::per_minute(10), key::Global).headers(style)
+    };
+    assert_eq!(answer(built(HeaderStyle::Ietf).build().unwrap()).await, (false, true));
+    let replaced = built(HeaderStyle::Ietf).build().unwrap().headers(HeaderStyle::None);
+    assert_eq!(answer(replaced).await, (false, false), "the layer's later style wins");
+
+    let toml = "headers = \"ietf\"\n[[rule]]\nname = \"api\"\nkey = \"global\"\nquota = \"10/min\"";
+    let config = tollgate::LayerConfig::from_toml(toml).unwrap();
+    let from_file = config.build::<_, Body>(MemoryStore::new()).unwrap();
+    assert_eq!(answer(from_file.clone()).await, (false, true));
+    assert_eq!(answer(from_file.headers(HeaderStyle::Legacy)).await, (true, false), "and over a file's");
+
+    let layer = built(HeaderStyle::Ietf).build().unwrap();
+    let no_style = "[[rule]]\nname = \"other\"\nkey = \"global\"\nquota = \"10/min\"";
+    layer.handle().reload(&tollgate::LayerConfig::from_toml(no_style).unwrap()).unwrap();
+    assert_eq!(answer(layer.clone()).await, (false, true), "a reload naming no style keeps the layer's");
+    let legacy = no_style.replace("[[rule]]", "headers = \"legacy\"\n[[rule]]");
+    layer.handle().reload(&tollgate::LayerConfig::from_toml(&legacy).unwrap()).unwrap();
+    assert_eq!(answer(layer).await, (true, false), "a reload naming one overrides it");
+}

@@ -151,3 +151,30 @@ async fn a_refused_request_takes_nothing_from_shadow_rules() {
     let candidate = layer.peek("candidate", "global").await.unwrap().unwrap();
     assert_eq!(candidate.remaining, 8, "the shadow rule counted refused requests: {candidate:?}");
 }
+
+/// `RateLimitLayer::new` joins the limiter that holds `"default"` as one owner of the name
+/// (found by review: it used to hold no claim, so once the first layer was dropped a
+/// builder could take the name the second still counted into, and the second's own
+/// handle could not swap its rule).
+#[tokio::test]
+async fn a_shared_default_stays_claimed_and_swappable_by_either_layer() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let first = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, store.clone());
+    let second = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, store.clone());
+    second.handle().set_quota("default", Quota::per_minute(10)).expect("the second layer swaps its own rule");
+    first.handle().set_quota("default", Quota::per_minute(3)).expect("and so does the first");
+    drop(first);
+    let taken = RateLimitLayer::<_, Body>::builder(store.clone()).rule("default", Quota::per_minute(3), key::Global);
+    let err = taken.build().unwrap_err();
+    assert!(matches!(&err, BuildError::RuleInUse { rule, .. } if rule == "default"), "still held by the second: {err}");
+    // A `new` joins a limiter's explicit "default" too (and says so), as documented.
+    let limiter = tollgate::Limiter::<_, str>::builder(MemoryStore::new())
+        .rule("default", Quota::per_minute(1), |s: &str| Some(s.to_owned()))
+        .build()
+        .unwrap();
+    let joined = RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::Global, limiter.store().clone());
+    assert!(limiter.check("k").await.is_allowed());
+    let svc = joined.layer(app(Arc::default()));
+    assert_eq!(svc.oneshot(get("/")).await.unwrap().status(), StatusCode::OK, "key::Global is not \"k\"");
+    drop((second, limiter));
+}
