@@ -33,7 +33,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::Router;
 use http::{HeaderName, HeaderValue};
 use tollgate::store::Store;
@@ -119,7 +118,7 @@ fn static_headers() -> [(HeaderName, HeaderValue); 3] {
 
 fn limited<St: Store>(store: St, quota: Quota, algorithm: Algorithm) -> Router {
     hello().layer(
-        RateLimitLayer::<_, Body>::builder(store)
+        RateLimitLayer::builder(store)
             .rule("default", quota, key::header("x-api-key"))
             .algorithm(algorithm)
             .build()

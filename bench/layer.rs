@@ -79,7 +79,7 @@ fn benches(c: &mut Criterion) {
             run(c, group, "bare", hello(), 200);
         }
         for algorithm in [Algorithm::SlidingWindowCounter, Algorithm::Gcra] {
-            let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
+            let layer = RateLimitLayer::builder(MemoryStore::new())
                 .rule("default", quota, key::header("x-api-key"))
                 .algorithm(algorithm)
                 .build()

@@ -20,12 +20,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate::store::Store;
-use tollgate::{key, Algorithm, Limiter, Quota, RateLimitLayer, Rule};
-
-type Request = axum::extract::Request;
+use tollgate::{key, Algorithm, Limiter, Quota, RateLimitLayer, RequestHead, Rule};
 
 /// The one limiter of this server: the API's layer and the job loop both use it.
-fn limiter<St: Store>(store: St) -> Result<Limiter<St, Request>, tollgate::BuildError> {
+fn limiter<St: Store>(store: St) -> Result<Limiter<St, RequestHead>, tollgate::BuildError> {
     Limiter::builder(store)
         // `blockable`: the admin task may block an account by hand.
         .add_rule(Rule::new("per-account", Quota::per_minute(20), key::header("x-account")).blockable())

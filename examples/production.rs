@@ -43,7 +43,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{MatchedPath, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -53,6 +52,7 @@ use axum::{Extension, Form, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tollgate::key::{self, Key, KeyExtractor};
 use tollgate::store::Store;
+use tollgate::RequestHead;
 use tollgate::{BuildError, Decision, FailMode, HeaderStyle, LayerConfig, Quota, RateLimitLayer, Rule};
 
 /// The limits operations tune without a rebuild (`LIMITS_FILE` replaces them). Rules
@@ -156,11 +156,11 @@ impl Accounts {
 pub struct Limits<St> {
     /// Everything under `/api`: IP, API key, account per minute and per day, and the
     /// shadow rule — decided in one store call per request.
-    pub api: RateLimitLayer<St, Body>,
+    pub api: RateLimitLayer<St>,
     /// `/auth/*`: failed attempts per client address and route.
-    pub auth: RateLimitLayer<St, Body>,
+    pub auth: RateLimitLayer<St>,
     /// What code adds to each configured rule (the internal callers' pass), for reloads.
-    allow_internal: Arc<dyn Fn(Rule<Request>) -> Rule<Request> + Send + Sync>,
+    allow_internal: Arc<dyn Fn(Rule<RequestHead>) -> Rule<RequestHead> + Send + Sync>,
 }
 
 impl<St> Clone for Limits<St> {
@@ -189,7 +189,7 @@ impl<St> Limits<St> {
 }
 
 /// The account that [`authenticate`] found, if any.
-fn account(req: &Request) -> Option<&Account> {
+fn account(req: &RequestHead) -> Option<&Account> {
     req.extensions().get::<Account>()
 }
 
@@ -208,14 +208,14 @@ pub fn limits<St: Store + Clone>(
     // Allow-list: a request with the right secret is not limited by any API rule. (A
     // secret, not just a header: a header alone anyone can send. Real code compares it in
     // constant time, e.g. with the `subtle` crate.)
-    let internal = move |req: &Request| {
+    let internal = move |req: &RequestHead| {
         let sent = req.headers().get(INTERNAL_HEADER).map(axum::http::HeaderValue::as_bytes);
         matches!((&internal_token, sent), (Some(token), Some(sent)) if token.as_bytes() == sent)
     };
     let internal = Arc::new(internal);
-    let bypass = move |rule: Rule<Request>| {
+    let bypass = move |rule: Rule<RequestHead>| {
         let internal = internal.clone();
-        rule.bypass_if(move |req: &Request| internal(req))
+        rule.bypass_if(move |req: &RequestHead| internal(req))
     };
 
     // The account rules. The key is the account id (every API key of an account shares
@@ -223,11 +223,11 @@ pub fn limits<St: Store + Clone>(
     // `None`: no limit. Unauthenticated requests have no account: the rules skip them
     // (the IP rule still applies). The quota given to `Rule::new` is the free tier's: it
     // is what the admin routes assume unless told otherwise.
-    let account_id = |req: &Request| account(req).map(|a| Key::from(&*a.id));
+    let account_id = |req: &RequestHead| account(req).map(|a| Key::from(&*a.id));
     let per_minute = Rule::new("account-minute", Quota::per_minute(60), account_id)
-        .quota_fn(|req: &Request| account(req)?.tier.per_minute());
+        .quota_fn(|req: &RequestHead| account(req)?.tier.per_minute());
     let per_day = Rule::new("account-day", Quota::per_day(1_000), account_id)
-        .quota_fn(|req: &Request| account(req)?.tier.per_day());
+        .quota_fn(|req: &RequestHead| account(req)?.tier.per_day());
 
     let mut api = RateLimitLayer::builder(store.clone());
     for rule in config.to_rules() {
@@ -240,7 +240,7 @@ pub fn limits<St: Store + Clone>(
     // Failed credentials, per client address *and route*: `MatchedPath` is the route
     // template ("/auth/login"), so one layer gives every auth route its own budget, and a
     // path with ids ("/orders/{id}") would still be one key, not one per id.
-    let route_and_ip = |req: &Request| {
+    let route_and_ip = |req: &RequestHead| {
         let route = req.extensions().get::<MatchedPath>()?.as_str();
         let ip = key::PeerIp.extract(req)?;
         Some([route.as_bytes(), b" ", ip.as_bytes()].concat())
@@ -333,7 +333,7 @@ async fn token(Form(form): Form<HashMap<String, String>>) -> Response {
 }
 
 /// The layer holding `rule`.
-fn layer_of<'a, St>(limits: &'a Limits<St>, rule: &str) -> Option<&'a RateLimitLayer<St, Body>> {
+fn layer_of<'a, St>(limits: &'a Limits<St>, rule: &str) -> Option<&'a RateLimitLayer<St>> {
     [&limits.api, &limits.auth].into_iter().find(|l| l.rules().iter().any(|r| r.name() == rule))
 }
 

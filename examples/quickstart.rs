@@ -10,14 +10,13 @@
 
 use std::net::SocketAddr;
 
-use axum::body::Body;
 use axum::routing::get;
 use axum::{Extension, Router};
 use tollgate::store::Store;
 use tollgate::{key, Algorithm, Decision, Quota, RateLimitLayer};
 
 fn app<St: Store>(store: St) -> Router {
-    let limits = RateLimitLayer::<_, Body>::builder(store)
+    let limits = RateLimitLayer::builder(store)
         // Everyone: 10 requests a minute per client address.
         .rule("per-ip", Quota::per_minute(10), key::PeerIp)
         // Callers with an API key: 5 a minute per key on top (requests without the header

@@ -11,7 +11,6 @@
 
 use std::net::SocketAddr;
 
-use axum::body::Body;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate::{key, Algorithm, Quota, RateLimitLayer, RedisStore};
 
@@ -19,7 +18,7 @@ async fn start_server(redis_url: &str) -> Result<SocketAddr, Box<dyn std::error:
     let store = RedisStore::from_url(redis_url)?;
     store.ping().await?;
     let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok\n" })).layer(
-        RateLimitLayer::<_, Body>::builder(store)
+        RateLimitLayer::builder(store)
             .rule("default", Quota::per_hour(10), key::header("x-api-key"))
             .algorithm(Algorithm::SlidingWindowLog)
             .build()

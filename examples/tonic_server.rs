@@ -152,7 +152,7 @@ pub mod hello {
 /// # Panics
 ///
 /// Never: the rule names are unique.
-pub fn limits<St: Store>(store: St) -> RateLimitLayer<St, tonic::body::Body> {
+pub fn limits<St: Store>(store: St) -> RateLimitLayer<St> {
     RateLimitLayer::builder(store)
         // 5 calls a minute per API key. Calls without the metadata are not limited by
         // this rule, only by the next one.
@@ -174,7 +174,7 @@ pub fn limits<St: Store>(store: St) -> RateLimitLayer<St, tonic::body::Body> {
 /// When the server fails (e.g. the listener breaks).
 pub async fn serve<St: Store>(
     listener: TcpListener,
-    limits: RateLimitLayer<St, tonic::body::Body>,
+    limits: RateLimitLayer<St>,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         // `Server::layer` puts the limiter in front of every service of this server; a

@@ -5,7 +5,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Request;
 use tower_layer::Layer;
 
 use crate::decision::Decision;
@@ -19,6 +18,12 @@ use crate::response::{DefaultRejection, DefaultUnavailable, Rejection, Responder
 use crate::rule::Rule;
 use crate::service::RateLimit;
 use crate::store::Store;
+
+/// What the rules of an HTTP layer see of a request: its head (method, URI, version,
+/// headers, extensions) without the body, whatever the body type, so that neither rules
+/// nor layers carry it. Key extractors and closures take `&RequestHead`
+/// (`req.headers()`, `req.extensions()`, as on any `http::Request`).
+pub type RequestHead = http::Request<()>;
 
 /// A [`tower_layer::Layer`] that limits requests by key, through a shared store.
 ///
@@ -44,7 +49,7 @@ use crate::store::Store;
 /// ```
 /// use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer};
 ///
-/// let layer = RateLimitLayer::<_, axum::body::Body>::builder(MemoryStore::new())
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
 ///     .rule("ip", Quota::per_minute(300), key::PeerIp)
 ///     .algorithm(Algorithm::Gcra)
 ///     .rule("api-key", Quota::per_minute(100), key::header("x-api-key"))
@@ -53,14 +58,14 @@ use crate::store::Store;
 ///     .expect("rule names are unique");
 /// # let _ = layer;
 /// ```
-pub struct RateLimitLayer<St, B, R = DefaultRejection, U = DefaultUnavailable> {
-    limiter: Arc<Limiter<St, Request<B>>>,
+pub struct RateLimitLayer<St, R = DefaultRejection, U = DefaultUnavailable> {
+    limiter: Arc<Limiter<St, RequestHead>>,
     style: HeaderStyle,
     on_rejected: Arc<R>,
     on_unavailable: Arc<U>,
 }
 
-impl<St, B, R, U> Clone for RateLimitLayer<St, B, R, U> {
+impl<St, R, U> Clone for RateLimitLayer<St, R, U> {
     fn clone(&self) -> Self {
         Self {
             limiter: self.limiter.clone(),
@@ -71,7 +76,7 @@ impl<St, B, R, U> Clone for RateLimitLayer<St, B, R, U> {
     }
 }
 
-impl<St: fmt::Debug, B, R, U> fmt::Debug for RateLimitLayer<St, B, R, U> {
+impl<St: fmt::Debug, R, U> fmt::Debug for RateLimitLayer<St, R, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("limiter", &self.limiter)
@@ -80,7 +85,7 @@ impl<St: fmt::Debug, B, R, U> fmt::Debug for RateLimitLayer<St, B, R, U> {
     }
 }
 
-impl<St: Store, B: 'static> RateLimitLayer<St, B> {
+impl<St: Store> RateLimitLayer<St> {
     /// One rule, named `"default"`: each key may use `quota`, counted with the default
     /// algorithm ([`Algorithm::SlidingWindowCounter`](crate::Algorithm)); any other
     /// setting is made on [`RateLimitLayer::builder`].
@@ -92,7 +97,7 @@ impl<St: Store, B: 'static> RateLimitLayer<St, B> {
     /// which refuses a name in use with [`BuildError::RuleInUse`](crate::BuildError::RuleInUse) — as rule names are what
     /// servers sharing a Redis agree on. Clones of one layer share one limiter and are
     /// fine.
-    pub fn new(quota: Quota, key: impl KeyExtractor<Request<B>>, store: St) -> Self {
+    pub fn new(quota: Quota, key: impl KeyExtractor<RequestHead>, store: St) -> Self {
         let builder = Self::builder(store).sharing().rule("default", quota, key);
         match builder.build() {
             Ok(layer) => layer,
@@ -101,18 +106,18 @@ impl<St: Store, B: 'static> RateLimitLayer<St, B> {
     }
 }
 
-impl<St, B: 'static> RateLimitLayer<St, B> {
+impl<St> RateLimitLayer<St> {
     /// A builder for several rules and every setting of the limiter (algorithm, fail
     /// mode, deadline, breaker, fallback…): the same [`LimiterBuilder`] as
     /// [`Limiter::builder`]'s, whose `build` makes the layer.
-    pub fn builder(store: St) -> LimiterBuilder<St, Request<B>, Self> {
+    pub fn builder(store: St) -> LimiterBuilder<St, RequestHead, Self> {
         LimiterBuilder::new(store).for_layer()
     }
 
     /// The layer of a limiter built with [`Limiter::builder`], which holds every setting
     /// but the HTTP ones ([`RateLimitLayer::headers`], [`RateLimitLayer::on_rejected`],
     /// [`RateLimitLayer::on_unavailable`]), set on the layer.
-    pub fn from_limiter(limiter: Limiter<St, Request<B>>) -> Self {
+    pub fn from_limiter(limiter: Limiter<St, RequestHead>) -> Self {
         Self {
             style: limiter.headers.unwrap_or_default(),
             limiter: Arc::new(limiter),
@@ -122,7 +127,7 @@ impl<St, B: 'static> RateLimitLayer<St, B> {
     }
 }
 
-impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
+impl<St, R, U> RateLimitLayer<St, R, U> {
     /// Which rate-limit headers responses carry (default: legacy `X-RateLimit-*`).
     #[must_use]
     pub fn headers(mut self, style: HeaderStyle) -> Self {
@@ -140,7 +145,7 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// use http::{header::ACCEPT, Response, StatusCode};
     /// use tollgate::{key, MemoryStore, Quota, RateLimitLayer};
     ///
-    /// let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(10), key::PeerIp, MemoryStore::new())
+    /// let layer = RateLimitLayer::new(Quota::per_minute(10), key::PeerIp, MemoryStore::new())
     ///     .on_rejected(|r| {
     ///         let wait = r.decision.retry_after_secs().unwrap_or(60);
     ///         let html = r.headers.get(ACCEPT).is_some_and(|a| a.as_bytes().starts_with(b"text/html"));
@@ -154,7 +159,7 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     ///
     /// [`response::text`]: crate::response::text
     /// [`response::json`]: crate::response::json
-    pub fn on_rejected<F, ResBody>(self, f: F) -> RateLimitLayer<St, B, F, U>
+    pub fn on_rejected<F, ResBody>(self, f: F) -> RateLimitLayer<St, F, U>
     where
         F: Fn(&Rejection<'_>) -> http::Response<ResBody> + Send + Sync + 'static,
     {
@@ -163,7 +168,7 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
 
     /// Builds rejections with any [`OnRejected`](crate::response::OnRejected) (a type of your own,
     /// rather than a closure).
-    pub fn on_rejected_with<R2>(self, handler: R2) -> RateLimitLayer<St, B, R2, U> {
+    pub fn on_rejected_with<R2>(self, handler: R2) -> RateLimitLayer<St, R2, U> {
         RateLimitLayer {
             limiter: self.limiter,
             style: self.style,
@@ -175,7 +180,7 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// Builds the `503` of a request refused because the store could not decide under
     /// [`FailMode::Closed`](crate::FailMode::Closed) (default: an empty `503`); `Retry-After` is added to what it
     /// returns.
-    pub fn on_unavailable<F, ResBody>(self, f: F) -> RateLimitLayer<St, B, R, F>
+    pub fn on_unavailable<F, ResBody>(self, f: F) -> RateLimitLayer<St, R, F>
     where
         F: Fn(&Unavailable<'_>) -> http::Response<ResBody> + Send + Sync + 'static,
     {
@@ -194,7 +199,7 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// ```
     /// use tollgate::{key, MemoryStore, Quota, RateLimitLayer};
     ///
-    /// let layer = RateLimitLayer::<_, axum::body::Body>::builder(MemoryStore::new())
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
     ///     .rule("api", Quota::per_minute(100), key::PeerIp)
     ///     .build()
     ///     .unwrap();
@@ -207,13 +212,13 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     ///
     /// [`LimiterHandle::set_quota`]: crate::LimiterHandle::set_quota
     #[must_use]
-    pub fn handle(&self) -> crate::LimiterHandle<Request<B>> {
+    pub fn handle(&self) -> crate::LimiterHandle<RequestHead> {
         self.limiter.handle()
     }
 
     /// The layer's rules.
     #[must_use]
-    pub fn rules(&self) -> Arc<[Rule<Request<B>>]> {
+    pub fn rules(&self) -> Arc<[Rule<RequestHead>]> {
         self.limiter.rules()
     }
 
@@ -227,14 +232,14 @@ impl<St, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     /// or an admin task asks it by key ([`Limiter::check_key`], [`Limiter::block`]) and
     /// uses up the same counts as the layer's requests.
     #[must_use]
-    pub fn limiter(&self) -> &Arc<Limiter<St, Request<B>>> {
+    pub fn limiter(&self) -> &Arc<Limiter<St, RequestHead>> {
         &self.limiter
     }
 }
 
 /// Support tooling: look at, reset and block one key's state of one rule (see
 /// [`Limiter::peek`]).
-impl<St: Store, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
+impl<St: Store, R, U> RateLimitLayer<St, R, U> {
     /// [`Limiter::peek`]: what rule `rule` would decide now for one unit of `key`,
     /// without consuming anything.
     ///
@@ -279,8 +284,8 @@ impl<St: Store, B: 'static, R, U> RateLimitLayer<St, B, R, U> {
     }
 }
 
-impl<S, St, B: 'static, R, U> Layer<S> for RateLimitLayer<St, B, R, U> {
-    type Service = RateLimit<S, St, B, R, U>;
+impl<S, St, R, U> Layer<S> for RateLimitLayer<St, R, U> {
+    type Service = RateLimit<S, St, R, U>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let responder = Responder {
@@ -293,7 +298,7 @@ impl<S, St, B: 'static, R, U> Layer<S> for RateLimitLayer<St, B, R, U> {
 }
 
 /// The HTTP setting of a layer's builder.
-impl<St, B: 'static> LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>> {
+impl<St> LimiterBuilder<St, RequestHead, RateLimitLayer<St>> {
     /// Which rate-limit headers responses carry (default: legacy `X-RateLimit-*`): the
     /// layer's style, which a later [`RateLimitLayer::headers`] replaces and a reloaded
     /// configuration that names `headers` overrides.
@@ -303,8 +308,8 @@ impl<St, B: 'static> LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>> {
     }
 }
 
-impl<St, B: 'static> From<Limiter<St, Request<B>>> for RateLimitLayer<St, B> {
-    fn from(limiter: Limiter<St, Request<B>>) -> Self {
+impl<St> From<Limiter<St, RequestHead>> for RateLimitLayer<St> {
+    fn from(limiter: Limiter<St, RequestHead>) -> Self {
         Self::from_limiter(limiter)
     }
 }

@@ -16,9 +16,9 @@
 //!     .layer(
 //!         RateLimitLayer::new(
 //!             Quota::per_minute(100),
-//!             // Annotate the request type: `&axum::extract::Request` for axum,
-//!             // `&http::Request<tonic::body::Body>` for tonic.
-//!             |req: &axum::extract::Request| {
+//!             // A rule sees the request's head, whatever the body type (axum,
+//!             // tonic, hyper): annotate it as `&tollgate::RequestHead`.
+//!             |req: &tollgate::RequestHead| {
 //!                 req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
 //!             },
 //!             MemoryStore::new(),
@@ -128,7 +128,7 @@ pub use headers::HeaderStyle;
 /// crate's (`tollgate::http::Request` in a key extractor of an app that does not name
 /// `http` itself).
 pub use http;
-pub use layer::RateLimitLayer;
+pub use layer::{RateLimitLayer, RequestHead};
 pub use limiter::{Limiter, LimiterBuilder, LimiterHandle};
 pub use quota::Quota;
 pub use rule::{FailMode, Rule};

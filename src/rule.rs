@@ -59,17 +59,15 @@ pub(crate) fn check_rule_name(name: &str) -> Result<(), BuildError> {
 pub(crate) type Shared<I, T> = Arc<dyn Fn(&I) -> T + Send + Sync>;
 
 /// One limit: a name, a quota, a key extractor, and options. `I` is what is limited: an
-/// HTTP request (`http::Request<B>`) for the layer, or anything else for a
+/// HTTP request's head ([`RequestHead`](crate::RequestHead)) for the layer, or anything else for a
 /// [`Limiter`](crate::Limiter) used directly (a WebSocket message, a job).
 ///
 /// ```
-/// use tollgate::{key, Algorithm, Quota, Rule};
+/// use tollgate::{key, Algorithm, Quota, RequestHead, Rule};
 ///
-/// type Request = axum::extract::Request;
-///
-/// let rule: Rule<Request> = Rule::new("per-ip", Quota::per_minute(100), key::PeerIp)
+/// let rule: Rule<RequestHead> = Rule::new("per-ip", Quota::per_minute(100), key::PeerIp)
 ///     .algorithm(Algorithm::Gcra)
-///     .cost(|req: &Request| if req.method() == "POST" { 5 } else { 1 });
+///     .cost(|req: &RequestHead| if req.method() == "POST" { 5 } else { 1 });
 /// ```
 pub struct Rule<I: ?Sized> {
     pub(crate) name: Arc<str>,
@@ -263,7 +261,7 @@ impl<I: ?Sized> Rule<I> {
     /// use std::time::Duration;
     /// use tollgate::{key, Quota, Rule};
     ///
-    /// let logins: Rule<tollgate::http::Request<()>> = Rule::new("logins", Quota::new(5, Duration::from_secs(15 * 60)), key::PeerIp)
+    /// let logins: Rule<tollgate::RequestHead> = Rule::new("logins", Quota::new(5, Duration::from_secs(15 * 60)), key::PeerIp)
     ///     .count_if(|status| status == 401)
     ///     .block_for(Duration::from_secs(3600));
     /// # let _ = logins;
@@ -287,7 +285,7 @@ impl<I: ?Sized> Rule<I> {
     /// ```
     /// use tollgate::{key, Quota, Rule};
     ///
-    /// let api: Rule<tollgate::http::Request<()>> =
+    /// let api: Rule<tollgate::RequestHead> =
     ///     Rule::new("api", Quota::per_minute(100), key::header("x-api-key")).blockable();
     /// # let _ = api;
     /// ```

@@ -16,6 +16,7 @@ use tower_service::Service;
 
 use crate::charge::Charge;
 use crate::future::ResponseFuture;
+use crate::layer::RequestHead;
 use crate::limiter::Limiter;
 use crate::limiter::{Lease, Now, RuleSet};
 use crate::response::{DefaultUnavailable, OnRejected, OnUnavailable, Responder};
@@ -25,25 +26,25 @@ use crate::verdict::Verdict;
 
 /// The service built by [`RateLimitLayer`](crate::RateLimitLayer). Clones share one
 /// [`Limiter`].
-pub struct RateLimit<S, St, B, R, U = DefaultUnavailable> {
+pub struct RateLimit<S, St, R, U = DefaultUnavailable> {
     inner: S,
-    shared: Arc<Shared<St, B, R, U>>,
+    shared: Arc<Shared<St, R, U>>,
 }
 
 /// What every clone of the service and every request's future share: one reference
 /// count to move per clone (servers clone the service per request, on every thread).
-struct Shared<St, B, R, U> {
-    limiter: Arc<Limiter<St, Request<B>>>,
+struct Shared<St, R, U> {
+    limiter: Arc<Limiter<St, RequestHead>>,
     responder: Responder<R, U>,
 }
 
-impl<S: Clone, St, B, R, U> Clone for RateLimit<S, St, B, R, U> {
+impl<S: Clone, St, R, U> Clone for RateLimit<S, St, R, U> {
     fn clone(&self) -> Self {
         Self { inner: self.inner.clone(), shared: self.shared.clone() }
     }
 }
 
-impl<S: fmt::Debug, St: fmt::Debug, B, R, U> fmt::Debug for RateLimit<S, St, B, R, U> {
+impl<S: fmt::Debug, St: fmt::Debug, R, U> fmt::Debug for RateLimit<S, St, R, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -52,8 +53,8 @@ impl<S: fmt::Debug, St: fmt::Debug, B, R, U> fmt::Debug for RateLimit<S, St, B, 
     }
 }
 
-impl<S, St, B, R, U> RateLimit<S, St, B, R, U> {
-    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, Request<B>>>, responder: Responder<R, U>) -> Self {
+impl<S, St, R, U> RateLimit<S, St, R, U> {
+    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, RequestHead>>, responder: Responder<R, U>) -> Self {
         Self { inner, shared: Arc::new(Shared { limiter, responder }) }
     }
 
@@ -73,12 +74,12 @@ impl<S, St, B, R, U> RateLimit<S, St, B, R, U> {
     }
 
     /// The limiter every clone of this service shares.
-    pub fn limiter(&self) -> &Arc<Limiter<St, Request<B>>> {
+    pub fn limiter(&self) -> &Arc<Limiter<St, RequestHead>> {
         &self.shared.limiter
     }
 }
 
-impl<S, St, B, R, U, ResBody> Service<Request<B>> for RateLimit<S, St, B, R, U>
+impl<S, St, B, R, U, ResBody> Service<Request<B>> for RateLimit<S, St, R, U>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
@@ -102,17 +103,21 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = &self.shared.limiter;
-        let plan = limiter.plan(&req);
+        // The rules see the head; the body waits beside it until the request is forwarded.
+        let (parts, body) = req.into_parts();
+        let head = RequestHead::from_parts(parts, ());
+        let plan = limiter.plan(&head);
         if plan.is_empty() {
             // No rule applies: forwarded too, when the future is first polled.
+            let req = with_body(head, body);
             return ResponseFuture::new(Box::pin(async move { inner.call(req).await }));
         }
         // One path: decide (at once in process, else in the future), then answer a
         // refusal or run the admitted request. A refusal decided here needs no future.
         match limiter.decide_now(plan) {
-            Now::Decided(verdict, set) => match Step::of(&self.shared, verdict, set, &req) {
+            Now::Decided(verdict, set) => match Step::of(&self.shared, verdict, set, &head) {
                 Step::Refused(res) => ResponseFuture::ready(Ok(res)),
-                Step::Admitted(admitted) => ResponseFuture::new(Box::pin(admitted.run(inner, req))),
+                Step::Admitted(admitted) => ResponseFuture::new(Box::pin(admitted.run(inner, head, body))),
             },
             Now::Later(plan) => {
                 let shared = self.shared.clone();
@@ -121,9 +126,9 @@ where
                     // a swap does.
                     let set = plan.set.clone();
                     let verdict = shared.limiter.decide(plan).await;
-                    match Step::of(&shared, verdict, set, &req) {
+                    match Step::of(&shared, verdict, set, &head) {
                         Step::Refused(res) => Ok(res),
-                        Step::Admitted(admitted) => admitted.run(inner, req).await,
+                        Step::Admitted(admitted) => admitted.run(inner, head, body).await,
                     }
                 }))
             }
@@ -133,26 +138,26 @@ where
 
 /// What a decided request comes to.
 #[allow(clippy::large_enum_variant, reason = "made once per request and matched at once: boxing would allocate")]
-enum Step<St: Store, B: 'static, R, U, ResBody> {
+enum Step<St: Store, R, U, ResBody> {
     /// `429` (gRPC: `RESOURCE_EXHAUSTED`), or the fail mode's `503` when the store failed
     /// and a rule fails closed.
     Refused(Response<ResBody>),
     /// Forward it (allowed, or failed open — with no rate-limit headers, nothing being
     /// known).
-    Admitted(Admitted<St, B, R, U>),
+    Admitted(Admitted<St, R, U>),
 }
 
-impl<St: Store, B: 'static, R, U, ResBody> Step<St, B, R, U, ResBody>
+impl<St: Store, R, U, ResBody> Step<St, R, U, ResBody>
 where
     R: OnRejected<ResBody>,
     U: OnUnavailable<ResBody>,
     ResBody: Default,
 {
     fn of(
-        shared: &Arc<Shared<St, B, R, U>>,
+        shared: &Arc<Shared<St, R, U>>,
         mut verdict: Verdict,
-        set: Arc<RuleSet<Request<B>>>,
-        req: &Request<B>,
+        set: Arc<RuleSet<RequestHead>>,
+        req: &RequestHead,
     ) -> Self {
         match &verdict.state {
             State::Rejected => Step::Refused(shared.responder.rejected(&verdict, &set, req)),
@@ -173,16 +178,16 @@ where
 /// An admitted request, until it is forwarded: its lease gives back everything it took if
 /// it is dropped first (its response future dropped unpolled, or while it waits for a
 /// leaky bucket's slot), as a request that never happened.
-struct Admitted<St: Store, B: 'static, R, U> {
-    shared: Arc<Shared<St, B, R, U>>,
+struct Admitted<St: Store, R, U> {
+    shared: Arc<Shared<St, R, U>>,
     verdict: Verdict,
-    set: Arc<RuleSet<Request<B>>>,
+    set: Arc<RuleSet<RequestHead>>,
     lease: Lease<St>,
     /// A leaky bucket's slot, to wait for first.
     slot: Option<Instant>,
 }
 
-impl<St: Store, B: 'static, R, U> Admitted<St, B, R, U> {
+impl<St: Store, R, U> Admitted<St, R, U> {
     /// Waits for a leaky bucket's slot, if any; forwards the request — the decision into
     /// its extensions, the inner service called — then adds the rate-limit headers to its
     /// response and settles the lease with the response's status and `Charge`.
@@ -196,10 +201,11 @@ impl<St: Store, B: 'static, R, U> Admitted<St, B, R, U> {
     /// there on it counts; dropped before the handler answers, it gives back the units of
     /// its count-by-outcome rules (it has no status to be counted by).
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see above)")]
-    fn run<S, ResBody>(
+    fn run<S, B, ResBody>(
         self,
         mut inner: S,
-        mut req: Request<B>,
+        head: RequestHead,
+        body: B,
     ) -> impl Future<Output = Result<Response<ResBody>, S::Error>>
     where
         S: Service<Request<B>, Response = Response<ResBody>> + Clone,
@@ -213,6 +219,7 @@ impl<St: Store, B: 'static, R, U> Admitted<St, B, R, U> {
                 inner = Box::pin(wait_for_slot(inner, slot)).await?;
             }
             let forwarded = lease.forward();
+            let mut req = with_body(head, body);
             if let Some(most) = verdict.most_restrictive() {
                 req.extensions_mut().insert(most.decision.clone());
             }
@@ -225,6 +232,11 @@ impl<St: Store, B: 'static, R, U> Admitted<St, B, R, U> {
             Ok(res)
         }
     }
+}
+
+/// The request again, from its head and its body.
+fn with_body<B>(head: RequestHead, body: B) -> Request<B> {
+    Request::from_parts(head.into_parts().0, body)
 }
 
 /// Waits for a leaky bucket's slot without holding the inner service's readiness (a

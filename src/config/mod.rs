@@ -50,7 +50,7 @@
 //!     burst = 20
 //!     "#,
 //! )?;
-//! let layer = config.build::<_, axum::body::Body>(MemoryStore::new())?;
+//! let layer = config.build(MemoryStore::new())?;
 //! let app: axum::Router = axum::Router::new()
 //!     .route("/", axum::routing::get(|| async { "ok" }))
 //!     .layer(layer);
@@ -78,7 +78,6 @@ mod reload;
 
 use std::time::Duration;
 
-use http::Request;
 use serde::{Deserialize, Deserializer};
 use toml::{Table, Value};
 
@@ -86,7 +85,7 @@ pub use self::key_spec::KeySpec;
 use crate::algorithm::Algorithm;
 use crate::error::BuildError;
 use crate::headers::HeaderStyle;
-use crate::layer::RateLimitLayer;
+use crate::layer::{RateLimitLayer, RequestHead};
 use crate::limiter::LimiterBuilder;
 use crate::quota::unit_micros;
 use crate::quota::Quota;
@@ -133,7 +132,7 @@ pub struct RuleConfig {
 impl RuleConfig {
     /// The [`Rule`] this entry describes, for requests with body type `B`.
     #[must_use]
-    pub fn to_rule<B>(&self) -> Rule<Request<B>> {
+    pub fn to_rule(&self) -> Rule<RequestHead> {
         let mut rule = Rule::new(self.name.clone(), self.quota, self.key.clone()).shadow(self.shadow);
         rule.from_config = true;
         if let Some(a) = self.algorithm {
@@ -180,15 +179,15 @@ impl LayerConfig {
     /// Every configured rule as a [`Rule`], to adjust before building (e.g. add
     /// `bypass_if` to each).
     #[must_use]
-    pub fn to_rules<B>(&self) -> Vec<Rule<Request<B>>> {
+    pub fn to_rules(&self) -> Vec<Rule<RequestHead>> {
         self.rules.iter().map(RuleConfig::to_rule).collect()
     }
 
     /// A layer's builder holding the configured rules and settings, to add rules and
     /// settings in code.
     #[must_use]
-    pub fn builder<St, B: 'static>(&self, store: St) -> LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>> {
-        let builder = RateLimitLayer::<St, B>::builder(store);
+    pub fn builder<St>(&self, store: St) -> LimiterBuilder<St, RequestHead, RateLimitLayer<St>> {
+        let builder = RateLimitLayer::builder(store);
         self.apply(self.rules.iter().fold(builder, |b, r| b.add_rule(r.to_rule())))
     }
 
@@ -197,7 +196,7 @@ impl LayerConfig {
     /// # Errors
     ///
     /// [`BuildError::InvalidConfig`] when the configuration has no rule.
-    pub fn build<St: crate::store::Store, B: 'static>(&self, store: St) -> Result<RateLimitLayer<St, B>, BuildError> {
+    pub fn build<St: crate::store::Store>(&self, store: St) -> Result<RateLimitLayer<St>, BuildError> {
         self.builder(store).build()
     }
 
@@ -205,10 +204,10 @@ impl LayerConfig {
     /// `fail_mode`, `timeout`) on a layer's `builder` (for rules taken with
     /// [`LayerConfig::to_rules`]); the others stay as they are.
     #[must_use]
-    pub fn apply<St, B: 'static>(
+    pub fn apply<St>(
         &self,
-        mut builder: LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>>,
-    ) -> LimiterBuilder<St, Request<B>, RateLimitLayer<St, B>> {
+        mut builder: LimiterBuilder<St, RequestHead, RateLimitLayer<St>>,
+    ) -> LimiterBuilder<St, RequestHead, RateLimitLayer<St>> {
         if let Some(a) = self.algorithm {
             builder = builder.algorithm(a);
         }

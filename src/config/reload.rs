@@ -2,12 +2,13 @@
 //! [`LimiterHandle`], so that the limiter never names the configuration.
 
 use crate::error::BuildError;
+use crate::layer::RequestHead;
 use crate::limiter::LimiterHandle;
 use crate::rule::Rule;
 
 use super::LayerConfig;
 
-impl<B> LimiterHandle<http::Request<B>> {
+impl LimiterHandle<RequestHead> {
     /// Swaps in the rules and settings of `config`: the rules that came from a
     /// configuration (by [`LayerConfig::build`](LayerConfig::build),
     /// [`LayerConfig::builder`](LayerConfig::builder),
@@ -36,11 +37,11 @@ impl<B> LimiterHandle<http::Request<B>> {
     pub fn reload_with(
         &self,
         config: &LayerConfig,
-        adjust: impl Fn(Rule<http::Request<B>>) -> Rule<http::Request<B>>,
+        adjust: impl Fn(Rule<RequestHead>) -> Rule<RequestHead>,
     ) -> Result<(), BuildError> {
         self.swap(|draft| {
             let from_code = draft.rules.drain(..).filter(|r| !r.from_config);
-            let adjusted = config.to_rules::<B>().into_iter().map(|r| Rule { from_config: true, ..adjust(r) });
+            let adjusted = config.to_rules().into_iter().map(|r| Rule { from_config: true, ..adjust(r) });
             let mut rules: Vec<_> = adjusted.collect();
             rules.extend(from_code);
             draft.rules = rules;

@@ -2,9 +2,9 @@
 //! [`PeerIp`], [`TrustedProxyIp`], [`header`] and [`Global`].
 //!
 //! Any closure `Fn(&I) -> Option<K>` with `K: Into<Key>` is an extractor for inputs of
-//! type `I`; for the HTTP layer `I` is `http::Request<B>`. Annotate the request type, as
-//! Rust cannot infer it from the layer: `|req: &axum::extract::Request| …` for
-//! axum, `|req: &http::Request<tonic::body::Body>| …` for tonic. A closure that returns
+//! type `I`; for the HTTP layer `I` is [`RequestHead`](crate::RequestHead) (the request
+//! without its body, whatever the stack). Annotate it, as Rust cannot infer it from the
+//! layer: `|req: &tollgate::RequestHead| …`. A closure that returns
 //! `None` says "do not limit this input by this rule". The built-in IP extractors never
 //! return `None`: without connection info they warn once and limit under one shared
 //! `"unknown"` key rather than silently stop limiting.
@@ -172,7 +172,7 @@ impl From<IpAddr> for Key {
     }
 }
 
-/// Turns an input (for the HTTP layer, a request `http::Request<B>`) into the [`Key`] a
+/// Turns an input (for the HTTP layer, a [`RequestHead`](crate::RequestHead)) into the [`Key`] a
 /// rule limits, or `None` to skip the rule.
 ///
 /// Implemented for closures `Fn(&I) -> Option<K>` where `K: Into<Key>`.

@@ -52,8 +52,8 @@ where
 }
 
 /// Two rules of 3 a minute on `x-key`: `count` counts every request, `login` only 401s.
-fn count_and_login() -> RateLimitLayer<MemoryStore, Body> {
-    RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(TokioClock::new()))
+fn count_and_login() -> RateLimitLayer<MemoryStore> {
+    RateLimitLayer::builder(MemoryStore::with_clock(TokioClock::new()))
         .rule("count", Quota::per_minute(3), key::header("x-key"))
         .add_rule(
             Rule::new("login", Quota::per_minute(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
@@ -116,8 +116,8 @@ async fn dropped_during_the_half_open_probe_the_circuit_still_recovers() {
 }
 
 /// Two rules: a shaper (leaky bucket, global) and a count (fixed window, per key).
-fn shaped_and_counted(store: MemoryStore) -> RateLimitLayer<MemoryStore, Body> {
-    RateLimitLayer::<_, Body>::builder(store)
+fn shaped_and_counted(store: MemoryStore) -> RateLimitLayer<MemoryStore> {
+    RateLimitLayer::builder(store)
         .add_rule(Rule::new("shape", Quota::per_second(5).burst(4), key::Global).algorithm(Algorithm::LeakyBucket))
         .add_rule(Rule::new("count", Quota::per_minute(3), key::header("x-key")).algorithm(Algorithm::FixedWindow))
         .build()
@@ -228,7 +228,7 @@ impl Service<Request<Body>> for Eager {
 #[tokio::test(start_paused = true)]
 async fn an_unpolled_response_future_never_reaches_the_inner_service() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::header("x-key"), MemoryStore::new());
+    let layer = RateLimitLayer::new(Quota::per_minute(3), key::header("x-key"), MemoryStore::new());
     let mut svc = layer.clone().layer(Eager(calls.clone()));
     for _ in 0..10 {
         std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
@@ -243,7 +243,7 @@ async fn an_unpolled_response_future_never_reaches_the_inner_service() {
 /// whole request ran in the response future (only count-by-outcome units go back).
 #[tokio::test(start_paused = true)]
 async fn a_handler_that_panics_in_call_still_counts() {
-    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::header("x-key"), MemoryStore::new());
+    let layer = RateLimitLayer::new(Quota::per_minute(3), key::header("x-key"), MemoryStore::new());
     let svc = layer.clone().layer(Eager(Arc::default()));
     for _ in 0..3 {
         assert!(tokio::spawn(svc.clone().oneshot(get("/panic", "a"))).await.is_err());
@@ -257,8 +257,8 @@ async fn a_handler_that_panics_in_call_still_counts() {
 #[tokio::test(start_paused = true)]
 async fn an_unpolled_unlimited_request_never_reaches_the_inner_service() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let mut svc = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::header("x-key"), MemoryStore::new())
-        .layer(Eager(calls.clone()));
+    let mut svc =
+        RateLimitLayer::new(Quota::per_minute(3), key::header("x-key"), MemoryStore::new()).layer(Eager(calls.clone()));
     std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
     drop(svc.call(Request::get("/").body(Body::empty()).unwrap())); // no x-key: no rule applies
     assert_eq!(calls.load(Ordering::SeqCst), 0);
@@ -268,7 +268,7 @@ async fn an_unpolled_unlimited_request_never_reaches_the_inner_service() {
 /// is decided, with no task to wait for (an in-process store gives back at once).
 #[tokio::test(start_paused = true)]
 async fn an_unpolled_requests_units_are_back_for_the_very_next_request() {
-    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
+    let layer = RateLimitLayer::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
     let mut svc = layer.layer(Eager(Arc::default()));
     std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
     drop(svc.call(get("/", "a")));
@@ -280,7 +280,7 @@ async fn an_unpolled_requests_units_are_back_for_the_very_next_request() {
 /// polled after its slot has come waits no more.
 #[tokio::test(start_paused = true)]
 async fn a_leaky_slot_is_counted_from_the_decision_not_the_first_poll() {
-    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(TokioClock::new()))
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(TokioClock::new()))
         .add_rule(Rule::new("shape", Quota::per_second(5).burst(4), key::Global).algorithm(Algorithm::LeakyBucket))
         .build()
         .unwrap();
@@ -307,7 +307,7 @@ async fn a_fallback_decisions_units_are_back_for_the_very_next_request() {
         } else {
             Rule::new("login", Quota::per_minute(1), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED)
         };
-        let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+        let svc = RateLimitLayer::builder(store.clone())
             .add_rule(rule)
             .fallback(MemoryStore::with_clock(TokioClock::new()), 1)
             .build()
@@ -331,7 +331,7 @@ async fn a_fallback_decisions_units_are_back_for_the_very_next_request() {
 #[tokio::test(start_paused = true)]
 async fn units_given_back_lift_the_cached_rejection_of_their_key() {
     let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
-    let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+    let svc = RateLimitLayer::builder(store.clone())
         .add_rule(
             Rule::new("shape", Quota::per_second(1).burst(1), key::header("x-key")).algorithm(Algorithm::LeakyBucket),
         )
@@ -400,7 +400,7 @@ impl Store for Hangs {
 /// has not, dropped then: it never reaches the handler, and gives its unit back.
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_while_its_shadow_call_is_in_flight_gives_back_its_enforced_units() {
-    let layer = RateLimitLayer::<_, Body>::builder(Hangs("shadow", MemoryStore::new()))
+    let layer = RateLimitLayer::builder(Hangs("shadow", MemoryStore::new()))
         .rule("count", Quota::per_minute(2), key::header("x-key"))
         .add_rule(Rule::new("shadow", Quota::per_minute(100), key::Global).shadow(true))
         .timeout(Duration::from_secs(1))
@@ -437,7 +437,7 @@ async fn a_limiter_check_dropped_while_its_shadow_call_is_in_flight_keeps_nothin
 /// rules' has not; dropped then, the shadow rule's unit goes back.
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_while_its_enforced_call_is_in_flight_gives_back_its_shadow_units() {
-    let layer = RateLimitLayer::<_, Body>::builder(Hangs("count", MemoryStore::new()))
+    let layer = RateLimitLayer::builder(Hangs("count", MemoryStore::new()))
         .rule("count", Quota::per_minute(2), key::header("x-key"))
         .add_rule(Rule::new("tally", Quota::per_minute(2), key::Global).shadow(true))
         .timeout(Duration::from_secs(1))
@@ -461,7 +461,7 @@ fn an_unpolled_requests_units_are_back_with_no_runtime() {
             Poll::Pending => panic!("not ready at once"),
         }
     }
-    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
+    let layer = RateLimitLayer::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
     let mut svc = layer.layer(inner());
     poll_now(&mut std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
     drop(svc.call(get("/", "a")));

@@ -94,7 +94,7 @@ fn a_shadow_rules_charge_after_a_response_goes_to_the_fallback() {
             let store = Remote::new(MemoryStore::new());
             store.set(Mode::Failing);
             let fallback = MemoryStore::new();
-            let svc = RateLimitLayer::<_, Body>::builder(store)
+            let svc = RateLimitLayer::builder(store)
                 .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-key")).charged().shadow(true))
                 .fallback(fallback.clone(), 1)
                 .build()
@@ -231,7 +231,7 @@ fn a_hanging_charge_after_a_response_is_counted() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
         rt.block_on(async {
             let remote = LazyCharge { inner: MemoryStore::new(), hang: true };
-            let svc = RateLimitLayer::<_, Body>::builder(remote)
+            let svc = RateLimitLayer::builder(remote)
                 .add_rule(tokens(key::header("x-key")))
                 .timeout(Duration::from_millis(50))
                 .build()
@@ -253,8 +253,7 @@ fn a_memory_store_charge_needs_no_runtime() {
     block_on(limiter.charge(&verdict, 101)).unwrap();
     assert!(block_on(limiter.check("ada")).is_rejected());
 
-    let layer =
-        RateLimitLayer::<_, Body>::builder(MemoryStore::new()).add_rule(tokens(key::header("x-key"))).build().unwrap();
+    let layer = RateLimitLayer::builder(MemoryStore::new()).add_rule(tokens(key::header("x-key"))).build().unwrap();
     let svc = layer.layer(llm());
     assert_eq!(block_on(svc.clone().oneshot(prompt("ada", 101))).unwrap().status(), StatusCode::OK);
     assert_eq!(block_on(svc.oneshot(prompt("ada", 1))).unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
@@ -272,10 +271,7 @@ fn a_memory_store_charge_needs_no_timer() {
         limiter.charge(&verdict, 101).await.unwrap();
         assert!(limiter.check("ada").await.is_rejected());
 
-        let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
-            .add_rule(tokens(key::header("x-key")))
-            .build()
-            .unwrap();
+        let layer = RateLimitLayer::builder(MemoryStore::new()).add_rule(tokens(key::header("x-key"))).build().unwrap();
         let svc = layer.layer(llm());
         let first = tokio::spawn(svc.clone().oneshot(prompt("ada", 101))).await;
         assert_eq!(first.expect("the request panicked").unwrap().status(), StatusCode::OK);

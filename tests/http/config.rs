@@ -13,6 +13,7 @@ use tollgate::config::{KeySpec, LayerConfig};
 use tollgate::headers::{RATELIMIT_POLICY, X_RATELIMIT_LIMIT};
 use tollgate::key::{Key, KeyExtractor};
 use tollgate::store::{Check, Store};
+use tollgate::RequestHead;
 use tollgate::{Algorithm, BuildError, Decision, FailMode, MemoryStore, Quota, RateLimitLayer, Rule, StoreError};
 use tower::{Layer, ServiceExt};
 
@@ -77,7 +78,7 @@ fn req(ip: &str, headers: &[(&str, &str)]) -> Request<Body> {
     req
 }
 
-fn key_of(spec: &str, req: &Request<Body>) -> Option<String> {
+fn key_of<B>(spec: &str, req: &Request<B>) -> Option<String> {
     let spec: KeySpec = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));
     spec.extract(req).map(|k| String::from_utf8(k.as_bytes().to_vec()).unwrap())
 }
@@ -130,7 +131,7 @@ where
 #[tokio::test]
 async fn the_built_layer_enforces_the_file() {
     let config = LayerConfig::from_toml(FULL).unwrap();
-    let svc = config.build::<_, Body>(store()).unwrap().layer(inner());
+    let svc = config.build(store()).unwrap().layer(inner());
     let api = |key: &str, ip: &str| req(ip, &[("x-api-key", key)]);
     // burst: GCRA with burst 2 lets two through at once from one /48, then spaces them.
     assert_eq!(status(&svc, api("a", "2001:db8:1:1::1")).await, StatusCode::OK);
@@ -180,12 +181,12 @@ async fn fail_modes_come_from_the_file() {
         "fail_mode = \"closed\"\n[[rule]]\nname = \"a\"\nkey = \"global\"\nquota = \"1/s\"\nfail_mode = \"open\"",
     )
     .unwrap();
-    let svc = open.build::<_, Body>(Down).unwrap().layer(inner());
+    let svc = open.build(Down).unwrap().layer(inner());
     assert_eq!(status(&svc, req("192.0.2.1", &[])).await, StatusCode::OK);
     let closed =
         LayerConfig::from_toml("fail_mode = \"closed\"\n[[rule]]\nname = \"a\"\nkey = \"global\"\nquota = \"1/s\"")
             .unwrap();
-    let svc = closed.build::<_, Body>(Down).unwrap().layer(inner());
+    let svc = closed.build(Down).unwrap().layer(inner());
     assert_eq!(status(&svc, req("192.0.2.1", &[])).await, StatusCode::SERVICE_UNAVAILABLE);
 }
 
@@ -196,14 +197,12 @@ async fn code_rules_join_the_file_rules() {
             .unwrap();
     // Adjust the configured rules (an allow-list), add one defined in code, then apply
     // the layer-wide settings.
-    let rules = config
-        .to_rules::<Body>()
-        .into_iter()
-        .map(|r| r.bypass_if(|req: &Request<Body>| req.headers().contains_key("x-partner")));
+    let rules =
+        config.to_rules().into_iter().map(|r| r.bypass_if(|req: &RequestHead| req.headers().contains_key("x-partner")));
     let layer = rules.fold(RateLimitLayer::builder(store()), tollgate::LimiterBuilder::add_rule).add_rule(Rule::new(
         "per-user",
         Quota::per_minute(1),
-        |req: &Request<Body>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec()),
+        |req: &RequestHead| req.headers().get("x-user").map(|v| v.as_bytes().to_vec()),
     ));
     let svc = config.apply(layer).build().unwrap().layer(inner());
     let res = svc.clone().oneshot(req("192.0.2.1", &[("x-user", "u")])).await.unwrap();
@@ -213,7 +212,7 @@ async fn code_rules_join_the_file_rules() {
     assert!(!partner.headers().contains_key(RATELIMIT_POLICY), "the partner bypassed the configured rule");
 
     // builder() is the short way to the same.
-    let layer = config.builder::<_, Body>(store()).rule("more", Quota::per_hour(5), tollgate::key::Global).build();
+    let layer = config.builder(store()).rule("more", Quota::per_hour(5), tollgate::key::Global).build();
     assert_eq!(layer.unwrap().rules().len(), 2);
 }
 
@@ -292,7 +291,7 @@ fn error_messages_read_well() {
 fn an_empty_file_has_no_rules_and_cannot_build_a_layer_alone() {
     let config = LayerConfig::from_toml("").unwrap();
     assert!(config.rules().is_empty());
-    assert!(config.build::<_, Body>(store()).is_err());
+    assert!(config.build(store()).is_err());
 }
 
 /// An application's own configuration, with the limits as one section.

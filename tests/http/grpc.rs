@@ -26,7 +26,7 @@ const _: fn() = || {
 struct Server {
     client: GreeterClient,
     clock: ManualClock,
-    limits: tollgate::RateLimitLayer<MemoryStore, tonic::body::Body>,
+    limits: tollgate::RateLimitLayer<MemoryStore>,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
 

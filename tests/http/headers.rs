@@ -107,7 +107,7 @@ async fn a_policy_of_a_sub_second_period_states_its_rate() {
 #[tokio::test]
 async fn a_cached_429_says_what_the_stores_429_said() {
     let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
-    let layer = RateLimitLayer::<_, Body>::builder(store.clone())
+    let layer = RateLimitLayer::builder(store.clone())
         .rule("per-user", Quota::per_hour(5), key::Global)
         .cost(|_| 3)
         .build()
@@ -240,7 +240,7 @@ async fn nested_layers_list_every_policy_and_the_tightest_rule_first() {
 #[tokio::test]
 async fn the_last_header_style_set_on_a_layer_wins() {
     use tollgate::headers::{RATELIMIT_POLICY, X_RATELIMIT_LIMIT};
-    let answer = |layer: RateLimitLayer<MemoryStore, Body>| async move {
+    let answer = |layer: RateLimitLayer<MemoryStore>| async move {
         let res = layer.layer(app(Arc::default())).oneshot(get("/")).await.unwrap();
         (res.headers().contains_key(X_RATELIMIT_LIMIT), res.headers().contains_key(RATELIMIT_POLICY))
     };
@@ -253,7 +253,7 @@ async fn the_last_header_style_set_on_a_layer_wins() {
 
     let toml = "headers = \"ietf\"\n[[rule]]\nname = \"api\"\nkey = \"global\"\nquota = \"10/min\"";
     let config = tollgate::LayerConfig::from_toml(toml).unwrap();
-    let from_file = config.build::<_, Body>(MemoryStore::new()).unwrap();
+    let from_file = config.build(MemoryStore::new()).unwrap();
     assert_eq!(answer(from_file.clone()).await, (false, true));
     assert_eq!(answer(from_file.headers(HeaderStyle::Legacy)).await, (true, false), "and over a file's");
 

@@ -12,6 +12,7 @@ use http::{Request, Response, StatusCode};
 use tollgate::clock::ManualClock;
 use tollgate::headers::{RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RULE};
 use tollgate::store::{Check, Store};
+use tollgate::RequestHead;
 use tollgate::{key, Algorithm, Decision, FailMode, HeaderStyle, MemoryStore, Quota, RateLimitLayer, Rule, StoreError};
 use tower::{Layer, Service, ServiceExt};
 
@@ -182,7 +183,7 @@ async fn a_key_extractor_returning_none_skips_the_rule() {
     let inner = Counting::default();
     let svc = RateLimitLayer::new(
         Quota::per_minute(1),
-        |req: &Request<Body>| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned),
+        |req: &RequestHead| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned),
         MemoryStore::with_clock(clock()),
     )
     .layer(inner.clone());
@@ -217,7 +218,7 @@ async fn peer_ip_keys_each_client() {
 async fn several_rules_in_one_layer() {
     let inner = Counting::default();
     let store = MemoryStore::with_clock(clock());
-    let layer = RateLimitLayer::<_, Body>::builder(store.clone())
+    let layer = RateLimitLayer::builder(store.clone())
         .rule("ip", Quota::per_minute(4), key::PeerIp)
         .rule("api-key", Quota::per_minute(2), key::header("x-api-key"))
         .build()
@@ -250,16 +251,14 @@ async fn several_rules_in_one_layer() {
 
 #[test]
 fn duplicate_rule_names_and_bad_quotas_are_build_errors() {
-    let err = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
+    let err = RateLimitLayer::builder(MemoryStore::new())
         .rule("a", Quota::per_minute(1), key::Global)
         .rule("a", Quota::per_hour(1), key::PeerIp)
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("duplicate rule name \"a\""), "{err}");
-    let err = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
-        .rule("", Quota::per_minute(1), key::Global)
-        .build()
-        .unwrap_err();
+    let err =
+        RateLimitLayer::builder(MemoryStore::new()).rule("", Quota::per_minute(1), key::Global).build().unwrap_err();
     assert!(err.to_string().contains("invalid rule name"), "{err}");
     assert!("0/min".parse::<Quota>().unwrap_err().to_string().contains("limit is 0"));
 }
@@ -272,13 +271,13 @@ async fn tiers_choose_the_quota_per_request() {
         Pro,
         Enterprise,
     }
-    let tier_of = |req: &Request<Body>| match req.headers().get("x-tier").map(|v| v.as_bytes()) {
+    let tier_of = |req: &RequestHead| match req.headers().get("x-tier").map(|v| v.as_bytes()) {
         Some(b"pro") => Tier::Pro,
         Some(b"enterprise") => Tier::Enterprise,
         _ => Tier::Free,
     };
     let rule =
-        Rule::new("account", Quota::per_minute(2), key::header("x-account")).quota_fn(move |req: &Request<Body>| {
+        Rule::new("account", Quota::per_minute(2), key::header("x-account")).quota_fn(move |req: &RequestHead| {
             match tier_of(req) {
                 Tier::Free => Some(Quota::per_minute(2)),
                 Tier::Pro => Some(Quota::per_minute(5)),
@@ -314,7 +313,7 @@ async fn tiers_choose_the_quota_per_request() {
 async fn request_cost() {
     let svc = RateLimitLayer::builder(MemoryStore::with_clock(clock()))
         .rule("default", Quota::per_minute(10), key::Global)
-        .cost(|req: &Request<Body>| if req.method() == http::Method::POST { 4 } else { 1 })
+        .cost(|req: &RequestHead| if req.method() == http::Method::POST { 4 } else { 1 })
         .build()
         .unwrap()
         .layer(Counting::default());
@@ -482,7 +481,7 @@ async fn fallback_limits_while_the_store_is_down() {
 #[tokio::test]
 async fn shadow_rules_decide_but_never_reject() {
     let store = MemoryStore::with_clock(clock());
-    let layer = RateLimitLayer::<_, Body>::builder(store.clone())
+    let layer = RateLimitLayer::builder(store.clone())
         .rule("real", Quota::per_minute(5), key::Global)
         .add_rule(Rule::new("trial", Quota::per_minute(1), key::Global).shadow(true))
         .build()
@@ -504,10 +503,10 @@ async fn shadow_rules_decide_but_never_reject() {
 
 #[tokio::test]
 async fn bypass_and_count_by_outcome() {
-    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(clock()))
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(clock()))
         .add_rule(
             Rule::new("login", Quota::per_minute(2), key::Global)
-                .bypass_if(|req: &Request<Body>| req.headers().contains_key("x-internal"))
+                .bypass_if(|req: &RequestHead| req.headers().contains_key("x-internal"))
                 .count_if(|status| status == StatusCode::UNAUTHORIZED),
         )
         .build()

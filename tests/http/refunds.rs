@@ -96,7 +96,7 @@ async fn a_slow_handlers_refund_after_the_boundary_keeps_later_failures_counted(
     let clock = ManualClock::new(T0);
     let edge = (T0 / (60 * SEC) + 1) * 60 * SEC;
     let go = Arc::new(Notify::new());
-    let svc = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(clock.clone()))
+    let svc = RateLimitLayer::builder(MemoryStore::with_clock(clock.clone()))
         .add_rule(
             Rule::new("login", Quota::per_minute(2), key::Global)
                 .algorithm(Algorithm::FixedWindow)
@@ -159,7 +159,7 @@ async fn count_if_units_come_back_when_the_handler_fails_or_is_dropped() {
             _ => Ok(Response::new(Body::empty())),
         }
     });
-    let svc = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(TokioClock::new()))
+    let svc = RateLimitLayer::builder(MemoryStore::with_clock(TokioClock::new()))
         .add_rule(Rule::new("login", Quota::per_minute(2), key::Global).count_if(|s| s == StatusCode::UNAUTHORIZED))
         .build()
         .unwrap()

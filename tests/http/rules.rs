@@ -43,9 +43,9 @@ fn app(
 #[tokio::test]
 async fn two_new_layers_over_one_store_share_and_builders_refuse_the_name() {
     let store = MemoryStore::with_clock(ManualClock::new(T0));
-    let search = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, store.clone());
+    let search = RateLimitLayer::new(Quota::per_minute(3), key::Global, store.clone());
     // No panic: the second `new` shares "default" (and says so on stderr).
-    let upload = RateLimitLayer::<_, Body>::new(Quota::per_minute(100), key::Global, store.clone());
+    let upload = RateLimitLayer::new(Quota::per_minute(100), key::Global, store.clone());
     let (search_svc, upload_svc) = (search.layer(app(Arc::default())), upload.layer(app(Arc::default())));
     for _ in 0..3 {
         assert_eq!(upload_svc.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::OK);
@@ -53,7 +53,7 @@ async fn two_new_layers_over_one_store_share_and_builders_refuse_the_name() {
     let res = search_svc.clone().oneshot(get("/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "the two `new` layers count into one state");
 
-    let err = RateLimitLayer::<_, Body>::builder(store.clone()).rule("default", Quota::per_day(1), key::Global).build();
+    let err = RateLimitLayer::builder(store.clone()).rule("default", Quota::per_day(1), key::Global).build();
     let err = err.unwrap_err();
     assert!(matches!(&err, BuildError::RuleInUse { rule, .. } if rule == "default"), "{err}");
     assert!(err.to_string().contains("RateLimitLayer::builder(store)"), "the hint names what was built: {err}");
@@ -63,12 +63,12 @@ async fn two_new_layers_over_one_store_share_and_builders_refuse_the_name() {
     let err = err.unwrap_err().to_string();
     assert!(err.contains("Limiter::builder(store)") && !err.contains("RateLimitLayer::builder"), "{err}");
     // Other stores and other names are fine.
-    let _other = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, MemoryStore::new());
-    let other = RateLimitLayer::<_, Body>::builder(store.clone()).rule("upload", Quota::per_minute(100), key::Global);
+    let _other = RateLimitLayer::new(Quota::per_minute(3), key::Global, MemoryStore::new());
+    let other = RateLimitLayer::builder(store.clone()).rule("upload", Quota::per_minute(100), key::Global);
     assert!(other.build().is_ok());
     // Once the layers are gone, their names are free again.
     drop((search, upload, search_svc, upload_svc));
-    let again = RateLimitLayer::<_, Body>::builder(store).rule("default", Quota::per_minute(3), key::Global).build();
+    let again = RateLimitLayer::builder(store).rule("default", Quota::per_minute(3), key::Global).build();
     assert!(again.is_ok(), "{again:?}");
 }
 
@@ -76,11 +76,7 @@ async fn two_new_layers_over_one_store_share_and_builders_refuse_the_name() {
 async fn named_rules_on_two_routes_keep_their_own_counts() {
     let store = MemoryStore::with_clock(ManualClock::new(T0));
     let layer = |name: &str, q| {
-        RateLimitLayer::<_, Body>::builder(store.clone())
-            .rule(name, q, key::Global)
-            .build()
-            .unwrap()
-            .layer(app(Arc::default()))
+        RateLimitLayer::builder(store.clone()).rule(name, q, key::Global).build().unwrap().layer(app(Arc::default()))
     };
     let (upload, search) = (layer("upload", Quota::per_minute(100)), layer("search", Quota::per_minute(3)));
     for _ in 0..5 {
@@ -100,7 +96,7 @@ async fn named_rules_on_two_routes_keep_their_own_counts() {
 
 #[tokio::test]
 async fn count_if_applies_to_shadow_rules_too() {
-    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(ManualClock::new(T0)))
         .add_rule(
             Rule::new("trial", Quota::per_minute(1), key::Global)
                 .shadow(true)
@@ -126,7 +122,7 @@ async fn count_if_applies_to_shadow_rules_too() {
 
 #[tokio::test]
 async fn a_refused_request_takes_nothing_from_shadow_rules() {
-    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(ManualClock::new(T0)))
         .rule("strict", Quota::per_minute(1), key::Global)
         .add_rule(
             Rule::new("logins", Quota::per_minute(3), key::Global)
@@ -159,12 +155,12 @@ async fn a_refused_request_takes_nothing_from_shadow_rules() {
 #[tokio::test]
 async fn a_shared_default_stays_claimed_and_swappable_by_either_layer() {
     let store = MemoryStore::with_clock(ManualClock::new(T0));
-    let first = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, store.clone());
-    let second = RateLimitLayer::<_, Body>::new(Quota::per_minute(3), key::Global, store.clone());
+    let first = RateLimitLayer::new(Quota::per_minute(3), key::Global, store.clone());
+    let second = RateLimitLayer::new(Quota::per_minute(3), key::Global, store.clone());
     second.handle().set_quota("default", Quota::per_minute(10)).expect("the second layer swaps its own rule");
     first.handle().set_quota("default", Quota::per_minute(3)).expect("and so does the first");
     drop(first);
-    let taken = RateLimitLayer::<_, Body>::builder(store.clone()).rule("default", Quota::per_minute(3), key::Global);
+    let taken = RateLimitLayer::builder(store.clone()).rule("default", Quota::per_minute(3), key::Global);
     let err = taken.build().unwrap_err();
     assert!(matches!(&err, BuildError::RuleInUse { rule, .. } if rule == "default"), "still held by the second: {err}");
     // A `new` joins a limiter's explicit "default" too (and says so), as documented.
@@ -172,7 +168,7 @@ async fn a_shared_default_stays_claimed_and_swappable_by_either_layer() {
         .rule("default", Quota::per_minute(1), |s: &str| Some(s.to_owned()))
         .build()
         .unwrap();
-    let joined = RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::Global, limiter.store().clone());
+    let joined = RateLimitLayer::new(Quota::per_minute(1), key::Global, limiter.store().clone());
     assert!(limiter.check("k").await.is_allowed());
     let svc = joined.layer(app(Arc::default()));
     assert_eq!(svc.oneshot(get("/")).await.unwrap().status(), StatusCode::OK, "key::Global is not \"k\"");

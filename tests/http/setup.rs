@@ -10,6 +10,7 @@ use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use tollgate::clock::ManualClock;
 use tollgate::headers::{RATELIMIT_POLICY, X_RATELIMIT_RULE};
+use tollgate::RequestHead;
 use tollgate::{key, response, FailMode, HeaderStyle, MemoryStore, Quota, RateLimitLayer, Rule};
 use tower::{Layer, ServiceExt};
 
@@ -67,16 +68,14 @@ fn a_forgotten_connect_info_is_said_once_on_stderr() {
 #[tokio::test]
 async fn on_rejected_infers_its_closure_and_sees_the_request() {
     // No annotation on `r`: its type comes from `on_rejected`.
-    let layer =
-        RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::Global, MemoryStore::new()).on_rejected(|r| {
-            let html = r.headers.get(ACCEPT).is_some_and(|a| a.as_bytes().starts_with(b"text/html"));
-            let wait = r.decision.retry_after_secs().unwrap();
-            let body =
-                if html { format!("<p>{} on {}: {wait} s</p>", r.rule, r.uri.path()) } else { format!("{wait}") };
-            let mut res = Response::new(Body::from(body));
-            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            res
-        });
+    let layer = RateLimitLayer::new(Quota::per_minute(1), key::Global, MemoryStore::new()).on_rejected(|r| {
+        let html = r.headers.get(ACCEPT).is_some_and(|a| a.as_bytes().starts_with(b"text/html"));
+        let wait = r.decision.retry_after_secs().unwrap();
+        let body = if html { format!("<p>{} on {}: {wait} s</p>", r.rule, r.uri.path()) } else { format!("{wait}") };
+        let mut res = Response::new(Body::from(body));
+        *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        res
+    });
     let app = ok().layer(layer);
     app.clone().oneshot(get()).await.unwrap();
     let html = http::Request::get("/").header(ACCEPT, "text/html").body(Body::empty()).unwrap();
@@ -111,8 +110,8 @@ async fn ready_made_json_and_text_rejections() {
     assert_eq!(json["retry_after"].as_u64(), Some(retry), "the body and Retry-After disagree");
 
     // A rule name that needs escaping, and a cost that never fits (no Retry-After).
-    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
-        .add_rule(Rule::new("say \"hi\"\n", Quota::per_minute(2), key::Global).cost(|_: &axum::extract::Request| 5))
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .add_rule(Rule::new("say \"hi\"\n", Quota::per_minute(2), key::Global).cost(|_: &RequestHead| 5))
         .build()
         .unwrap()
         .on_rejected(response::json());
@@ -188,7 +187,7 @@ async fn the_fail_closed_503_can_be_customised() {
 #[tokio::test]
 async fn http_is_reexported_for_key_closures() {
     // An app that names no `http` of its own writes tollgate::http.
-    let key = |req: &tollgate::http::Request<Body>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec());
+    let key = |req: &RequestHead| req.headers().get("x-user").map(|v| v.as_bytes().to_vec());
     let app = ok().layer(RateLimitLayer::new(Quota::per_minute(1), key, MemoryStore::new()));
     let req = || http::Request::get("/").header("x-user", "u").body(Body::empty()).unwrap();
     app.clone().oneshot(req()).await.unwrap();
@@ -197,7 +196,7 @@ async fn http_is_reexported_for_key_closures() {
 
 #[tokio::test]
 async fn rule_names_can_be_kept_private() {
-    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
+    let layer = RateLimitLayer::builder(MemoryStore::new())
         .add_rule(Rule::new("fraud-score-v3", Quota::per_minute(1), key::Global).public_name("api"))
         .add_rule(Rule::new("internal-burst", Quota::per_hour(100), key::Global).public_name(""))
         .build()

@@ -389,7 +389,7 @@ fn an_in_process_limiter_needs_no_runtime() {
     assert!(at_once(limiter.block("jobs", "bob", Duration::from_secs(60))).unwrap());
     assert!(at_once(limiter.check_key("jobs", "bob", 1)).is_rejected());
 
-    let layer = RateLimitLayer::<_, Body>::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
+    let layer = RateLimitLayer::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
     let mut svc = layer.layer(tower::service_fn(|_: Request<Body>| async {
         Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
     }));

@@ -55,6 +55,7 @@ use tollgate::response::Rejection;
 use tollgate::store::{Check, Store};
 use tollgate::store::{LocalStore, Outcome, Refund};
 use tollgate::verdict::DecidedBy;
+use tollgate::RequestHead;
 use tollgate::{Algorithm, Decision, FailMode, MemoryStore, Quota, RateLimitLayer, RedisStore, Rule, StoreError};
 use tower::{Layer, ServiceExt};
 
@@ -379,7 +380,7 @@ fn request(key: u8, cost: u8, status: u16, handler_ms: u16) -> Request<Body> {
         .unwrap()
 }
 
-fn header(req: &Request<Body>, name: &str) -> u64 {
+fn header<B>(req: &Request<B>, name: &str) -> u64 {
     req.headers().get(name).and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1)
 }
 
@@ -404,7 +405,7 @@ async fn run_case<S: Store + Clone>(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let now = store.clock.clone();
     let record = seen.clone();
-    let mut rules = RateLimitLayer::<_, Body>::builder(store.clone())
+    let mut rules = RateLimitLayer::builder(store.clone())
         .add_rule({
             let rule = Rule::new("k", cfg.per_key.1, key::header("x-key")).algorithm(cfg.per_key.0);
             if cfg.charged {
@@ -423,7 +424,7 @@ async fn run_case<S: Store + Clone>(
         rules = rules.add_rule(Rule::new("s", quota, key::header("x-key")).algorithm(algorithm).shadow(true));
     }
     let mut rules = rules
-        .cost(|req: &Request<Body>| header(req, "x-cost"))
+        .cost(|req: &RequestHead| header(req, "x-cost"))
         .timeout(Duration::from_millis(50))
         .max_in_flight(2)
         .circuit_breaker(2, cool_down)

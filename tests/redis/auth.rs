@@ -141,7 +141,7 @@ async fn send(store: &RedisStore, mode: FailMode, deadline: Duration, key: &str,
         counted.fetch_add(1, Ordering::Relaxed);
         std::future::ready(Ok::<_, Infallible>(Response::new(Body::empty())))
     });
-    let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+    let svc = RateLimitLayer::builder(store.clone())
         .rule("default", Quota::per_minute(LIMIT as u64), key::header("x-api-key"))
         .algorithm(Algorithm::Gcra)
         .fail_mode(mode)

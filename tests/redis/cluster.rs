@@ -13,6 +13,7 @@ use tollgate::key::Key;
 use tollgate::store::Params;
 use tollgate::store::Refund;
 use tollgate::store::{Check, Store};
+use tollgate::RequestHead;
 use tollgate::{Algorithm, Limiter, LimiterBuilder, Quota, RedisStore, Rule};
 
 fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
@@ -296,9 +297,9 @@ async fn a_slot_that_accepts_after_the_caller_left_gives_every_unit_back() {
     store.ping().await.unwrap();
     let (ip, account) = (key_on(&cluster, 0, "late-ip"), key_on(&cluster, 1, "late-acct"));
     let per_ip = check("per-ip", &ip, Algorithm::Gcra, Quota::per_hour(5));
-    let layer = tollgate::RateLimitLayer::<_, Body>::builder(store.clone())
-        .add_rule(Rule::new("per-ip", Quota::per_hour(5), move |_: &http::Request<Body>| Some(Key::from(ip.as_str()))))
-        .add_rule(Rule::new("per-account", Quota::per_hour(100), move |_: &http::Request<Body>| {
+    let layer = tollgate::RateLimitLayer::builder(store.clone())
+        .add_rule(Rule::new("per-ip", Quota::per_hour(5), move |_: &RequestHead| Some(Key::from(ip.as_str()))))
+        .add_rule(Rule::new("per-account", Quota::per_hour(100), move |_: &RequestHead| {
             Some(Key::from(account.as_str()))
         }))
         .algorithm(Algorithm::Gcra)

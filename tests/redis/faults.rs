@@ -23,7 +23,6 @@ const MARGIN: Duration = Duration::from_millis(150);
 type Svc = tollgate::RateLimit<
     tower::util::ServiceFn<fn(Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>>>,
     RedisStore,
-    Body,
     tollgate::response::DefaultRejection,
 >;
 
@@ -32,7 +31,7 @@ fn ok(_: Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>
 }
 
 fn service(store: RedisStore, quota: Quota, mode: FailMode) -> Svc {
-    RateLimitLayer::<_, Body>::builder(store)
+    RateLimitLayer::builder(store)
         .rule("default", quota, key::header("x-api-key"))
         .algorithm(Algorithm::Gcra)
         .fail_mode(mode)
@@ -154,7 +153,7 @@ async fn overload_is_bounded_then_fails_open() {
     // DEBUG SLEEP needs the debug command, off by default since Redis 7.
     let redis = RedisServer::start_with_args(&["--enable-debug-command", "yes"]);
     let store = RedisStore::from_url(&redis.url()).unwrap();
-    let svc = RateLimitLayer::<_, Body>::builder(store)
+    let svc = RateLimitLayer::builder(store)
         .rule("default", Quota::per_minute(1_000_000), key::header("x-api-key"))
         .timeout(DEADLINE)
         .max_in_flight(8)

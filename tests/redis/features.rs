@@ -38,7 +38,7 @@ fn with_metrics<T>(f: impl std::future::Future<Output = T>) -> (T, String) {
 // Near-limit signal
 
 async fn ten_requests<St: Store>(store: St) -> Vec<StatusCode> {
-    let layer = RateLimitLayer::<_, Body>::builder(store)
+    let layer = RateLimitLayer::builder(store)
         .rule("api", Quota::per_minute(10), key::header("x-user"))
         .rule("half", Quota::per_minute(20), key::header("x-user"))
         .algorithm(Algorithm::Gcra)
@@ -78,7 +78,7 @@ fn the_near_limit_metric_counts_admissions_that_leave_the_share_in_use() {
 #[test]
 fn a_near_limit_share_outside_zero_to_one_is_refused() {
     for share in [0.0, -0.5, 1.5, f64::NAN] {
-        let err = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
+        let err = RateLimitLayer::builder(MemoryStore::new())
             .rule("default", Quota::per_minute(10), key::Global)
             .near_limit(share)
             .build()
@@ -124,7 +124,7 @@ async fn hashed_keys_keep_client_keys_out_of_redis() {
     let server = RedisServer::start();
     let store = || RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
     let layer = |store: RedisStore| {
-        RateLimitLayer::<_, Body>::builder(store)
+        RateLimitLayer::builder(store)
             .rule("per-key", Quota::per_minute(3), key::header("x-user"))
             .rule("per-key-daily", Quota::per_day(100), key::header("x-user"))
             .build()
@@ -170,7 +170,7 @@ async fn hashed_keys_keep_one_clients_rules_in_one_cluster_slot() {
         .hash_keys(SECRET)
         .unwrap();
     store.ping().await.unwrap();
-    let layer = RateLimitLayer::<_, Body>::builder(store)
+    let layer = RateLimitLayer::builder(store)
         .rule("per-minute", Quota::per_minute(2), key::header("x-user"))
         .rule("per-day", Quota::per_day(100), key::header("x-user"))
         .build()
@@ -230,7 +230,7 @@ fn retry_after(res: &Response<Body>) -> Option<u64> {
 /// hour, on every server; a right password does not help meanwhile; the hour ends it.
 async fn failed_logins_block_for_an_hour<St: Store + Clone>(store: St, clock: &ManualClock, name: &str) {
     let layer = |store: St| {
-        RateLimitLayer::<_, Body>::builder(store)
+        RateLimitLayer::builder(store)
             .add_rule(
                 Rule::new("logins", Quota::new(5, Duration::from_secs(15 * 60)), key::header("x-user"))
                     .algorithm(Algorithm::SlidingWindowLog)
@@ -296,7 +296,7 @@ async fn a_penalty_blocks_the_key_on_every_server() {
 #[tokio::test]
 async fn the_blocked_key_cache_answers_a_blocked_key() {
     let store = support::fake::Remote::new(MemoryStore::new());
-    let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+    let svc = RateLimitLayer::builder(store.clone())
         .add_rule(
             Rule::new("logins", Quota::per_minute(2), key::header("x-user"))
                 .count_if(|s| s == StatusCode::UNAUTHORIZED)
@@ -322,6 +322,7 @@ async fn the_blocked_key_cache_answers_a_blocked_key() {
 // ---------------------------------------------------------------------------------------
 // Limits changed at runtime
 
+use tollgate::RequestHead;
 use tollgate::{BuildError, HeaderStyle, LimiterHandle};
 
 const OK: StatusCode = StatusCode::OK;
@@ -329,7 +330,7 @@ const NO: StatusCode = StatusCode::TOO_MANY_REQUESTS;
 
 /// A quota changed on a serving layer keeps what each key used.
 async fn a_new_quota_keeps_what_was_used<St: Store>(store: St, name: &str) {
-    let layer = RateLimitLayer::<_, Body>::builder(store)
+    let layer = RateLimitLayer::builder(store)
         .rule("api", Quota::per_minute(3), key::header("x-user"))
         .algorithm(Algorithm::SlidingWindowLog)
         .build()
@@ -367,7 +368,7 @@ async fn a_swapped_rule_set_is_not_answered_by_the_old_sets_cache() {
     let server = RedisServer::start();
     let redis = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
     let rule = |name: &str| Rule::new(name, Quota::per_minute(1), key::header("x-user"));
-    let layer = RateLimitLayer::<_, Body>::builder(redis).add_rule(rule("a")).build().unwrap();
+    let layer = RateLimitLayer::builder(redis).add_rule(rule("a")).build().unwrap();
     let (handle, svc) = (layer.handle(), layer.layer(ok()));
     assert_eq!(statuses(&svc, "ada", 2).await, [OK, NO]);
     handle.set_rules(vec![rule("b")]).unwrap();
@@ -408,12 +409,8 @@ async fn a_refund_after_a_swap_clears_the_new_rules_cached_rejection() {
 async fn a_swap_is_atomic_for_requests_in_flight() {
     let x = || Rule::new("x", Quota::per_minute(10_000), key::header("x-user"));
     let y = || Rule::new("y", Quota::per_minute(20_000), key::header("x-user"));
-    let layer = RateLimitLayer::<_, Body>::builder(MemoryStore::new())
-        .add_rule(x())
-        .build()
-        .unwrap()
-        .headers(HeaderStyle::Ietf);
-    let handle: LimiterHandle<Request<Body>> = layer.handle();
+    let layer = RateLimitLayer::builder(MemoryStore::new()).add_rule(x()).build().unwrap().headers(HeaderStyle::Ietf);
+    let handle: LimiterHandle<RequestHead> = layer.handle();
     let svc = layer.layer(ok());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let swapper = {
@@ -466,8 +463,8 @@ async fn a_swap_is_atomic_for_requests_in_flight() {
 async fn a_swap_that_fails_leaves_the_rules_in_force() {
     let store = MemoryStore::new();
     let rule = |name: &str, n| Rule::new(name, Quota::per_minute(n), key::header("x-user"));
-    let layer = RateLimitLayer::<_, Body>::builder(store.clone()).add_rule(rule("a", 2)).build().unwrap();
-    let other = RateLimitLayer::<_, Body>::builder(store.clone()).add_rule(rule("taken", 1)).build().unwrap();
+    let layer = RateLimitLayer::builder(store.clone()).add_rule(rule("a", 2)).build().unwrap();
+    let other = RateLimitLayer::builder(store.clone()).add_rule(rule("taken", 1)).build().unwrap();
     let (handle, svc) = (layer.handle(), layer.layer(ok()));
     for (rules, err) in [
         (vec![rule("b", 5), rule("b", 5)], BuildError::DuplicateRule("b".into())),
@@ -490,7 +487,7 @@ async fn a_swap_that_fails_leaves_the_rules_in_force() {
     assert_eq!(statuses(&svc, "ada", 3).await, [OK, OK, NO], "still a at 2/min");
     // Dropped by a swap, "a" can be used by another layer once no request holds the old set.
     handle.set_rules(vec![rule("b", 5)]).unwrap();
-    let again = RateLimitLayer::<_, Body>::builder(store).add_rule(rule("a", 1)).build();
+    let again = RateLimitLayer::builder(store).add_rule(rule("a", 1)).build();
     assert!(again.is_ok(), "{again:?}");
     drop(other);
 }
@@ -521,7 +518,7 @@ quota = "4/day"
 async fn reloaded_limits<St: Store>(store: St, name: &str) {
     let v1 = tollgate::LayerConfig::from_toml(LIMITS_V1).unwrap();
     let layer = v1
-        .builder::<_, Body>(store)
+        .builder(store)
         .add_rule(Rule::new("global", Quota::per_minute(100), key::Global).public_name(""))
         .build()
         .unwrap();
@@ -572,7 +569,7 @@ fn prompt(user: &str, org: &str, tokens: Option<u64>) -> Request<Body> {
 /// response; requests per user counted as they arrive. Fixed windows on a manual clock:
 /// exact counts.
 async fn tokens_are_charged_after_the_response<St: Store + Clone>(store: St, clock: &ManualClock, name: &str) {
-    let layer = RateLimitLayer::<_, Body>::builder(store)
+    let layer = RateLimitLayer::builder(store)
         .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-user")).charged())
         .add_rule(Rule::new("org-tokens", Quota::per_minute(1_000), key::header("x-org")).charged())
         .rule("requests", Quota::per_minute(50), key::header("x-user"))
@@ -634,7 +631,7 @@ async fn charges_after_the_response_put_a_key_in_debt() {
 fn a_failed_charge_is_counted() {
     let ((), scrape) = with_metrics(async {
         let store = support::fake::Remote::new(MemoryStore::new());
-        let svc = RateLimitLayer::<_, Body>::builder(store.clone())
+        let svc = RateLimitLayer::builder(store.clone())
             .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-user")).charged())
             .build()
             .unwrap()
@@ -664,17 +661,17 @@ fn a_failed_charge_is_counted() {
 /// fails (no yield between the two requests here, on one thread).
 #[tokio::test]
 async fn a_local_charge_counts_for_the_very_next_request() {
-    async fn charged_then_next<St: Store>(layer: RateLimitLayer<St, Body>, name: &str) {
+    async fn charged_then_next<St: Store>(layer: RateLimitLayer<St>, name: &str) {
         let svc = layer.layer(llm());
         assert_eq!(svc.clone().oneshot(prompt("ada", "acme", Some(101))).await.unwrap().status(), OK, "{name}");
         let res = svc.clone().oneshot(prompt("ada", "acme", Some(1))).await.unwrap();
         assert_eq!(res.status(), NO, "{name}: the 101 tokens were not yet taken");
     }
     let tokens = || Rule::new("tokens", Quota::per_minute(100), key::header("x-user")).charged();
-    let local = RateLimitLayer::<_, Body>::builder(MemoryStore::new()).add_rule(tokens()).build().unwrap();
+    let local = RateLimitLayer::builder(MemoryStore::new()).add_rule(tokens()).build().unwrap();
     charged_then_next(local, "a local store").await;
     let store = support::fake::Remote::new(MemoryStore::new());
     store.set(support::fake::Mode::Failing);
-    let failing = RateLimitLayer::<_, Body>::builder(store).add_rule(tokens()).fallback(MemoryStore::new(), 1);
+    let failing = RateLimitLayer::builder(store).add_rule(tokens()).fallback(MemoryStore::new(), 1);
     charged_then_next(failing.build().unwrap(), "the fallback").await;
 }

@@ -48,7 +48,7 @@ fn reset_stats(server: &RedisServer) {
 /// built with a 2 s deadline and `FailMode::Closed`: store errors answer 503 (fail closed), so that no error can
 /// pass for a decision.
 fn service(
-    layer: RateLimitLayer<RedisStore, Body>,
+    layer: RateLimitLayer<RedisStore>,
     status: StatusCode,
     calls: &Arc<AtomicUsize>,
 ) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone + Send + 'static {

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tollgate::RequestHead;
 use tollgate::{key, Algorithm, FailMode, Limiter, Quota, RateLimitLayer, RedisStore, Rule, StoreError};
 
 use support::redis::{RedisCluster, RedisServer};
@@ -20,7 +20,7 @@ use support::redis::{RedisCluster, RedisServer};
 /// Starts one server; returns its address.
 async fn serve(store: RedisStore, algorithm: Algorithm) -> SocketAddr {
     serve_layer(
-        RateLimitLayer::<_, Body>::builder(store)
+        RateLimitLayer::builder(store)
             .rule("default", Quota::per_hour(100), key::header("x-api-key"))
             .algorithm(algorithm)
             .fail_mode(tollgate::FailMode::Closed)
@@ -34,7 +34,7 @@ async fn serve(store: RedisStore, algorithm: Algorithm) -> SocketAddr {
 }
 
 /// Starts one server behind `layer`; returns its address.
-async fn serve_layer(layer: RateLimitLayer<RedisStore, Body>) -> SocketAddr {
+async fn serve_layer(layer: RateLimitLayer<RedisStore>) -> SocketAddr {
     let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" })).layer(layer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -147,7 +147,7 @@ fn stores(urls: &[String], cluster: bool) -> Vec<RedisStore> {
 
 /// Each server's limiter: one per-key rule (blockable), fail closed so that a store error
 /// is never counted as an admission.
-fn limiter(store: RedisStore, algorithm: Algorithm) -> Limiter<RedisStore, http::Request<Body>> {
+fn limiter(store: RedisStore, algorithm: Algorithm) -> Limiter<RedisStore, RequestHead> {
     Limiter::builder(store)
         .add_rule(Rule::new("per-key", Quota::per_hour(100), key::header("x-api-key")).blockable())
         .algorithm(algorithm)

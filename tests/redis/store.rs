@@ -821,9 +821,7 @@ impl<S: Store> DynCheck for S {
 fn rule_names_are_claimed_per_store_and_prefix() {
     let url = "redis://127.0.0.1:6399/0";
     let claim = |store: RedisStore| {
-        tollgate::RateLimitLayer::<_, axum::body::Body>::builder(store)
-            .rule("api", Quota::per_minute(10), tollgate::key::Global)
-            .build()
+        tollgate::RateLimitLayer::builder(store).rule("api", Quota::per_minute(10), tollgate::key::Global).build()
     };
     let store = RedisStore::from_url(url).unwrap();
     let first = claim(store.clone()).unwrap();
