@@ -529,7 +529,7 @@ mod run {
         quota: Quota,
         cache: bool,
     ) -> Result<impl Target, Error> {
-        let layer = RateLimitLayer::<_, Body>::builder(store.clone())
+        let layer = RateLimitLayer::builder(store.clone())
             .add_rule(Rule::new(RULE, quota, key::header(HEADER)).algorithm(algorithm).max_delay(max_delay(algorithm)))
             // A store error answers 503 and is counted as failed, never as accepted.
             .fail_mode(FailMode::Closed)
@@ -546,7 +546,9 @@ mod run {
         ViaStore { store: store.clone(), checks: checks.into() }
     }
 
-    /// The algorithm's own script, with the KEYS and ARGV the store sends.
+    /// The algorithm's own script, with the KEYS and ARGV the store sends: read off the wire
+    /// with `MONITOR` while the store decides one check (the library exposes no hook for
+    /// it), then sent by `EVALSHA` for each name, the first name's key replaced by each.
     async fn via_script(
         ctl: &mut Ctl,
         store: &RedisStore,
@@ -554,18 +556,58 @@ mod run {
         algorithm: Algorithm,
         quota: Quota,
     ) -> Result<ViaScript, Error> {
-        let mut cmds = Vec::with_capacity(names.len());
-        let mut loaded = false;
-        for n in names {
-            let call = store.__check_script_call(&[check_for(n, algorithm, quota)])?;
-            if !loaded {
-                let sha: String = ctl.cmd(&["SCRIPT", "LOAD", call.text]).await?;
-                assert_eq!(sha, call.sha, "the script's SHA1");
-                loaded = true;
+        use futures_util::StreamExt;
+        let first = names.first().ok_or("no names")?;
+        let mut seen = redis::Client::open(ctl.url.as_str())?.get_async_monitor().await?.into_on_message::<String>();
+        store.check(&[check_for(first, algorithm, quota)]).await?;
+        let args = loop {
+            let line = seen.next().await.ok_or("MONITOR ended before the store's call")?;
+            let args = monitor_args(&line);
+            if args.first().is_some_and(|verb| verb.eq_ignore_ascii_case("evalsha")) {
+                break args;
             }
-            cmds.push(call.evalsha);
-        }
+        };
+        let tag = format!("{{{first}}}");
+        let cmds: Vec<redis::Cmd> = names
+            .iter()
+            .map(|n| {
+                let mut cmd = redis::cmd("EVALSHA");
+                for a in &args[1..] {
+                    cmd.arg(a.replace(&tag, &format!("{{{n}}}")));
+                }
+                cmd
+            })
+            .collect();
         Ok(ViaScript { conn: ctl.connection().await?, cmds: cmds.into() })
+    }
+
+    /// The arguments of one `MONITOR` line (`1700000000.1 [0 127.0.0.1:5] "evalsha" "ab…"`),
+    /// unquoted (`\"`, `\\` and `\xHH` escapes).
+    fn monitor_args(line: &str) -> Vec<String> {
+        let mut args = Vec::new();
+        let mut chars = line.chars();
+        while chars.by_ref().any(|c| c == '"') {
+            let mut arg = String::new();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => break,
+                    '\\' => match chars.next() {
+                        Some('x') => {
+                            let hex: String = chars.by_ref().take(2).collect();
+                            arg.push(char::from(u8::from_str_radix(&hex, 16).unwrap_or(b'?')));
+                        }
+                        Some('n') => arg.push('\n'),
+                        Some('r') => arg.push('\r'),
+                        Some('t') => arg.push('\t'),
+                        Some(other) => arg.push(other),
+                        None => {}
+                    },
+                    c => arg.push(c),
+                }
+            }
+            args.push(arg);
+        }
+        args
     }
 
     /// Baseline (a): `INCR` + `PEXPIRE` by `EVALSHA`.

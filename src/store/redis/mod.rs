@@ -20,8 +20,6 @@ use deadpool_redis::redis::{self, Value};
 use self::call::{Config, Inner};
 use self::conn::{Link, Timeouts};
 use self::origin::{parse_url, Origin};
-#[cfg(feature = "bench-internals")]
-use self::script::{validate, MODE_CHECK, SCRIPTS};
 use super::{Check, Outcome, Refund, Store};
 use crate::algorithm::Algorithm;
 #[cfg(feature = "test-util")]
@@ -29,20 +27,6 @@ use crate::clock::SharedClock;
 use crate::decision::Decision;
 use crate::error::{BuildError, StoreError};
 use crate::key::Key;
-
-/// Not part of the API (feature `bench-internals`): one check script call, see
-/// `RedisStore::__check_script_call`.
-#[cfg(feature = "bench-internals")]
-#[doc(hidden)]
-#[derive(Debug, Clone)]
-pub struct ScriptCall {
-    /// The script's SHA1, for `EVALSHA`.
-    pub sha: String,
-    /// The script, for `EVAL`.
-    pub text: &'static str,
-    /// The `EVALSHA` command, byte for byte as the store sends it.
-    pub evalsha: redis::Cmd,
-}
 
 /// The default key prefix.
 const DEFAULT_PREFIX: &str = "tollgate";
@@ -405,24 +389,6 @@ impl RedisStore {
     pub fn with_clock(self, clock: impl crate::clock::Clock) -> Self {
         let clock = SharedClock(Arc::new(clock));
         self.rebuild(|c| c.clock = Some(clock))
-    }
-
-    /// Not part of the API (feature `bench-internals`, for `bench/loadtest.rs`, which
-    /// measures the script alone as a baseline): what [`Store::check`] sends for `checks`
-    /// on a standalone server, by `EVALSHA` of `sha` (or `EVAL` of `text` after a
-    /// `NOSCRIPT`). May change in any release.
-    ///
-    /// # Errors
-    ///
-    /// As [`Store::check`], for quotas that Lua cannot compute exactly.
-    #[cfg(feature = "bench-internals")]
-    #[doc(hidden)]
-    pub fn __check_script_call(&self, checks: &[Check]) -> Result<ScriptCall, StoreError> {
-        let checks: Vec<&Check> = checks.iter().collect();
-        checks.iter().try_for_each(|c| validate(c))?;
-        let script = SCRIPTS.check_for(&checks);
-        let evalsha = self.inner.script_cmd("EVALSHA", &script.sha, &checks, &[], MODE_CHECK, None);
-        Ok(ScriptCall { sha: script.sha.clone(), text: script.text, evalsha })
     }
 
     /// Connects (if not yet connected) and sends `PING`: a start-up check that Redis is
