@@ -246,6 +246,7 @@ impl<I: ?Sized> LimiterHandle<I> {
 
     /// Replaces the rule set with what `f` makes of the current one (a configuration's
     /// reload); on an error the rules in force stay.
+    #[cfg(feature = "config")]
     pub(crate) fn swap(&self, f: impl FnOnce(&mut Draft<I>) -> Result<(), BuildError>) -> Result<(), BuildError> {
         self.rules.swap(f)
     }

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use deadpool_redis::redis::{self, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::conn::{self, Link, Timeouts};
+use super::conn::Link;
 use super::origin::Origin;
+use super::pool::{self, Timeouts};
 use super::script::{
     parse_check, script_cmd, validate, Reply, Script, MODE_BLOCK, MODE_CHECK, MODE_FORCE, MODE_PEEK, SCRIPTS,
 };
@@ -99,7 +100,7 @@ impl Inner {
 
     /// The connection to use: at once when there is one (every request but the first); the
     /// rare wait for one is boxed so that it does not enlarge every request's future.
-    pub(super) async fn connection(&self) -> Result<(conn::Conn, u64), StoreError> {
+    pub(super) async fn connection(&self) -> Result<(pool::Conn, u64), StoreError> {
         match self.link.ready() {
             Some(ready) => Ok(ready),
             None => Box::pin(self.link.get(self.config.timeouts.response)).await.map_err(|why| {
@@ -118,7 +119,7 @@ impl Inner {
     /// multiplexed connection keeps it itself, per command); on `NOSCRIPT`, sends `fallback`.
     pub(super) async fn query(
         &self,
-        mut conn: conn::Conn,
+        mut conn: pool::Conn,
         generation: u64,
         slot: Option<u16>,
         cmd: &redis::Cmd,

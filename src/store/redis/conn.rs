@@ -6,170 +6,23 @@
 //! the response timeout. While there is no connection, requests fail at once with
 //! [`StoreError::NotConnected`](crate::StoreError::NotConnected).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use deadpool_redis::cluster::ClusterConnection;
-use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
-use deadpool_redis::Runtime;
+use deadpool_redis::redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::watch;
 
 use super::origin::Origin;
-use super::sentinel::{self, Watch};
-
-#[derive(Clone)]
-enum Pools {
-    Single(deadpool_redis::Pool),
-    Cluster(deadpool_redis::cluster::Pool),
-    /// Cluster URLs: redis-rs's cluster client, with the store's timeouts on every node
-    /// connection (deadpool-redis's cluster manager sets none, and a slot-map refresh
-    /// that asks a hung node then stalls every request of the connection).
-    ClusterClient(Box<deadpool_redis::cluster::ClusterClient>),
-    Sentinel(Arc<Watch>),
-}
-
-/// The connection timeouts.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Timeouts {
-    pub(crate) response: Duration,
-    pub(crate) connect: Duration,
-}
-
-/// Builds the pool of an origin. Only fails for a bad configuration.
-pub(crate) fn build_pool(origin: &Origin, t: Timeouts) -> Result<(), String> {
-    make_pools(origin, t).map(drop)
-}
-
-fn make_pools(origin: &Origin, t: Timeouts) -> Result<Pools, String> {
-    // Each pool hands out one connection that the store keeps; the spare slot only
-    // matters while a replacement is made.
-    const MAX_SIZE: usize = 2;
-    match origin {
-        Origin::Pool(p) => Ok(Pools::Single(p.clone())),
-        Origin::ClusterPool(p) => Ok(Pools::Cluster(p.clone())),
-        Origin::Sentinel(s) => Ok(Pools::Sentinel(Watch::new(s.clone()))),
-        Origin::Url(info) => {
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(t.connect))
-                .set_response_timeout(Some(t.response));
-            let manager = deadpool_redis::Manager::new_with_config(info.clone(), config).map_err(|e| e.to_string())?;
-            deadpool_redis::Pool::builder(manager)
-                .max_size(MAX_SIZE)
-                .wait_timeout(Some(t.connect))
-                .create_timeout(Some(t.connect))
-                .recycle_timeout(Some(t.connect))
-                .runtime(Runtime::Tokio1)
-                .build()
-                .map(Pools::Single)
-                .map_err(|e| e.to_string())
-        }
-        Origin::ClusterUrls(infos) => deadpool_redis::cluster::ClusterClientBuilder::new(infos.clone())
-            // Half the attempt's time: a new connection may wait for a hung node once.
-            .connection_timeout(t.connect / 2)
-            .response_timeout(t.response.max(MIN_NODE_RESPONSE))
-            .build()
-            .map(|client| Pools::ClusterClient(Box::new(client)))
-            .map_err(|e| e.to_string()),
-    }
-}
-
-impl Pools {
-    /// One new connection, taken out of the pool for good, and for a sentinel store the
-    /// primary's address it was made to. A multiplexed connection gets the store's
-    /// response timeout (whatever pool it came from), so that requests on it need no
-    /// timer of their own.
-    async fn connect(&self, timeouts: Timeouts) -> Result<(Conn, Option<String>), String> {
-        let t = timeouts.connect;
-        let late = || format!("no connection within {t:?}");
-        match self {
-            Pools::Single(p) => match tokio::time::timeout(t, p.get()).await {
-                Err(_) => Err(late()),
-                Ok(Err(e)) => Err(pool_error(e)),
-                Ok(Ok(c)) => {
-                    let mut c = deadpool_redis::Connection::take(c);
-                    c.set_response_timeout(timeouts.response);
-                    Ok((Conn::Single(c), None))
-                }
-            },
-            Pools::Cluster(p) => match tokio::time::timeout(t, p.get()).await {
-                Err(_) => Err(late()),
-                Ok(Err(e)) => Err(pool_error(e)),
-                Ok(Ok(c)) => Ok((Conn::Cluster(deadpool_redis::cluster::Connection::take(c)), None)),
-            },
-            Pools::ClusterClient(client) => match tokio::time::timeout(t, client.get_async_connection()).await {
-                Err(_) => Err(late()),
-                Ok(Err(e)) => Err(super::security::explain(&e)),
-                Ok(Ok(c)) => Ok((Conn::Cluster(c), None)),
-            },
-            Pools::Sentinel(watch) => {
-                match tokio::time::timeout(t, watch.connect(timeouts.connect, timeouts.response)).await {
-                    Err(_) => Err(late()),
-                    Ok(Err(e)) => Err(e),
-                    Ok(Ok((c, addr))) => Ok((Conn::Single(c), Some(addr))),
-                }
-            }
-        }
-    }
-}
-
-/// Why the pool gave no connection; redis errors (wrong password, untrusted certificate)
-/// are worded by [`super::security::explain`].
-fn pool_error(e: deadpool_redis::PoolError) -> String {
-    match e {
-        deadpool_redis::PoolError::Backend(e) => super::security::explain(&e),
-        other => other.to_string(),
-    }
-}
-
-/// A connection, cheap to clone: clones pipeline their requests over one socket (per node).
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(MultiplexedConnection),
-    Cluster(ClusterConnection),
-}
-
-impl Conn {
-    /// Whether the connection enforces the store's response timeout itself (a
-    /// multiplexed connection does; a cluster connection's timeouts are its pool's).
-    pub(crate) fn times_out_itself(&self) -> bool {
-        matches!(self, Conn::Single(_))
-    }
-
-    pub(crate) async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        match self {
-            Conn::Single(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => cmd.query_async(c).await,
-        }
-    }
-}
+use super::pool::{make_pools, Conn, Pools, Timeouts};
+use super::sentinel::{self};
+use super::slots::{millis, Slots, REFRESH_GAP};
 
 /// A connection in use that has seen no success for this long while its requests fail
 /// or time out ([`STALE_FAILURES`] of them at least) is replaced (a half-open socket, a
 /// stopped server, a lost cluster).
 const STALE_AFTER: Duration = Duration::from_secs(2);
 const STALE_FAILURES: u64 = 3;
-/// A cluster slot whose calls have failed for this long, without a success in between,
-/// while the connection is otherwise in use (a master that died or hangs, whose replica
-/// may have taken over), makes the store ask the cluster for its slot map again: redis-rs
-/// does not for a node that stopped answering.
-const SLOT_STALE_AFTER: Duration = Duration::from_secs(1);
-/// How recent a success of another slot must be for a slot's failure to count as its
-/// node's ([`StoreError::NodeUnavailable`](crate::StoreError::NodeUnavailable)).
-const OTHERS_ANSWERED: Duration = Duration::from_secs(1);
-/// How many slots failing at once, with no success since, make the store read the slot
-/// map again even when none has failed twice.
-const SPREAD_SLOTS: usize = 8;
-/// A failing slot with no failure for this long starts afresh (a rarely used key's
-/// failures minutes apart are no outage).
-const SLOT_FORGET: Duration = Duration::from_secs(10);
-/// At most one slot-map refresh per this long.
-const REFRESH_GAP: Duration = Duration::from_secs(1);
-/// The least response timeout of a cluster node connection: redis-rs's own slot-map
-/// queries go through them too.
-const MIN_NODE_RESPONSE: Duration = Duration::from_millis(250);
 /// Pause between failed connection attempts: doubles from the first to the last.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 
@@ -189,12 +42,8 @@ pub(crate) struct Link {
     base: Instant,
     /// Whether the task that polls the sentinels runs (sentinel stores).
     watching: AtomicBool,
-    /// Cluster stores: since when (ms since `base`, plus one) each failing slot has failed
-    /// with no success in between; `slots_failing` tells whether there is any.
-    failing_slots: Mutex<SlotTable>,
-    slots_failing: AtomicBool,
-    /// Cluster stores: the last success, as ms since `base` (plus one) << 16 | its slot.
-    last_ok: AtomicU64,
+    /// Cluster stores: the failing slots and the last success.
+    slots: Slots,
     /// Whether a slot-map refresh is under way, and when the last one started.
     refreshing: AtomicBool,
     last_refresh: AtomicU64,
@@ -215,9 +64,7 @@ impl Link {
     pub(crate) fn new(origin: Origin, timeouts: Timeouts) -> Arc<Self> {
         Arc::new(Self {
             watching: AtomicBool::new(false),
-            failing_slots: Mutex::new(SlotTable::default()),
-            slots_failing: AtomicBool::new(false),
-            last_ok: AtomicU64::new(0),
+            slots: Slots::default(),
             refreshing: AtomicBool::new(false),
             last_refresh: AtomicU64::new(0),
             origin,
@@ -304,62 +151,20 @@ impl Link {
             self.failing_since.store(0, Ordering::Relaxed);
         }
         if let Some(slot) = slot {
-            let last = ((self.elapsed_ms() + 1) << 16) | u64::from(slot);
-            // Stored only when it changed: most successes within a millisecond write nothing.
-            if self.last_ok.load(Ordering::Relaxed) != last {
-                self.last_ok.store(last, Ordering::Relaxed);
-            }
-            if self.slots_failing.load(Ordering::Relaxed) {
-                let mut failing = self.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                failing.slots.remove(&slot);
-                self.slots_failing.store(!failing.slots.is_empty(), Ordering::Relaxed);
-            }
+            self.slots.on_ok(slot, self.elapsed_ms() + 1);
         }
     }
 
-    /// Whether a call about another slot than `slot` succeeded within the last
-    /// [`OTHERS_ANSWERED`]: then a failure of `slot` is its node's, not the cluster's.
+    /// Whether a call about another slot than `slot` succeeded lately: then a failure of
+    /// `slot` is its node's, not the cluster's.
     pub(crate) fn others_answer(&self, slot: u16) -> bool {
-        let last = self.last_ok.load(Ordering::Relaxed);
-        let (at, last_slot) = (last >> 16, last & 0xFFFF);
-        at != 0 && last_slot != u64::from(slot) && self.elapsed_ms() < at + millis(OTHERS_ANSWERED)
+        self.slots.others_answer(slot, self.elapsed_ms() + 1)
     }
 
-    /// A request about keys of cluster slot `slot` failed. The slot map is asked for again
-    /// when a slot has failed twice with no success in between, over [`SLOT_STALE_AFTER`]
-    /// or more; or when [`SPREAD_SLOTS`] slots or more are failing so, some of them for
-    /// that long (keys spread over many slots each fail rarely). A slot that has not failed
-    /// for [`SLOT_FORGET`] starts afresh.
+    /// A request about keys of cluster slot `slot` failed: the slot map is read again
+    /// when [`Slots::on_failure`] says why.
     fn on_slot_failure(self: &Arc<Self>, slot: u16) {
-        let stale = millis(SLOT_STALE_AFTER);
-        let why = {
-            let mut t = self.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Read under the lock: no other failure recorded here can be later.
-            let now = self.elapsed_ms() + 1;
-            self.slots_failing.store(true, Ordering::Relaxed);
-            if now.saturating_sub(t.swept) >= stale {
-                t.slots.retain(|_, f| now.saturating_sub(f.last) <= millis(SLOT_FORGET));
-                t.swept = now;
-            }
-            if t.slots.is_empty() {
-                t.failing_since = now;
-            }
-            let f = t.slots.entry(slot).or_insert(SlotFailures { since: now, last: now, count: 0 });
-            if now.saturating_sub(f.last) > millis(SLOT_FORGET) {
-                *f = SlotFailures { since: now, last: now, count: 0 };
-            }
-            f.count += 1;
-            f.last = now;
-            let (count, failed_for) = (f.count, now.saturating_sub(f.since));
-            if count >= 2 && failed_for >= stale {
-                Some(format!("calls for cluster slot {slot} have failed for {failed_for} ms"))
-            } else if t.slots.len() >= SPREAD_SLOTS && now.saturating_sub(t.failing_since) >= stale {
-                Some(format!("calls for {} cluster slots have failed with no success since", t.slots.len()))
-            } else {
-                None
-            }
-        };
-        if let Some(why) = why {
+        if let Some(why) = self.slots.on_failure(slot, || self.elapsed_ms() + 1) {
             self.refresh(why);
         }
     }
@@ -483,16 +288,12 @@ impl Link {
             if let Ok(Pools::Sentinel(watch)) = self.pools() {
                 if !self.watching.swap(true, Ordering::AcqRel) {
                     let guard = ClearOnDrop(Arc::downgrade(self), |l| &l.watching);
-                    tokio::spawn(watch_loop(Arc::downgrade(self), watch, guard));
+                    tokio::spawn(sentinel::watch_loop(Arc::downgrade(self), watch, guard));
                 }
             }
         }
         ok
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A slot-map refresh: a new connection, swapped in when made (the failing slots start
@@ -521,8 +322,7 @@ async fn refresh_task(link: Weak<Link>, _refreshing: ClearOnDrop) {
                 s.generation += 1;
             }
             drop(s);
-            strong.failing_slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner).slots.clear();
-            strong.slots_failing.store(false, Ordering::Relaxed);
+            strong.slots.clear();
             tracing::info!(target: "tollgate", "redis cluster slot map refreshed");
         }
         Err(e) => tracing::warn!(target: "tollgate", error = %e, "could not refresh the redis cluster slot map"),
@@ -571,46 +371,15 @@ async fn connect_loop(link: Weak<Link>, mut unfinished: NotConnecting) {
     }
 }
 
-/// Sentinel stores: asks the sentinels every [`sentinel::POLL`] which server is the primary,
-/// and replaces a connection made to another one (after `SENTINEL FAILOVER` the old
-/// primary stays writable for seconds, with its clients connected). Ends with the store.
-async fn watch_loop(link: Weak<Link>, watch: Arc<Watch>, _watching: ClearOnDrop) {
-    loop {
-        tokio::time::sleep(sentinel::POLL).await;
-        let Some(strong) = link.upgrade() else { return };
-        let timeouts = strong.timeouts;
-        let current = {
-            let s = strong.state();
-            s.conn.as_ref().and(s.primary.clone()).map(|p| (s.generation, p))
-        };
-        drop(strong);
-        // Without a connection, the connection task asks the sentinels itself.
-        let Some((generation, primary)) = current else { continue };
-        let Ok(named) = watch.primary(sentinel::question_timeout(timeouts.connect)).await else { continue };
-        // A majority, or a lagging or cut-off sentinel could move the store back and forth.
-        if named.addr() != primary && watch.is_majority(&named) {
-            let Some(strong) = link.upgrade() else { return };
-            let why = format!("the sentinels now name {} as the primary, not {primary}", named.addr());
-            strong.replace(generation, why);
-        }
+impl sentinel::Follower for Link {
+    fn in_use(&self) -> (Option<(u64, String)>, Duration) {
+        let s = self.state();
+        (s.conn.as_ref().and(s.primary.clone()).map(|p| (s.generation, p)), self.timeouts.connect)
     }
-}
 
-/// The cluster slots whose calls fail with no success since (times in ms since
-/// `Link::base`, plus one).
-#[derive(Default)]
-struct SlotTable {
-    slots: HashMap<u16, SlotFailures>,
-    /// Since when the table has held a failing slot.
-    failing_since: u64,
-    swept: u64,
-}
-
-/// A slot's run of failures: since when, the latest, how many.
-struct SlotFailures {
-    since: u64,
-    last: u64,
-    count: u32,
+    fn moved(self: &Arc<Self>, generation: u64, why: String) {
+        self.replace(generation, why);
+    }
 }
 
 /// While a connection loop runs: if it is dropped before connecting, the link may start

@@ -6,9 +6,11 @@ mod cluster;
 mod conn;
 mod keys;
 mod origin;
+mod pool;
 mod script;
 mod security;
 mod sentinel;
+mod slots;
 
 use std::fmt;
 use std::future::Future;
@@ -18,8 +20,9 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, Value};
 
 use self::call::{Config, Inner};
-use self::conn::{Link, Timeouts};
+use self::conn::Link;
 use self::origin::{parse_url, Origin};
+use self::pool::Timeouts;
 use super::{Check, Outcome, Refund, Store};
 use crate::algorithm::Algorithm;
 #[cfg(feature = "test-util")]
@@ -88,7 +91,7 @@ impl RedisStore {
     }
 
     fn with_config(config: Config) -> Result<Self, BuildError> {
-        conn::build_pool(&config.origin, config.timeouts).map_err(BuildError::InvalidStore)?;
+        pool::build_pool(&config.origin, config.timeouts).map_err(BuildError::InvalidStore)?;
         Ok(Self::build(config))
     }
 
@@ -219,42 +222,7 @@ impl RedisStore {
     #[cfg(feature = "redis-tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
     pub fn tls_root_certificates(self, pem: &[u8]) -> Result<Self, BuildError> {
-        let origin = match &self.inner.config.origin {
-            Origin::Url(info) => {
-                Origin::Url(security::with_root_certificates(info, pem).map_err(BuildError::InvalidStore)?)
-            }
-            Origin::ClusterUrls(_) => {
-                return Err(BuildError::InvalidStore(
-                    "root certificates cannot be given to a redis cluster store (deadpool-redis builds \
-                     cluster clients without them): add the CA to the system's trust store"
-                        .into(),
-                ))
-            }
-            Origin::Pool(_) | Origin::ClusterPool(_) => {
-                return Err(BuildError::InvalidStore(
-                    "root certificates cannot be given to a store on an application's pool: \
-                     configure TLS on the pool"
-                        .into(),
-                ))
-            }
-            Origin::Sentinel(s) => {
-                if !s.tls {
-                    return Err(BuildError::InvalidStore(
-                        "root certificates were given to a redis+sentinel:// store, which does not use \
-                         TLS: use rediss+sentinel://"
-                            .into(),
-                    ));
-                }
-                // The sentinels and the primary: one CA for all, as a private PKI has it.
-                let mut s = s.clone();
-                let with_roots = |info: &redis::ConnectionInfo| {
-                    security::with_root_certificates(info, pem).map_err(BuildError::InvalidStore)
-                };
-                s.sentinels = s.sentinels.iter().map(with_roots).collect::<Result<_, _>>()?;
-                s.node = with_roots(&s.node)?;
-                Origin::Sentinel(s)
-            }
-        };
+        let origin = self.inner.config.origin.with_root_certificates(pem).map_err(BuildError::InvalidStore)?;
         Ok(self.rebuild(|c| c.origin = origin))
     }
 

@@ -57,6 +57,38 @@ impl Origin {
             _ => "off",
         }
     }
+
+    /// The same origin trusting the CAs of `pem` for its TLS connections (see
+    /// `RedisStore::tls_root_certificates`), or why it cannot.
+    #[cfg(feature = "redis-tls")]
+    pub(crate) fn with_root_certificates(&self, pem: &[u8]) -> Result<Origin, String> {
+        Ok(match self {
+            Origin::Url(info) => Origin::Url(super::security::with_root_certificates(info, pem)?),
+            Origin::ClusterUrls(_) => {
+                return Err("root certificates cannot be given to a redis cluster store (deadpool-redis builds \
+                     cluster clients without them): add the CA to the system's trust store"
+                    .into())
+            }
+            Origin::Pool(_) | Origin::ClusterPool(_) => {
+                return Err("root certificates cannot be given to a store on an application's pool: \
+                     configure TLS on the pool"
+                    .into())
+            }
+            Origin::Sentinel(s) => {
+                if !s.tls {
+                    return Err("root certificates were given to a redis+sentinel:// store, which does not use \
+                         TLS: use rediss+sentinel://"
+                        .into());
+                }
+                // The sentinels and the primary: one CA for all, as a private PKI has it.
+                let mut s = s.clone();
+                let with_roots = |info: &redis::ConnectionInfo| super::security::with_root_certificates(info, pem);
+                s.sentinels = s.sentinels.iter().map(with_roots).collect::<Result<_, _>>()?;
+                s.node = with_roots(&s.node)?;
+                Origin::Sentinel(s)
+            }
+        })
+    }
 }
 
 /// `url` without its user name and password, for messages: everything up to the last `@`

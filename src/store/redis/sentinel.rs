@@ -18,7 +18,7 @@
 //!   250 ms which server is the primary and replaces the connection when a majority of
 //!   them name another one than the connection was made to.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
@@ -281,5 +281,36 @@ fn is_text(v: &redis::Value, text: &str) -> bool {
         redis::Value::BulkString(b) => b == text.as_bytes(),
         redis::Value::SimpleString(s) => s == text,
         _ => false,
+    }
+}
+
+/// What [`watch_loop`] follows: a store's connection (`conn::Link`), so that this file
+/// needs nothing of it.
+pub(crate) trait Follower: Send + Sync + 'static {
+    /// The connection's generation and the primary it was made to, while there is one;
+    /// and the connect timeout.
+    fn in_use(&self) -> (Option<(u64, String)>, Duration);
+    /// Replaces connection `generation`, for `why`.
+    fn moved(self: &Arc<Self>, generation: u64, why: String);
+}
+
+/// Sentinel stores: asks the sentinels every [`POLL`] which server is the primary, and
+/// replaces a connection made to another one (after `SENTINEL FAILOVER` the old primary
+/// stays writable for seconds, with its clients connected). Ends with the store; `_guard`
+/// goes with it.
+pub(crate) async fn watch_loop<F: Follower>(link: Weak<F>, watch: Arc<Watch>, _guard: impl Send) {
+    loop {
+        tokio::time::sleep(POLL).await;
+        let Some(strong) = link.upgrade() else { return };
+        let (current, connect) = strong.in_use();
+        drop(strong);
+        // Without a connection, the connection task asks the sentinels itself.
+        let Some((generation, primary)) = current else { continue };
+        let Ok(named) = watch.primary(question_timeout(connect)).await else { continue };
+        // A majority, or a lagging or cut-off sentinel could move the store back and forth.
+        if named.addr() != primary && watch.is_majority(&named) {
+            let Some(strong) = link.upgrade() else { return };
+            strong.moved(generation, format!("the sentinels now name {} as the primary, not {primary}", named.addr()));
+        }
     }
 }
