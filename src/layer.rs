@@ -16,14 +16,8 @@ use crate::limiter::LimiterBuilder;
 use crate::quota::Quota;
 use crate::response::{DefaultRejection, DefaultUnavailable, Rejection, Responder, Unavailable};
 use crate::rule::Rule;
-use crate::service::RateLimit;
+use crate::service::{RateLimit, RequestHead};
 use crate::store::Store;
-
-/// What the rules of an HTTP layer see of a request: its head (method, URI, version,
-/// headers, extensions) without the body, whatever the body type, so that neither rules
-/// nor layers carry it. Key extractors and closures take `&RequestHead`
-/// (`req.headers()`, `req.extensions()`, as on any `http::Request`).
-pub type RequestHead = http::Request<()>;
 
 /// A [`tower_layer::Layer`] that limits requests by key, through a shared store.
 ///
@@ -212,7 +206,7 @@ impl<St, R, U> RateLimitLayer<St, R, U> {
     ///
     /// [`LimiterHandle::set_quota`]: crate::LimiterHandle::set_quota
     #[must_use]
-    pub fn handle(&self) -> crate::LimiterHandle<RequestHead> {
+    pub fn handle(&self) -> crate::limiter::LimiterHandle<RequestHead> {
         self.limiter.handle()
     }
 

@@ -128,11 +128,11 @@ pub use headers::HeaderStyle;
 /// crate's (`tollgate::http::Request` in a key extractor of an app that does not name
 /// `http` itself).
 pub use http;
-pub use layer::{RateLimitLayer, RequestHead};
+pub use layer::RateLimitLayer;
 pub use limiter::{Limiter, LimiterBuilder, LimiterHandle};
 pub use quota::Quota;
 pub use rule::{FailMode, Rule};
-pub use service::RateLimit;
+pub use service::{RateLimit, RequestHead};
 #[cfg(feature = "memory")]
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]

@@ -5,7 +5,6 @@
 //!
 //! [`FailMode::Closed`]: crate::FailMode::Closed
 
-use crate::limiter::RuleSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -221,13 +220,20 @@ fn is_grpc<B>(req: &Request<B>) -> bool {
     req.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// What responses say of the rules that decided: the names clients see, one per rule of
+/// the set (empty: hidden), and the header style a reloaded configuration named, if any.
+pub(crate) struct Names<'a> {
+    pub(crate) public: &'a [Arc<str>],
+    pub(crate) style: Option<HeaderStyle>,
+}
+
 impl<R, U> Responder<R, U> {
     /// The response to a rejected request: the rejection builder's (or a gRPC status),
     /// with `Retry-After` and the rate-limit headers of the worst rule.
     pub(crate) fn rejected<ResBody, B>(
         &self,
         verdict: &Verdict,
-        set: &RuleSet<Request<B>>,
+        names: &Names<'_>,
         req: &Request<B>,
     ) -> Response<ResBody>
     where
@@ -242,7 +248,7 @@ impl<R, U> Responder<R, U> {
             grpc_status(8, "rate limit exceeded")
         } else {
             self.on_rejected.response(&Rejection {
-                rule: &set.names[worst_rule.rule],
+                rule: &names.public[worst_rule.rule],
                 key: &worst_rule.check.key,
                 decision: d,
                 decided_by: verdict.source.unwrap_or(DecidedBy::Store),
@@ -259,7 +265,7 @@ impl<R, U> Responder<R, U> {
                 h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
             }
         }
-        self.add_headers(h, verdict, set, worst, false);
+        self.add_headers(h, verdict, names, worst, false);
         // Whatever its status (a gRPC refusal is HTTP 200; `on_rejected` may pick any):
         // an outer layer knows this response for a refusal.
         res.extensions_mut().insert(Refused);
@@ -269,38 +275,25 @@ impl<R, U> Responder<R, U> {
     /// The rate-limit headers of an allowed request's response, describing the most
     /// restrictive rule — of this layer's and of an inner layer's whose headers it already
     /// carries (`refused`: that layer, or the handler, refused it; see [`is_refusal`]).
-    pub(crate) fn allowed<I: ?Sized>(
-        &self,
-        refused: bool,
-        headers: &mut HeaderMap,
-        verdict: &Verdict,
-        set: &RuleSet<I>,
-    ) {
+    pub(crate) fn allowed(&self, refused: bool, headers: &mut HeaderMap, verdict: &Verdict, names: &Names<'_>) {
         if let Some(most) = verdict.most() {
-            self.add_headers(headers, verdict, set, most, refused);
+            self.add_headers(headers, verdict, names, most, refused);
         }
     }
 
-    fn add_headers<I: ?Sized>(
-        &self,
-        h: &mut HeaderMap,
-        verdict: &Verdict,
-        set: &RuleSet<I>,
-        most: usize,
-        inner_refused: bool,
-    ) {
+    fn add_headers(&self, h: &mut HeaderMap, verdict: &Verdict, names: &Names<'_>, most: usize, inner_refused: bool) {
         // A reloaded configuration may name the style.
-        let style = set.headers.unwrap_or(self.style);
+        let style = names.style.unwrap_or(self.style);
         if style == HeaderStyle::None {
             return;
         }
         let all: SmallVec<[RuleDecision<'_>; 2]> = verdict
             .decisions()
             .zip(&verdict.decided)
-            .map(|(d, decided)| RuleDecision { rule: &set.names[decided.rule], ..d })
+            .map(|(d, decided)| RuleDecision { rule: &names.public[decided.rule], ..d })
             .collect();
         // Several rules: say which one the legacy headers describe.
-        headers::apply(h, style, &all[most], &all, set.rules.len() > 1, inner_refused);
+        headers::apply(h, style, &all[most], &all, names.public.len() > 1, inner_refused);
     }
 
     /// The response when the store cannot decide and the fail mode refuses: the refusal

@@ -16,13 +16,18 @@ use tower_service::Service;
 
 use crate::charge::Charge;
 use crate::future::ResponseFuture;
-use crate::layer::RequestHead;
 use crate::limiter::Limiter;
 use crate::limiter::{Lease, Now, RuleSet};
-use crate::response::{DefaultUnavailable, OnRejected, OnUnavailable, Responder};
+use crate::response::{DefaultUnavailable, Names, OnRejected, OnUnavailable, Responder};
 use crate::store::Store;
 use crate::verdict::State;
 use crate::verdict::Verdict;
+
+/// What the rules of an HTTP layer see of a request: its head (method, URI, version,
+/// headers, extensions) without the body, whatever the body type, so that neither rules
+/// nor layers carry it. Key extractors and closures take `&RequestHead`
+/// (`req.headers()`, `req.extensions()`, as on any `http::Request`).
+pub type RequestHead = http::Request<()>;
 
 /// The service built by [`RateLimitLayer`](crate::RateLimitLayer). Clones share one
 /// [`Limiter`].
@@ -160,7 +165,7 @@ where
         req: &RequestHead,
     ) -> Self {
         match &verdict.state {
-            State::Rejected => Step::Refused(shared.responder.rejected(&verdict, &set, req)),
+            State::Rejected => Step::Refused(shared.responder.rejected(&verdict, &names(&set), req)),
             State::Failed { error, closed: true } => Step::Refused(shared.responder.unavailable(error, req)),
             State::Failed { closed: false, .. } | State::Allowed => {
                 // A leaky bucket's slot is `delay` after the decision, however late the
@@ -225,13 +230,18 @@ impl<St: Store, R, U> Admitted<St, R, U> {
             }
             let mut res = inner.call(req).await?;
             let refused = crate::response::is_refusal(&res);
-            shared.responder.allowed(refused, res.headers_mut(), &verdict, &set);
+            shared.responder.allowed(refused, res.headers_mut(), &verdict, &names(&set));
             // Units the handler reports it used are taken after the response.
             let charge = res.extensions().get::<Charge>().map(|&Charge(units)| units);
             forwarded.settle(res.status(), charge);
             Ok(res)
         }
     }
+}
+
+/// What responses say of the rules of `set`.
+fn names(set: &RuleSet<RequestHead>) -> Names<'_> {
+    Names { public: &set.names, style: set.headers }
 }
 
 /// The request again, from its head and its body.

@@ -220,13 +220,13 @@ pub fn header(name: impl AsRef<str>) -> Header {
 ///
 /// # Errors
 ///
-/// [`BuildError::InvalidKey`](crate::BuildError::InvalidKey) when `name` is not a valid
+/// [`BuildError::InvalidKey`](crate::error::BuildError::InvalidKey) when `name` is not a valid
 /// header name.
-pub fn try_header(name: impl AsRef<str>) -> Result<Header, crate::BuildError> {
+pub fn try_header(name: impl AsRef<str>) -> Result<Header, crate::error::BuildError> {
     let name = name.as_ref();
     HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
         .map(Header)
-        .map_err(|_| crate::BuildError::InvalidKey(format!("{name:?} is not a valid HTTP header name")))
+        .map_err(|_| crate::error::BuildError::InvalidKey(format!("{name:?} is not a valid HTTP header name")))
 }
 
 /// See [`header`].

@@ -167,7 +167,7 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
     /// servers; at least 1 unit per period).
     #[cfg(feature = "memory")]
     #[must_use]
-    pub fn fallback(mut self, store: crate::MemoryStore, instances: u64) -> Self {
+    pub fn fallback(mut self, store: crate::store::memory::MemoryStore, instances: u64) -> Self {
         self.settings.fallback = Some((store, instances.max(1)));
         self
     }

@@ -23,7 +23,7 @@ use crate::store::{Check, Refund, Store};
 pub(crate) struct Holders<St> {
     pub(crate) store: Arc<St>,
     #[cfg(feature = "memory")]
-    pub(crate) fallback: Option<crate::MemoryStore>,
+    pub(crate) fallback: Option<crate::store::memory::MemoryStore>,
     pub(crate) cache: Arc<BlockedCache>,
 }
 

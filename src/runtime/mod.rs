@@ -25,7 +25,7 @@ pub(crate) struct Settings {
     /// Consecutive failures that open the circuit, and how long it stays open.
     pub(crate) breaker: (u32, Duration),
     #[cfg(feature = "memory")]
-    pub(crate) fallback: Option<(crate::MemoryStore, u64)>,
+    pub(crate) fallback: Option<(crate::store::memory::MemoryStore, u64)>,
     pub(crate) cache_enabled: bool,
     /// The share of a quota in use from which an allowed decision counts as near the
     /// limit (`tollgate_near_limit_total`).
@@ -224,7 +224,7 @@ mod tests {
     async fn a_probe_refused_by_the_in_flight_cap_is_handed_back() {
         let rt =
             Runtime::new(Settings { max_in_flight: 1, breaker: (1, Duration::from_secs(1)), ..Settings::default() });
-        let store = crate::MemoryStore::new();
+        let store = crate::store::memory::MemoryStore::new();
         let check = Check {
             rule: "r".into(),
             key: "k".into(),
