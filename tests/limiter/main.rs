@@ -6,4 +6,6 @@ mod support;
 
 mod by_key;
 mod max_keys;
+mod memory_store;
 mod model;
+mod quota;

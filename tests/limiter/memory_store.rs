@@ -1,0 +1,249 @@
+//! `MemoryStore` on its own, through its public API with explicit times: exact under
+//! contention, idle keys swept without help, `max_keys`, tiers, blocks, charges.
+
+use std::time::Duration;
+
+use tollgate::clock::{Clock, ManualClock};
+use tollgate::store::{Check, LocalStore, Params, Refund, Taken};
+use tollgate::{Algorithm, MemoryStore, Quota, StoreError};
+
+const T0: u64 = 1_700_000_000_000_000;
+
+fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
+    Check { rule: rule.into(), key: key.into(), algorithm, params: Params::new(quota) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hammering_one_key_accepts_exactly_the_limit() {
+    for algorithm in Algorithm::ALL {
+        if algorithm == Algorithm::LeakyBucket {
+            continue; // shapes rather than counts; covered by the service tests
+        }
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone());
+        let c = check("r", "hot", algorithm, Quota::per_hour(100));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (store, c) = (store.clone(), c.clone());
+                tokio::spawn(async move {
+                    let mut n = 0;
+                    for _ in 0..50 {
+                        if store.check_one(&c).unwrap().decision.allowed {
+                            n += 1;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        assert_eq!(total, 100, "{algorithm}");
+    }
+}
+
+#[test]
+fn idle_keys_are_dropped_without_help() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone());
+    let q = Quota::per_second(10);
+    for i in 0..20_000 {
+        store.check_at(&[check("r", &format!("k{i}"), Algorithm::Gcra, q)], clock.now_micros()).unwrap();
+    }
+    assert!(store.len() >= 20_000);
+    // Long after every state expired, new traffic sweeps the old keys out.
+    clock.advance(Duration::from_secs(5));
+    for i in 0..20_000 {
+        store.check_at(&[check("r", &format!("n{i}"), Algorithm::Gcra, q)], clock.now_micros()).unwrap();
+    }
+    let len = store.len();
+    assert!(len < 30_000, "expired keys were kept: {len}");
+}
+
+#[test]
+fn recently_expired_keys_are_kept_for_a_second() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone());
+    let q = Quota::per_second(10); // a GCRA state expires 100 ms after one request
+    for i in 0..20_000 {
+        store.check_at(&[check("r", &format!("k{i}"), Algorithm::Gcra, q)], clock.now_micros()).unwrap();
+    }
+    clock.advance(Duration::from_millis(200));
+    for i in 0..20_000 {
+        store.check_at(&[check("r", &format!("n{i}"), Algorithm::Gcra, q)], clock.now_micros()).unwrap();
+    }
+    // Every shard swept at least once, and kept the states expired 100 ms ago.
+    assert_eq!(store.len(), 40_000);
+}
+
+/// A charged rule's probe (cost 0) is decided and takes nothing, alone or beside a
+/// rule that takes; a charge takes its units whatever the decision.
+#[test]
+fn a_probe_takes_nothing_and_a_charge_takes_past_the_limit() {
+    let store = MemoryStore::new();
+    for a in Algorithm::ALL {
+        let mut probe = check("tokens", "k", a, Quota::per_minute(3));
+        probe.params.cost = 0;
+        let other = check("requests", "k", a, Quota::per_minute(3));
+        for _ in 0..5 {
+            assert!(store.check_at(std::slice::from_ref(&probe), T0).unwrap()[0].taken.is_none(), "{a}");
+            let both = store.check_at(&[probe.clone(), other.clone()], T0).unwrap();
+            assert!(both[0].taken.is_none(), "{a}");
+        }
+        let left = |c: &Check| {
+            let mut one = c.clone();
+            one.params.cost = 1;
+            store.check_at(std::slice::from_ref(&one), T0).unwrap()[0].decision.allowed
+        };
+        assert!(left(&probe), "{a}: five probes took nothing");
+        let mut charge = probe.clone();
+        charge.params.cost = 7;
+        store.charge_at(std::slice::from_ref(&charge), T0).unwrap();
+        assert!(!store.check_at(std::slice::from_ref(&probe), T0).unwrap()[0].decision.allowed, "{a}: in debt");
+    }
+}
+
+#[test]
+fn a_rejected_rule_consumes_nothing_from_the_others() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let wide = check("wide", "k", Algorithm::SlidingWindowLog, Quota::per_minute(10));
+    let narrow = check("narrow", "k", Algorithm::FixedWindow, Quota::per_minute(2));
+    let both = [wide.clone(), narrow.clone()];
+    let got: Vec<bool> =
+        (0..5).map(|_| store.check_at(&both, T0).unwrap().iter().all(|o| o.decision.allowed)).collect();
+    assert_eq!(got, [true, true, false, false, false]);
+    // Only the two accepted requests were taken from the wide rule.
+    assert_eq!(store.check_at(&[wide], T0).unwrap()[0].decision.remaining, 7);
+}
+
+#[tokio::test]
+async fn peek_and_reset() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let c = check("r", "k", Algorithm::TokenBucket, Quota::per_minute(3));
+    for _ in 0..3 {
+        store.check(std::slice::from_ref(&c)).unwrap();
+    }
+    let d = store.peek(&c).unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.remaining, 0);
+    assert!(!store.peek(&c).unwrap().allowed, "peek consumed something");
+    store.reset("r", &c.key, c.algorithm).unwrap();
+    assert_eq!(store.peek(&c).unwrap().remaining, 2);
+    store.refund(&[Refund { check: c.clone(), taken: Taken { at: T0 } }]).unwrap();
+}
+
+#[test]
+fn a_spike_of_keys_is_swept_by_time_under_light_traffic() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone());
+    let q = Quota::per_minute(10);
+    for i in 0..200_000 {
+        store.check_one_at(&check("r", &format!("k{i}"), Algorithm::Gcra, q), clock.now_micros()).unwrap();
+    }
+    assert_eq!(store.len(), 200_000);
+    // An hour later, light traffic: a single request (on one shard) sweeps them all.
+    clock.advance(Duration::from_secs(3600));
+    store.check_one_at(&check("r", "one", Algorithm::Gcra, q), clock.now_micros()).unwrap();
+    assert_eq!(store.len(), 1, "the spike outlived its expiry");
+}
+
+#[test]
+fn max_keys_bounds_the_states_and_keeps_every_known_key_exact() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone()).max_keys(1_000);
+    let cap = 1_000;
+    let q = Quota::per_hour(3);
+    let mut full = 0;
+    for i in 0..5_000 {
+        match store.check_one_at(&check("r", &format!("k{i}"), Algorithm::FixedWindow, q), T0) {
+            Ok(o) => assert!(o.decision.allowed),
+            Err(StoreError::Full(1_000)) => full += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(store.len() <= cap, "{} states for a bound of {cap}", store.len());
+    assert!(full >= 5_000 - cap, "{full} refused");
+    // A key that has a state is still limited exactly while the store is full.
+    let known = (0..5_000)
+        .map(|i| check("r", &format!("k{i}"), Algorithm::FixedWindow, q))
+        .find(|c| store.check_one_at(c, T0).is_ok())
+        .unwrap();
+    let allowed: Vec<bool> = (0..3).map(|_| store.check_one_at(&known, T0).unwrap().decision.allowed).collect();
+    assert_eq!(allowed, [true, false, false], "1 + 1 taken above, of 3");
+    // Once states expire, new keys get room again.
+    clock.advance(Duration::from_secs(3600));
+    assert!(store.check_one_at(&check("r", "late", Algorithm::FixedWindow, q), clock.now_micros()).is_ok());
+}
+
+#[test]
+fn a_tier_with_a_shorter_period_does_not_shorten_a_longer_ones_state() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone());
+    let daily = check("r", "acct", Algorithm::SlidingWindowLog, Quota::per_day(2));
+    let minute = check("r", "acct", Algorithm::SlidingWindowLog, Quota::per_minute(1000));
+    assert!(store.check_one_at(&daily, T0).unwrap().decision.allowed);
+    assert!(store.check_one_at(&minute, T0).unwrap().decision.allowed);
+    // The per-minute commit asked for a short life; the daily units must still count
+    // once it has passed, also across a sweep.
+    clock.advance(Duration::from_secs(120));
+    store
+        .check_one_at(&check("r", "other", Algorithm::SlidingWindowLog, Quota::per_day(2)), clock.now_micros())
+        .unwrap();
+    let d = store.check_one_at(&daily, clock.now_micros()).unwrap().decision;
+    assert!(!d.allowed, "the daily state was forgotten early: {d:?}");
+}
+
+/// A block needs a state; its lift does not make one, and a lifted block no longer
+/// keeps its key's state alive in a full store (it used to, until the block's end).
+#[test]
+fn a_lifted_block_takes_no_room_in_a_full_store() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone()).max_keys(1);
+    let q = Quota::per_minute(10);
+    let key = |i: usize| check("r", &format!("k{i}"), Algorithm::Gcra, q);
+    let (a, b) = (key(0), key(1));
+    LocalStore::block(&store, &a, Duration::from_secs(86_400)).unwrap();
+    assert!(matches!(LocalStore::check_one(&store, &b), Err(StoreError::Full(1))), "the block holds the room");
+    LocalStore::block(&store, &b, Duration::ZERO).expect("a lift of a key with no state is a no-op");
+    LocalStore::block(&store, &a, Duration::ZERO).unwrap();
+    clock.advance(Duration::from_secs(2));
+    assert!(LocalStore::check_one(&store, &b).unwrap().decision.allowed, "the lifted block still held the room");
+}
+
+/// `max_keys(n)` refuses the first new state at `n`, whatever the hash seed (it used to
+/// split `n` over the shards, and one full shard refused at 39–70 % of `n`).
+#[test]
+fn max_keys_refuses_first_at_n_whatever_the_seed() {
+    for seed in 0..6 {
+        let store = MemoryStore::with_clock(ManualClock::new(T0)).max_keys(320);
+        let q = Quota::per_hour(3);
+        let held = (0..10_000)
+            .take_while(|i| store.check_one_at(&check("r", &format!("s{seed}-{i}"), Algorithm::Gcra, q), T0).is_ok())
+            .count();
+        assert_eq!(held, 320, "store {seed}: the first refusal came at {held}");
+        assert_eq!(store.len(), 320);
+    }
+}
+
+/// A check of two new rules on a full store is refused whole: neither keeps a unit (a
+/// state made for the first was dropped to make room for the second, then made again
+/// to commit it).
+#[test]
+fn a_multi_rule_check_on_a_full_store_takes_nothing() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone()).max_keys(1);
+    let q = Quota::per_hour(3);
+    let (a, b) = (check("a", "k1", Algorithm::Gcra, q), check("b", "k2", Algorithm::Gcra, q));
+    let err = store.check_at(&[a.clone(), b.clone()], T0).unwrap_err();
+    assert!(matches!(err, StoreError::Full(1)), "{err}");
+    assert_eq!(store.len(), 0, "a refused call made a state");
+    let d = store.check_one_at(&a, T0).unwrap().decision;
+    assert_eq!(d.remaining, 2, "the refused call kept a unit of rule a");
+    // With room for both, both are decided together.
+    let store = MemoryStore::with_clock(clock).max_keys(2);
+    let outcomes = store.check_at(&[a, b], T0).unwrap();
+    assert!(outcomes.iter().all(|o| o.taken.is_some()));
+}
