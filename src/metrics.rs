@@ -2,7 +2,7 @@
 //!
 //! | name | kind | labels |
 //! |---|---|---|
-//! | `tollgate_decisions_total` | counter | `rule`, `outcome` = `allowed` / `rejected` / `shadow_rejected` / `local_rejected` (decisions: an allowed request dropped before it reaches the handler still counts as `allowed`, though its units are given back) |
+//! | `tollgate_decisions_total` | counter | `rule`, `outcome` = `allowed` / `rejected` / `shadow_rejected` / `local_rejected` (decisions: an allowed request dropped before it reaches the handler still counts as `allowed`, though its units are refunded) |
 //! | `tollgate_near_limit_total` | counter | `rule` (allowed decisions that leave the rule's near-limit share of its quota in use; never labelled by key) |
 //! | `tollgate_store_errors_total` | counter | `kind` = `timeout` / `unavailable` / `overloaded` / `circuit_open` / `full` / `backend` / `invalid` |
 //! | `tollgate_store_latency_seconds` | histogram | — |
@@ -12,7 +12,7 @@
 //! | `tollgate_circuit_open` | gauge | — (1 while the breaker is open) |
 //! | `tollgate_peer_unknown_total` | counter | — (IP extractors that found no connection info) |
 //! | `tollgate_charge_failures_total` | counter | `rule` (charges reported after a response that the store did not take) |
-//! | `tollgate_give_back_failures_total` | counter | `rule` (units to give back that the store did not take back: an error, a timeout, no runtime, or the runtime shut down first) |
+//! | `tollgate_refund_failures_total` | counter | `rule` (units to refund that the store did not take back: an error, a timeout, no runtime, or the runtime shut down first) |
 
 #![allow(unused_variables)]
 
@@ -83,7 +83,7 @@ pub(crate) fn charge_failed(rule: &str) {
 
 pub(crate) fn give_back_failed(rule: &str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("tollgate_give_back_failures_total", "rule" => rule.to_owned()).increment(1);
+    metrics::counter!("tollgate_refund_failures_total", "rule" => rule.to_owned()).increment(1);
 }
 
 pub(crate) fn peer_unknown() {

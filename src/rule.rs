@@ -303,7 +303,7 @@ impl<I: ?Sized> Rule<I> {
     }
 
     /// Count by outcome (HTTP layer): a request's unit is taken before the call as usual,
-    /// and given back afterwards unless `f(status)` is true — e.g. `|s| s == 401` so only
+    /// and refunded afterwards unless `f(status)` is true — e.g. `|s| s == 401` so only
     /// failed logins count. With a [`Limiter`](crate::Limiter) used directly, give units
     /// back with [`Limiter::refund`](crate::Limiter::refund) instead.
     #[must_use]

@@ -20,7 +20,7 @@ use crate::limiter::Limiter;
 use crate::limiter::{Lease, Now, RuleSet};
 use crate::response::{DefaultUnavailable, Names, OnRejected, OnUnavailable, Responder};
 use crate::store::Store;
-use crate::verdict::State;
+use crate::verdict::Ruling;
 use crate::verdict::Verdict;
 
 /// What the rules of an HTTP layer see of a request: its head (method, URI, version,
@@ -164,10 +164,10 @@ where
         set: Arc<RuleSet<RequestHead>>,
         req: &RequestHead,
     ) -> Self {
-        match &verdict.state {
-            State::Rejected => Step::Refused(shared.responder.rejected(&verdict, &names(&set), req)),
-            State::Failed { error, closed: true } => Step::Refused(shared.responder.unavailable(error, req)),
-            State::Failed { closed: false, .. } | State::Allowed => {
+        match &verdict.ruling {
+            Ruling::Rejected => Step::Refused(shared.responder.rejected(&verdict, &names(&set), req)),
+            Ruling::Failed { error, closed: true } => Step::Refused(shared.responder.unavailable(error, req)),
+            Ruling::Failed { closed: false, .. } | Ruling::Allowed => {
                 // A leaky bucket's slot is `delay` after the decision, however late the
                 // future is first polled.
                 let delay = verdict.delay();

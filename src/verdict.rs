@@ -26,13 +26,13 @@ use crate::store::{Check, Taken};
 /// ```
 #[derive(Debug)]
 pub struct Verdict {
-    pub(crate) state: State,
+    pub(crate) ruling: Ruling,
     /// The enforced rules that were decided, in the order of the rules.
     pub(crate) decided: SmallVec<[Decided; 1]>,
     /// Who decided the enforced rules (`None` when nothing was decided).
     pub(crate) source: Option<DecidedBy>,
     /// What the input holds (an allowed verdict): the units its rules took, enforced and
-    /// shadow, and its charged rules' probes. Kept when the verdict is dropped; given back
+    /// shadow, and its charged rules' probes. Kept when the verdict is dropped; refunded
     /// by [`Limiter::refund`](crate::Limiter::refund).
     pub(crate) held: Held,
 }
@@ -47,7 +47,7 @@ pub(crate) struct Decided {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) enum State {
+pub(crate) enum Ruling {
     /// Every enforced rule accepted (or none applied).
     Allowed,
     /// At least one enforced rule rejected.
@@ -85,8 +85,8 @@ pub struct RuleDecision<'a> {
 
 impl Verdict {
     /// A verdict of `state` with no decisions (allowed: no rule applied; or failed).
-    pub(crate) fn empty(state: State, held: Held) -> Self {
-        Self { state, decided: SmallVec::new(), source: None, held }
+    pub(crate) fn empty(ruling: Ruling, held: Held) -> Self {
+        Self { ruling, decided: SmallVec::new(), source: None, held }
     }
 
     /// Whether the caller may go ahead: every rule accepted (after waiting
@@ -94,25 +94,25 @@ impl Verdict {
     /// [`FailMode::Open`](crate::FailMode::Open).
     #[must_use]
     pub fn is_allowed(&self) -> bool {
-        match &self.state {
-            State::Allowed => true,
-            State::Rejected => false,
-            State::Failed { closed, .. } => !closed,
+        match &self.ruling {
+            Ruling::Allowed => true,
+            Ruling::Rejected => false,
+            Ruling::Failed { closed, .. } => !closed,
         }
     }
 
     /// Whether a rule rejected: the input is over a limit.
     #[must_use]
     pub fn is_rejected(&self) -> bool {
-        matches!(self.state, State::Rejected)
+        matches!(self.ruling, Ruling::Rejected)
     }
 
     /// The store's error when it could not decide (then [`Verdict::is_allowed`] says what
     /// the fail mode chose, and there are no decisions).
     #[must_use]
     pub fn store_error(&self) -> Option<&StoreError> {
-        match &self.state {
-            State::Failed { error, .. } => Some(error),
+        match &self.ruling {
+            Ruling::Failed { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -183,7 +183,7 @@ impl Verdict {
     /// Leaky bucket rules: how long to wait before going ahead (zero otherwise).
     #[must_use]
     pub fn delay(&self) -> Duration {
-        if !matches!(self.state, State::Allowed) {
+        if !matches!(self.ruling, Ruling::Allowed) {
             return Duration::ZERO;
         }
         self.decided.iter().map(|d| d.decision.delay).max().unwrap_or(Duration::ZERO)

@@ -227,7 +227,7 @@ impl State {
     }
 
     /// Applies an accepted request (call only after `decide` allowed it). Returns where
-    /// its units went: the identity [`State::refund`] needs to give back exactly them.
+    /// its units went: the identity [`State::refund`] needs to refund exactly them.
     pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         match self {
             State::FixedWindow(s) => s.commit(p, now),
@@ -249,7 +249,7 @@ impl State {
     /// A charge takes at most 2^40 units, and at most what keeps the debt within 2^46
     /// units (whole units: for the bucket algorithms and GCRA, whole emission
     /// intervals).
-    pub(crate) fn force(&mut self, p: &Params, now: u64) {
+    pub(crate) fn charge(&mut self, p: &Params, now: u64) {
         let t = p.quota.emission_interval_micros();
         let room = match self {
             State::FixedWindow(s) => MAX_DEBT.saturating_sub(s.in_use(p, now)),
@@ -265,7 +265,7 @@ impl State {
         }
         let p = &Params { cost, ..*p };
         match self {
-            State::TokenBucket(s) => s.force(p, now),
+            State::TokenBucket(s) => s.charge(p, now),
             other => {
                 other.commit(p, now);
             }

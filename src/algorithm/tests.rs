@@ -436,7 +436,7 @@ enum LogOp {
     Run,
     /// Commit without deciding (a check list naming one state twice).
     Commit,
-    /// Give back the units of an earlier commit, by its identity.
+    /// Refund the units of an earlier commit, by its identity.
     Refund,
     /// Decide this many µs from now without committing (a later read of a key).
     Peek(u64),
@@ -498,7 +498,7 @@ proptest! {
     }
 }
 
-/// Debt from charges (`State::force`): a key charged past its quota refuses a probe (the
+/// Debt from charges (`State::charge`): a key charged past its quota refuses a probe (the
 /// admission of a charged rule) for exactly its `retry_after`, and admits it then; a
 /// probe takes nothing. What the debt lasts, per algorithm, for 15 units on 10 a minute
 /// charged at the start of a window: the fixed window until the window ends (60 s); the
@@ -519,7 +519,7 @@ fn a_charge_past_the_quota_is_a_debt_paid_exactly_at_its_retry() {
     for a in Algorithm::ALL {
         let mut s = State::new(a);
         assert!(s.decide(&probe, T0).allowed, "{a}: a fresh key");
-        s.force(&charge, T0);
+        s.charge(&charge, T0);
         let d = s.decide(&probe, T0);
         assert!(!d.allowed, "{a}: in debt");
         let retry = u64::try_from(d.retry_after.expect("a debt ends").as_micros()).unwrap();
@@ -530,7 +530,7 @@ fn a_charge_past_the_quota_is_a_debt_paid_exactly_at_its_retry() {
         assert!(s.decide(&probe, T0 + retry).allowed, "{a}: paid at the retry");
         assert_eq!(s.decide(&probe, T0 + retry).delay, Duration::ZERO, "{a}: a probe takes no slot to wait for");
         // Charges add up: in debt again from where the first left off.
-        s.force(&charge, T0 + retry);
+        s.charge(&charge, T0 + retry);
         assert!(!s.decide(&probe, T0 + retry).allowed, "{a}");
     }
 }
@@ -544,7 +544,7 @@ fn a_charge_of_any_size_stops_at_the_debt_horizon() {
         for a in Algorithm::ALL {
             let mut s = State::new(a);
             for units in [u64::MAX, 1 << 45, u64::MAX] {
-                s.force(&Params { cost: units, ..unbounded(q) }, T0);
+                s.charge(&Params { cost: units, ..unbounded(q) }, T0);
             }
             let d = s.decide(&probe, T0);
             assert!(!d.allowed, "{a} {q}");
@@ -572,7 +572,7 @@ proptest! {
         for (units, step) in events {
             now += step;
             if units > 0 {
-                s.force(&Params { cost: units, ..unbounded(q) }, now);
+                s.charge(&Params { cost: units, ..unbounded(q) }, now);
             }
             let d = s.decide(&probe, now);
             if !d.allowed {

@@ -16,7 +16,7 @@ use crate::error::StoreError;
 use crate::rule::FailMode;
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
 use crate::verdict::Verdict;
-use crate::verdict::{Decided, DecidedBy, State};
+use crate::verdict::{Decided, DecidedBy, Ruling};
 
 /// What [`Limiter::decide_now`] gives.
 #[allow(clippy::large_enum_variant, reason = "returned once per input and matched at once: boxing would allocate")]
@@ -42,7 +42,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         // Timed only for the debug event that reports it (two clock reads a decision).
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        // Taken before the store decides: a give-back while it decides voids the cache's
+        // Taken before the store decides: a refund while it decides voids the cache's
         // record of its rejection.
         let epoch = self.runtime.cache.epoch();
         let answer = self.ask(&plan.checks, plan.set.deadline).await;
@@ -100,14 +100,14 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     // A charge after a fail-open pass goes to the store.
                     held.probes = probes(&set, &checks, &rules, Holder::Store);
                 }
-                return (Verdict::empty(State::Failed { error, closed }, held), set);
+                return (Verdict::empty(Ruling::Failed { error, closed }, held), set);
             }
         };
         let Answered { outcomes, by, fallback } = answered;
         let holder = if by == DecidedBy::Fallback { Holder::Fallback } else { Holder::Store };
         // What each holder decided: the fallback's share of each quota, for the fallback.
         let as_held = fallback.as_deref().unwrap_or(&checks);
-        let mut verdict = Verdict::empty(State::Allowed, Held::default());
+        let mut verdict = Verdict::empty(Ruling::Allowed, Held::default());
         // No enforced rule (shadow rules only): nothing was decided.
         verdict.source = (enforced > 0).then_some(by);
         for (i, (check, &rule)) in checks.iter().zip(&rules).enumerate() {
@@ -124,7 +124,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
             if !shadow {
                 if !d.allowed {
-                    verdict.state = State::Rejected;
+                    verdict.ruling = Ruling::Rejected;
                 }
                 verdict.decided.push(Decided { check: check.clone(), rule, decision: d.clone() });
             }
@@ -165,14 +165,14 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         for (check, rule) in plan.enforced() {
             let r = &set.rules[rule];
             if r.count_if.is_some() && r.block.is_zero() {
-                continue; // units may be given back: a rejection is not final (a block is)
+                continue; // units may be refunded: a rejection is not final (a block is)
             }
             let quota = check.params.quota;
             if let Some(decision) = self.runtime.cache.blocked(set.id(rule), &check.key, check.params.cost, quota, now)
             {
                 crate::metrics::decision(&check.rule, "local_rejected");
                 let held = Held { generation: set.generation(), deadline: set.deadline, ..Held::default() };
-                let mut verdict = Verdict::empty(State::Rejected, held);
+                let mut verdict = Verdict::empty(Ruling::Rejected, held);
                 verdict.source = Some(DecidedBy::LocalCache);
                 verdict.decided.push(Decided { check: check.clone(), rule, decision });
                 return Some(verdict);

@@ -72,7 +72,7 @@ pub(crate) struct Held {
     /// The generation of the rule set the input was decided under (rule indexes are into
     /// it; the blocked-key cache names rules by it).
     pub(crate) generation: u64,
-    /// The deadline of remote give-backs and charges.
+    /// The deadline of remote refunds and charges.
     pub(crate) deadline: Duration,
 }
 

@@ -1,7 +1,7 @@
-//! The one router of give-backs and charges: each unit to whoever holds it, each probe's
+//! The one router of refunds and charges: each unit to whoever holds it, each probe's
 //! charge to whoever decided it — the store, or the in-process fallback limiter that
 //! decided while the store was failing — and the blocked-key cache cleared after every
-//! give-back (a rejection it remembers may not hold once the units are back).
+//! refund (a rejection it remembers may not hold once the units are back).
 //!
 //! In-process work is done at once, in the caller's thread (the fallback always; the
 //! store when it is a [`LocalStore`](crate::store::LocalStore)): the units are back, or
@@ -27,7 +27,7 @@ pub(crate) struct Holders<St> {
     pub(crate) cache: Arc<BlockedCache>,
 }
 
-/// The store's part of a give-back or a charge.
+/// The store's part of a refund or a charge.
 type ToStore<T> = SmallVec<[T; 1]>;
 
 impl<St> Holders<St> {
@@ -45,7 +45,7 @@ impl<St> Holders<St> {
 impl<St: Store> Holders<St> {
     /// Gives back what `held` took, without waiting: see the module docs. A failure is
     /// logged, naming `what` gave the units back.
-    pub(crate) fn give_back(self: &Arc<Self>, held: Held, what: &'static str) {
+    pub(crate) fn refund(self: &Arc<Self>, held: Held, what: &'static str) {
         let (refunds, rules) = self.refund_fallback(&held);
         if refunds.is_empty() {
             return;
@@ -76,7 +76,7 @@ impl<St: Store> Holders<St> {
 
     /// Gives back what `held` took, and waits for the store (no deadline: the caller
     /// asked).
-    pub(crate) async fn give_back_now(&self, held: Held) -> Result<(), StoreError> {
+    pub(crate) async fn refund_now(&self, held: Held) -> Result<(), StoreError> {
         let (refunds, rules) = self.refund_fallback(&held);
         if refunds.is_empty() {
             return Ok(());
@@ -187,7 +187,7 @@ impl<St: Store> Holders<St> {
     }
 }
 
-/// A give-back the runtime dropped before it finished (shutting down): the rules of its
+/// A refund the runtime dropped before it finished (shutting down): the rules of its
 /// units.
 struct Unfinished {
     rules: ToStore<Arc<str>>,
@@ -204,12 +204,12 @@ impl Drop for Unfinished {
     }
 }
 
-/// Units not given back: logged, and counted per rule.
+/// Units not refunded: logged, and counted per rule.
 fn lost(refunds: &[Refund], what: &str, err: &dyn std::fmt::Display) {
     for r in refunds {
         crate::metrics::give_back_failed(&r.check.rule);
     }
-    tracing::warn!(error = %err, "tollgate: could not give back the units of {what}");
+    tracing::warn!(error = %err, "tollgate: could not refund the units of {what}");
 }
 
 /// A charge not taken: logged, and counted per rule.

@@ -1,9 +1,9 @@
 //! The stages of what an admitted input holds ([`Held`], plain data in `held.rs`):
 //!
 //! - [`Lease`] is an input decided but not yet forwarded (its future unpolled, or waiting
-//!   for a leaky bucket's slot): dropping it gives back everything.
+//!   for a leaky bucket's slot): dropping it refunds everything.
 //! - [`Lease::forward`] moves it on to [`Forwarded`]: the units that are kept whatever
-//!   the outcome are released; those given back unless the response's status counts stay.
+//!   the outcome are released; those refunded unless the response's status counts stay.
 //!   Dropping a `Forwarded` (no response: the handler never answered) gives those back;
 //!   [`Forwarded::settle`] consumes it with the status and the [`Charge`](crate::Charge).
 //!
@@ -18,7 +18,7 @@ use super::held::{Exit, Held};
 use super::holders::Holders;
 use crate::store::Store;
 
-/// An input decided and admitted, not yet forwarded: dropped, it gives back everything it
+/// An input decided and admitted, not yet forwarded: dropped, it refunds everything it
 /// took, as an input that never happened.
 pub(crate) struct Lease<St: Store> {
     held: Held,
@@ -27,7 +27,7 @@ pub(crate) struct Lease<St: Store> {
 }
 
 impl<St: Store> Lease<St> {
-    /// `what` names the input in the warning a failed give-back logs.
+    /// `what` names the input in the warning a failed refund logs.
     pub(crate) fn new(held: Held, holders: Arc<Holders<St>>, what: &'static str) -> Self {
         Self { held, holders, what }
     }
@@ -38,7 +38,7 @@ impl<St: Store> Lease<St> {
     }
 
     /// The input reaches its handler: the units kept whatever the outcome are released;
-    /// those a status may give back, and the probes, move on.
+    /// those a status may refund, and the probes, move on.
     pub(crate) fn forward(mut self) -> Forwarded<St> {
         let mut held = std::mem::take(&mut self.held);
         held.units.retain(|u| matches!(u.exit, Exit::UnlessCounted(_)));
@@ -49,20 +49,20 @@ impl<St: Store> Lease<St> {
 impl<St: Store> Drop for Lease<St> {
     fn drop(&mut self) {
         if !self.held.units.is_empty() {
-            self.holders.give_back(std::mem::take(&mut self.held), self.what);
+            self.holders.refund(std::mem::take(&mut self.held), self.what);
         }
     }
 }
 
-/// An input that reached its handler: what its response's status may give back, and what
-/// its charge takes from. Dropped with no response, it gives back those units.
+/// An input that reached its handler: what its response's status may refund, and what
+/// its charge takes from. Dropped with no response, it refunds those units.
 pub(crate) struct Forwarded<St: Store> {
     held: Held,
     holders: Arc<Holders<St>>,
 }
 
 impl<St: Store> Forwarded<St> {
-    /// The response came: gives back the units whose rule does not count `status`, and
+    /// The response came: refunds the units whose rule does not count `status`, and
     /// takes `charge` units from the charged rules (see [`Charge`](crate::Charge)).
     pub(crate) fn settle(mut self, status: StatusCode, charge: Option<u64>) {
         let mut held = std::mem::take(&mut self.held);
@@ -71,7 +71,7 @@ impl<St: Store> Forwarded<St> {
         }
         held.units.retain(|u| matches!(&u.exit, Exit::UnlessCounted(counts) if !counts(status)));
         if !held.units.is_empty() {
-            self.holders.give_back(held, "a count-by-outcome rule");
+            self.holders.refund(held, "a count-by-outcome rule");
         }
     }
 }
@@ -79,8 +79,7 @@ impl<St: Store> Forwarded<St> {
 impl<St: Store> Drop for Forwarded<St> {
     fn drop(&mut self) {
         if !self.held.units.is_empty() {
-            self.holders
-                .give_back(std::mem::take(&mut self.held), "a count-by-outcome rule whose handler did not answer");
+            self.holders.refund(std::mem::take(&mut self.held), "a count-by-outcome rule whose handler did not answer");
         }
     }
 }

@@ -32,7 +32,7 @@ use crate::key::Key;
 use crate::rule::Rule;
 use crate::runtime::Runtime;
 use crate::store::Store;
-use crate::verdict::State;
+use crate::verdict::Ruling;
 use crate::verdict::Verdict;
 
 /// Decides whether inputs of type `I` are within their limits: the rules, the store, and
@@ -70,7 +70,7 @@ use crate::verdict::Verdict;
 /// ```
 pub struct Limiter<St, I: ?Sized> {
     /// The store, and whatever else holds units (the fallback): the one router of
-    /// give-backs and charges.
+    /// refunds and charges.
     holders: Arc<Holders<St>>,
     /// The rules, with the algorithm, fail mode and deadline: swappable at run time.
     rules: Arc<Rules<I>>,
@@ -215,11 +215,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let until = Instant::now() + max_wait;
         loop {
             let mut verdict = self.decide(plan.clone()).await;
-            match (&verdict.state, verdict.retry_after()) {
-                (State::Rejected, Some(retry)) if Instant::now() + retry <= until => {
+            match (&verdict.ruling, verdict.retry_after()) {
+                (Ruling::Rejected, Some(retry)) if Instant::now() + retry <= until => {
                     tokio::time::sleep(retry).await;
                 }
-                (State::Allowed, _) => {
+                (Ruling::Allowed, _) => {
                     self.wait_for_slot(&mut verdict).await;
                     return verdict;
                 }
@@ -251,11 +251,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     ///
     /// A verdict from before a [`reset`](Limiter::reset) of its key is not told apart from
     /// later ones by every algorithm (the stores keep no trace of a reset): refunded after
-    /// it, it may give back up to its own units from requests made since. Do not refund
+    /// it, it may refund up to its own units from requests made since. Do not refund
     /// across a reset.
     ///
     /// Takes the verdict: its units go back at most once (a second refund of the same
-    /// commits would give back units of other requests). A verdict is not `Clone` for
+    /// commits would refund units of other requests). A verdict is not `Clone` for
     /// the same reason.
     ///
     /// ```
@@ -301,7 +301,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
         }
         drop(current);
-        self.holders.give_back_now(verdict.held).await
+        self.holders.refund_now(verdict.held).await
     }
 
     /// Takes `units` from the charged rules ([`Rule::charged`]) of an allowed verdict:
@@ -346,5 +346,5 @@ fn unknown_rule<I: ?Sized>(rule: &str, set: &RuleSet<I>) -> Verdict {
     tracing::warn!(rule, "tollgate: check by key under a rule this limiter does not have");
     let error = StoreError::Invalid(format!("this limiter has no rule named {rule:?}"));
     let held = Held { generation: set.generation(), deadline: set.deadline, ..Held::default() };
-    Verdict::empty(State::Failed { error, closed: true }, held)
+    Verdict::empty(Ruling::Failed { error, closed: true }, held)
 }

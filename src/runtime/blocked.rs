@@ -21,7 +21,7 @@ pub(crate) struct BlockedCache {
     /// The latest `until` ever recorded: from then on nothing is blocked, and a lookup
     /// takes no lock (the common case of a service whose clients stay within limits).
     last_until: AtomicU64,
-    /// How many entries were forgotten (units given back, a reset): a rejection the store
+    /// How many entries were forgotten (units refunded, a reset): a rejection the store
     /// made before a forget may describe units that are back, so it is not recorded.
     forgets: AtomicU64,
 }
@@ -104,7 +104,7 @@ impl BlockedCache {
     /// for `max_age` µs at most (then the store is asked again; the answers given until
     /// then still say the whole retry) — unless something was forgotten since `epoch`
     /// (units came back while the store was deciding: its rejection may not hold, and
-    /// recorded after the give-back's forget it would stay).
+    /// recorded after the refund's forget it would stay).
     #[allow(clippy::too_many_arguments, reason = "one entry's fields")]
     pub(crate) fn insert(
         &self,
@@ -221,8 +221,8 @@ mod tests {
         assert!(cache.blocked((9, 0), &k, 1, q, 1_100).is_none(), "asked again after max_age");
     }
 
-    /// A rejection the store made before a forget (units given back meanwhile) is not
-    /// recorded: it would outlive the give-back.
+    /// A rejection the store made before a forget (units refunded meanwhile) is not
+    /// recorded: it would outlive the refund.
     #[test]
     fn a_rejection_from_before_a_forget_is_not_recorded() {
         let cache = BlockedCache::new(SHARDS * 100);

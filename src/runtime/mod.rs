@@ -129,7 +129,7 @@ impl Runtime {
 
     /// The fallback limiter's outcomes for `checks` after the store failed with `err`,
     /// when there is a fallback, and the checks as it decided them: each limit divided by
-    /// the expected number of servers (computed here once; give-backs and charges to the
+    /// the expected number of servers (computed here once; refunds and charges to the
     /// fallback use these checks).
     #[cfg(feature = "memory")]
     pub(crate) fn fallback(&self, err: &StoreError, checks: &[Check]) -> Option<(Outcomes, Vec<Check>)> {

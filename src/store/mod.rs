@@ -22,7 +22,7 @@ pub mod redis;
 pub(crate) type Outcomes = smallvec::SmallVec<[Option<Outcome>; 1]>;
 
 /// Where a store recorded the units of an allowed, committed check: what a refund needs to
-/// give back exactly those units, and nothing else.
+/// refund exactly those units, and nothing else.
 ///
 /// `at` is in µs since the epoch: the time of the decision for the window algorithms (the
 /// stored window's start when the clock stepped back before it), the token bucket and
@@ -45,7 +45,7 @@ pub struct Outcome {
     pub taken: Option<Taken>,
 }
 
-/// Units to give back: a check and what its commit took.
+/// Units to refund: a check and what its commit took.
 #[derive(Debug, Clone)]
 pub struct Refund {
     /// The check as it was made (rule, key, algorithm, quota, cost).
@@ -146,7 +146,7 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(Err(StoreError::Invalid(format!("this store cannot block keys (rule {:?})", check.rule))))
     }
 
-    /// This store as an in-process one, when it is: the limiter then decides, gives back
+    /// This store as an in-process one, when it is: the limiter then decides, refunds
     /// and charges synchronously, with no future, timer or runtime. Every [`LocalStore`]
     /// answers `Some(self)` (through the blanket `impl<T: LocalStore> Store for T`); a
     /// remote store keeps the default `None`, and is called through the async methods

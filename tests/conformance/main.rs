@@ -55,7 +55,7 @@ fn shadow(name: &'static str, key: &'static str, algorithm: Algorithm, quota: Qu
 enum Step {
     /// One request checked against these (rule index, cost).
     Check(Vec<(usize, u64)>),
-    /// Give back what the `k`-th most recent check took (1: the last one), by the
+    /// Refund what the `k`-th most recent check took (1: the last one), by the
     /// identities this store returned for it: nothing when it took nothing.
     Undo(usize),
     Peek(usize, u64),
@@ -244,7 +244,7 @@ fn scenarios() -> Vec<Scenario> {
                 times(3, one(0, 1)),
                 vec![Peek(0, 1), Peek(0, 3), Undo(1), Peek(0, 1)],
                 times(4, one(0, 1)),
-                // The last check was rejected: it took nothing, and gives back nothing.
+                // The last check was rejected: it took nothing, and refunds nothing.
                 vec![Peek(0, 1), Undo(1), Peek(0, 2), Undo(3), Peek(0, 5), Undo(3), Peek(0, 5)],
                 vec![one(0, 2), Reset(0), Peek(0, 1), one(0, 2), Advance(20 * SEC), Undo(1)],
                 vec![Peek(0, 1), Advance(10 * MIN), Undo(3), Peek(0, 1), one(0, 5)],
@@ -262,7 +262,7 @@ fn scenarios() -> Vec<Scenario> {
             vec![rule("r", "k", a, Quota::per_minute(4))],
             vec![
                 vec![one(0, 2), one(0, 1), Advance(15 * SEC), one(0, 1), one(0, 1)],
-                // Give back the 2 units taken before the boundary, then the 1 after it.
+                // Refund the 2 units taken before the boundary, then the 1 after it.
                 vec![Undo(4), Peek(0, 1), Peek(0, 3), one(0, 2), Undo(3), Peek(0, 1)],
                 times(3, one(0, 1)),
                 vec![Advance(40 * SEC), one(0, 1), Undo(2), Peek(0, 1), one(0, 2)],
@@ -272,7 +272,7 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(61 * SEC), one(0, 3), one(0, 1), Undo(2), Undo(2), Peek(0, 1), one(0, 2)],
             ],
         ));
-        // A bucket's refund gives back what its commit still holds back: nothing once the
+        // A bucket's refund refunds what its commit still holds back: nothing once the
         // bucket has refilled, a part of it while refilling.
         out.push(scenario(
             format!("{a}: late and partial refunds"),
@@ -700,7 +700,7 @@ async fn server_time_gcra() {
 
 /// The review's sliding log example with explicit expectations, on Redis and on a cluster
 /// (the memory store runs it in `tests/http/refunds.rs`): a refund after its units left the
-/// window gives back nothing; one while they are in it gives back exactly them.
+/// window refunds nothing; one while they are in it refunds exactly them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sliding_log_refund_gives_back_its_own_units_on_redis_and_cluster() {
     let server = RedisServer::start();

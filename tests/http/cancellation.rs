@@ -4,7 +4,7 @@
 //! other not, the half-open probe, the leaky bucket's delay, the inner service's
 //! readiness after it, the inner call — a test drops the future right there and shows
 //! that nothing is left behind: no call counted in flight, no probe held, no unit or slot
-//! kept that the request should give back, and later requests decided normally. (Refunds
+//! kept that the request should refund, and later requests decided normally. (Refunds
 //! run in tasks of their own, never on the request's future.)
 
 use crate::support;
@@ -164,7 +164,7 @@ async fn dropped_during_the_inner_call_keeps_what_a_forwarded_request_took_but_c
     let svc = layer.clone().layer(inner());
     dropped(&svc, get("/hang", "a"), Duration::from_millis(10)).await;
     // Forwarded: the request counts. Its status never came: the count-by-outcome unit is
-    // given back.
+    // refunded.
     assert_eq!(layer.peek("count", "a").await.unwrap().unwrap().remaining, 1);
     assert_eq!(layer.peek("login", "a").await.unwrap().unwrap().remaining, 2);
     assert_eq!(svc.clone().oneshot(get("/fail", "a")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
@@ -173,7 +173,7 @@ async fn dropped_during_the_inner_call_keeps_what_a_forwarded_request_took_but_c
 }
 
 /// An in-process store decides within `call`, before the response future exists: a
-/// future dropped before its first poll never reached the handler, and gives back all it
+/// future dropped before its first poll never reached the handler, and refunds all it
 /// took — each rule's unit exactly once (the count-by-outcome rule's too, not twice).
 #[tokio::test(start_paused = true)]
 async fn a_response_future_dropped_before_its_first_poll_gives_back_everything_once() {
@@ -194,7 +194,7 @@ async fn a_response_future_dropped_before_its_first_poll_gives_back_everything_o
         drop(svc.call(get("/", "a")));
         settle().await;
         // Nothing kept (else the count rule runs out by the third round); the login rule
-        // given back once, not twice (twice would also erase the failed login's unit).
+        // refunded once, not twice (twice would also erase the failed login's unit).
         assert_eq!(left().await, (true, 1, 1));
     }
     let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
@@ -265,7 +265,7 @@ async fn an_unpolled_unlimited_request_never_reaches_the_inner_service() {
 }
 
 /// The units of a future dropped before its first poll are back before the next request
-/// is decided, with no task to wait for (an in-process store gives back at once).
+/// is decided, with no task to wait for (an in-process store refunds at once).
 #[tokio::test(start_paused = true)]
 async fn an_unpolled_requests_units_are_back_for_the_very_next_request() {
     let layer = RateLimitLayer::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
@@ -325,7 +325,7 @@ async fn a_fallback_decisions_units_are_back_for_the_very_next_request() {
     }
 }
 
-/// Units given back to the store lift the rejection this process cached for their key:
+/// Units refunded to the store lift the rejection this process cached for their key:
 /// a leaky bucket's request dropped while it waits frees its slot, and the next request
 /// reaches the store instead of being refused from the cache.
 #[tokio::test(start_paused = true)]
@@ -346,7 +346,7 @@ async fn units_given_back_lift_the_cached_rejection_of_their_key() {
     waiting.abort();
     let _ = waiting.await;
     settle().await;
-    assert_eq!(store.refunds().len(), 1, "the slot was given back to the store");
+    assert_eq!(store.refunds().len(), 1, "the slot was refunded to the store");
     let asked = store.checks();
     let next = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/", "a"))).await;
     assert!(next.is_err() || next.unwrap().unwrap().status() == StatusCode::OK, "refused from the cache");
@@ -367,7 +367,7 @@ async fn a_limiter_wait_dropped_during_a_leaky_delay_gives_back_its_slot() {
     settle().await;
     let started = tokio::time::Instant::now();
     assert!(limiter.wait("a", Duration::from_secs(5)).await.is_allowed());
-    assert_eq!(started.elapsed(), Duration::from_millis(100), "the dropped wait's slot (200 ms) was not given back");
+    assert_eq!(started.elapsed(), Duration::from_millis(100), "the dropped wait's slot (200 ms) was not refunded");
 }
 
 /// A remote store that never answers a call naming the rule `.0`, and answers every
@@ -450,7 +450,7 @@ async fn a_request_dropped_while_its_enforced_call_is_in_flight_gives_back_its_s
     assert_eq!(layer.peek("tally", "global").await.unwrap().unwrap().remaining, 1, "the dropped request kept its unit");
 }
 
-/// With no tokio runtime at all, an in-process store's give-back is taken on the spot
+/// With no tokio runtime at all, an in-process store's refund is taken on the spot
 /// (`LocalStore::refund`, synchronous): a request dropped unpolled leaves its unit for the
 /// next one.
 #[test]
@@ -467,5 +467,5 @@ fn an_unpolled_requests_units_are_back_with_no_runtime() {
     drop(svc.call(get("/", "a")));
     poll_now(&mut std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
     let res = poll_now(&mut svc.call(get("/", "a"))).unwrap();
-    assert_eq!(res.status(), StatusCode::OK, "the dropped request's unit was not given back");
+    assert_eq!(res.status(), StatusCode::OK, "the dropped request's unit was not refunded");
 }

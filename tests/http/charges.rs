@@ -279,7 +279,7 @@ fn a_memory_store_charge_needs_no_timer() {
     });
 }
 
-/// A give-back to a remote store that the runtime drops before the store answers (it shut
+/// A refund to a remote store that the runtime drops before the store answers (it shut
 /// down) is counted and logged, not lost without a word.
 #[test]
 fn a_give_back_dropped_by_a_runtime_shutdown_is_counted() {
@@ -302,7 +302,7 @@ fn a_give_back_dropped_by_a_runtime_shutdown_is_counted() {
         });
         drop(rt);
     });
-    let lost = counter(&scrape, "tollgate_give_back_failures_total", &["rule=\"queue\""]);
+    let lost = counter(&scrape, "tollgate_refund_failures_total", &["rule=\"queue\""]);
     assert_eq!(lost, 1.0, "{scrape}");
 }
 

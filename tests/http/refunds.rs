@@ -1,4 +1,4 @@
-//! Give-backs: units come back to the window or bucket that took them, never to a later
+//! Refunds: units come back to the window or bucket that took them, never to a later
 //! one, whoever decided (store or fallback).
 
 use crate::support;
@@ -72,7 +72,7 @@ async fn a_refund_after_the_boundary_leaves_the_new_window_alone() {
             n += 1;
         }
         assert_eq!(n, fit, "{algorithm}");
-        // A is given back now: its units are the old window's (fixed window: nothing to
+        // A is refunded now: its units are the old window's (fixed window: nothing to
         // give) or `prev` (sliding counter: the 0.5 goes, one more fits). Taken from the
         // new window's count, as it used to be, 2 more would fit.
         limiter.refund(a).await.unwrap();
@@ -122,7 +122,7 @@ async fn a_slow_handlers_refund_after_the_boundary_keeps_later_failures_counted(
 }
 
 // 4 and 5. The fallback limiter's decisions are its own: its rejections never enter the
-// blocked-key cache, and its units are given back to it.
+// blocked-key cache, and its units are refunded to it.
 
 fn fallback_limiter(store: Remote, quota: Quota) -> Limiter<Remote, str> {
     Limiter::builder(store)
@@ -207,7 +207,7 @@ async fn a_late_bucket_refund_never_lets_more_than_the_burst_through() {
         limiter.refund(a).await.unwrap();
         assert!(limiter.check("ada").await.is_rejected(), "{algorithm}: a third request at one instant, burst 2");
 
-        // A refund in time gives back what its commit still holds back. With no commit
+        // A refund in time refunds what its commit still holds back. With no commit
         // since (d comes at the same instant as b), all of it, even 20 s later (a slow
         // handler's count-by-outcome refund).
         let (b, c) = (limiter.check("bob").await, limiter.check("bob").await);

@@ -210,3 +210,29 @@ async fn rule_names_can_be_kept_private() {
     let res = svc.oneshot(get()).await.unwrap();
     assert_eq!(res.headers()[X_RATELIMIT_RULE], "api");
 }
+
+/// Run as a child process (see below): two `RateLimitLayer::new` over one store.
+#[test]
+fn child_with_two_new_layers_over_one_store() {
+    if std::env::var_os("TOLLGATE_CHILD").is_none() {
+        return;
+    }
+    let store = MemoryStore::new();
+    let _search = RateLimitLayer::new(Quota::per_minute(10), key::PeerIp, store.clone());
+    let _upload = RateLimitLayer::new(Quota::per_minute(5), key::PeerIp, store);
+}
+
+#[test]
+fn a_shared_default_rule_name_is_said_on_stderr() {
+    // `RateLimitLayer::new` cannot fail: the second layer shares the first's count, and
+    // a new user, with no tracing subscriber, is told so and how to name the rules.
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "setup::child_with_two_new_layers_over_one_store", "--nocapture", "--test-threads=1"])
+        .env("TOLLGATE_CHILD", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("share one count").count(), 1, "{stderr}");
+    assert!(stderr.contains("\"default\"") && stderr.contains("RateLimitLayer::builder(store).rule("), "{stderr}");
+}

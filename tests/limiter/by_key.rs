@@ -182,7 +182,7 @@ async fn refund_gives_back_what_an_allowed_verdict_took() {
     assert!(a.is_allowed() && b.is_allowed());
     let rejected = limiter.check("ada").await;
     assert!(rejected.is_rejected());
-    limiter.refund(rejected).await.unwrap(); // took nothing: gives back nothing
+    limiter.refund(rejected).await.unwrap(); // took nothing: refunds nothing
     assert!(limiter.check("ada").await.is_rejected());
     limiter.refund(b).await.unwrap();
     assert!(limiter.check("ada").await.is_allowed(), "the refunded unit is usable again");
@@ -475,8 +475,8 @@ impl Store for Gated {
     }
 }
 
-/// A rejection the store made while units were being given back is not recorded in the
-/// blocked-key cache: recorded after the give-back forgot the key, it outlived the units'
+/// A rejection the store made while units were being refunded is not recorded in the
+/// blocked-key cache: recorded after the refund forgot the key, it outlived the units'
 /// return, and the key was refused from the cache though it had room (a race found by
 /// reading, proven here).
 #[tokio::test]
@@ -498,7 +498,7 @@ async fn a_rejection_racing_a_give_back_is_not_cached() {
         async move { limiter.check("ada").await }
     });
     tokio::task::yield_now().await;
-    // Meanwhile the first is given back (and the cache forgets the key)…
+    // Meanwhile the first is refunded (and the cache forgets the key)…
     limiter.refund(first).await.unwrap();
     // …then the rejection arrives.
     store.gate.notify_one();

@@ -13,9 +13,9 @@
 //! the sums at each admission (a key in debt must have been refused).
 //!
 //! - exactness: the units the *store* admitted, less what the reference says each refund
-//!   gives back, never exceed what the algorithm allows (sliding log: `L` in any window;
+//!   refunds, never exceed what the algorithm allows (sliding log: `L` in any window;
 //!   fixed window: `L` per aligned window; GCRA and token bucket: `B` plus the refill of
-//!   the span, plus what was given back in it; leaky bucket: slots never shared).
+//!   the span, plus what was refunded in it; leaky bucket: slots never shared).
 //!   Fail-open passes and fallback decisions are over-admission by design and not in the
 //!   record;
 //! - every rejection served by the local blocked-key cache is backed by a rejection of the
@@ -28,7 +28,7 @@
 //!
 //! On `MemoryStore`, half the cases record it as a remote store (a future per call, with
 //! the deadline, breaker and blocked-key cache of a remote store), half as an in-process
-//! one (`LocalStore`: decided inside the layer's `call`, with give-backs and charges
+//! one (`LocalStore`: decided inside the layer's `call`, with refunds and charges
 //! taken at once).
 //!
 //! `PROPTEST_CASES` sets the number of cases (default: 4,000 on `MemoryStore`, 100 on Redis).
@@ -639,7 +639,7 @@ fn check_exact(commits: &HashMap<Id, Vec<Commit>>, undos: &HashMap<Id, Vec<Undo>
                 // Each refund removes its own commit (matched by identity, in time order).
                 // At every commit, the commits still standing (made by then, not refunded
                 // by then) must fit the bucket: in any span ending there, at most the
-                // burst plus the span's refill. A refund may give back less than its
+                // burst plus the span's refill. A refund may refund less than its
                 // commit holds (conservative), never more: so this must hold.
                 let mut refunded_at: Vec<Option<u64>> = vec![None; list.len()];
                 for u in undo {
@@ -667,7 +667,7 @@ fn check_exact(commits: &HashMap<Id, Vec<Commit>>, undos: &HashMap<Id, Vec<Undo>
                 }
             }
             Algorithm::LeakyBucket => {
-                // Slots are never shared, but with a request given back before.
+                // Slots are never shared, but with a request refunded before.
                 for (i, c) in list.iter().enumerate() {
                     if c.at < c.made {
                         return fail(format!("slot {} before its request at {}", c.at, c.made));

@@ -1,6 +1,6 @@
 //! `RedisStore` on a real 3-node Redis Cluster: rules of one key are decided atomically
 //! in one slot; rules across slots never over-admit, and the units of the slots that
-//! accepted are given back when another slot rejects.
+//! accepted are refunded when another slot rejects.
 #![cfg(feature = "redis")]
 
 use crate::support;
@@ -141,14 +141,14 @@ async fn cluster_rules_within_and_across_slots() {
     assert!(evalsha >= 90, "{evalsha}");
     // A rejection is answered without waiting more than 5 ms for a slow slot, whose units
     // come back when it answers: give the rollbacks a moment on a busy machine. (The token
-    // bucket's rollbacks of overlapping commits each give back c·T less the time to the
+    // bucket's rollbacks of overlapping commits each refund c·T less the time to the
     // latest commit — conservative by design — short by microseconds, not a token.)
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 36, "units stayed taken on {k0}");
     assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 36, "units stayed taken on {k2}");
     assert!(!store.peek(&across[1]).await.unwrap().allowed);
 
-    // The slot that rejects may be the first one: the later ones still give back.
+    // The slot that rejects may be the first one: the later ones still refund.
     let reversed = [across[1].clone(), across[2].clone(), across[0].clone()];
     for _ in 0..5 {
         let d = store.check(&reversed).await.unwrap();
@@ -166,7 +166,7 @@ async fn cluster_rules_within_and_across_slots() {
         .collect();
     let bucket_before = store.peek(&across[0]).await.unwrap();
     store.refund(&refunds).await.unwrap();
-    // The token bucket gives back c·T less the time from the commit to the latest one (the
+    // The token bucket refunds c·T less the time from the commit to the latest one (the
     // rejected checks since, a second or two): most of a token, not all of it.
     // (Compared as levels: whole tokens plus the part of the next one already refilled, so
     // the few seconds of refill a busy machine adds can't flip the whole count.)
@@ -233,7 +233,7 @@ async fn a_rejection_wins_over_another_slots_failure() {
     assert!(store.check(&fresh).await.is_err());
 }
 
-/// A multi-slot check cut off by its caller's deadline still gives back what the slot
+/// A multi-slot check cut off by its caller's deadline still refunds what the slot
 /// that accepted took (the rollback used to live in the dropped future).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_slot_check_cut_off_by_the_deadline_still_rolls_back() {
@@ -248,7 +248,7 @@ async fn a_multi_slot_check_cut_off_by_the_deadline_still_rolls_back() {
     let cut = tokio::time::timeout(Duration::from_millis(50), store.check(&both)).await;
     assert!(cut.is_err(), "the check was not cut off: {cut:?}");
     // Slot a accepted at once; slot b answers with a timeout after 300 ms, and then a's
-    // unit is given back, though nobody awaits the check any more.
+    // unit is refunded, though nobody awaits the check any more.
     tokio::time::sleep(Duration::from_millis(900)).await;
     cluster.node(2).resume();
     // 1 unit from the first check, and the peek's own: 8 left. 7 if the cut-off check's
@@ -259,7 +259,7 @@ async fn a_multi_slot_check_cut_off_by_the_deadline_still_rolls_back() {
 /// Default deadline (50 ms) and response timeout (100 ms): one slot rejects at once while
 /// another slot's node hangs. The rejection is the answer, at once (it used to wait for
 /// the hung slot past the deadline and turn into a fail-open pass); and when the hung
-/// slot answers after all, what it took is given back.
+/// slot answers after all, what it took is refunded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejection_does_not_wait_for_a_hung_slot() {
     let cluster = RedisCluster::start(3);

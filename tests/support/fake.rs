@@ -130,7 +130,7 @@ pub async fn settle() {
 }
 
 /// The example: L = 2/min; A at 0 s, B at 72 s, C at 78 s; A's refund at 90 s
-/// (its unit left the window at 60 s) must give back nothing, so D at 96 s is rejected:
+/// (its unit left the window at 60 s) must refund nothing, so D at 96 s is rejected:
 /// B and C are in (36 s, 96 s].
 pub async fn sliding_log_refund_example<St: Store>(store: St, clock: &ManualClock) {
     const SEC: u64 = 1_000_000;

@@ -299,7 +299,7 @@ impl MemoryStore {
             let hash = self.hash(&c.rule, c.algorithm, &c.key);
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
             let e = shard.entry(hash, c, now, &self.inner, false)?;
-            e.state.force(&c.params, now);
+            e.state.charge(&c.params, now);
             e.expires_at = e.expires_at.max(e.state.expires_at(&c.params));
         }
         Ok(())

@@ -4,15 +4,15 @@
 //!
 //! - The task owns the calls: when the caller's future is dropped (its deadline passed,
 //!   the client left), the calls still end and the rollback still runs — and when every
-//!   slot accepts only after the caller has gone, their units are given back too: the
+//!   slot accepts only after the caller has gone, their units are refunded too: the
 //!   caller never learned it was admitted. The caller gets
 //!   its answer once the rollback of the slots that answered is done, so that its next
 //!   request finds the units back.
 //! - A rejection does not wait long for slots still out: 5 ms after it, it is answered
 //!   without them, as a hung node would otherwise hold the answer past the caller's
 //!   deadline and turn the rejection into a store error (a fail-open pass by default).
-//!   What a late slot takes is given back when it answers.
-//! - A rollback gives back exactly what each slot's commit took (its `Taken`), never
+//!   What a late slot takes is refunded when it answers.
+//! - A rollback refunds exactly what each slot's commit took (its `Taken`), never
 //!   units of requests decided in between.
 //! - If any slot rejected, the request is rejected, whatever another slot's error: the
 //!   rules of a failed slot are reported undecided (`None`). An error is returned only
@@ -125,7 +125,7 @@ pub(super) async fn check_slots(
                     () = sleep.as_mut() => {
                         // The slots still out are late: answer the rejection without them
                         // (a hung node would hold it past the caller's deadline and turn
-                        // it into a store error); what they take is given back when they
+                        // it into a store error); what they take is refunded when they
                         // answer.
                         if let Some(tx) = tx.take() {
                             let _ = tx.send(combine(&checks, &groups, &replies, false));
@@ -140,7 +140,7 @@ pub(super) async fn check_slots(
             if !replies.iter().flatten().any(|r| matches!(r, Ok(reply) if !reply.all)) {
                 continue;
             }
-            // A slot rejected: the request is rejected. Give back what the slots that
+            // A slot rejected: the request is rejected. Refund what the slots that
             // accepted took.
             roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
             grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(LATE_SLOT_GRACE)));
@@ -188,7 +188,7 @@ async fn roll_back(
     });
     for r in join_all(calls).await {
         if let Err(e) = r {
-            tracing::warn!(target: "tollgate", error = %e, "could not give back the units of a rejected multi-slot check");
+            tracing::warn!(target: "tollgate", error = %e, "could not refund the units of a rejected multi-slot check");
         }
     }
 }

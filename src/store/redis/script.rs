@@ -157,7 +157,7 @@ pub(crate) const MODE_BLOCK: &str = "b";
 /// Every number a script handles must stay exact in a Lua double.
 const EXACT: u128 = 1 << 52;
 /// Costs are capped at this before they reach Lua (see [`crate::algorithm::MAX_COST`]:
-/// `State::force` caps charges alike).
+/// `State::charge` caps charges alike).
 use crate::algorithm::MAX_COST;
 
 /// Checks that Lua can compute `check`'s quota exactly.

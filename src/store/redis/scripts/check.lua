@@ -10,7 +10,7 @@
 -- accept.
 --
 -- Mode 'f' (charges reported after a response, Rule::charged): every rule takes its cost
--- whatever it decides (State::force: the key may go into debt); no block is started.
+-- whatever it decides (State::charge: the key may go into debt); no block is started.
 --
 -- Blocks (Rule::block_for, src/algorithm/mod.rs `blocking`): a rule whose block has not
 -- ended refuses without deciding (its block is read when its block argument is not 0:
@@ -81,10 +81,10 @@ if (all and commit) or force then
     -- Rust refuses a check list naming one state twice (store::distinct); should a key
     -- come twice anyway, commit on top of the first commit rather than over it.
     if written[KEYS[i]] then s = a.read(KEYS[i], ps[i], now) or a.default() end
-    -- A charge takes at most what keeps the debt within MAX_DEBT (State::force).
+    -- A charge takes at most what keeps the debt within MAX_DEBT (State::charge).
     if force then ps[i].c = min(ps[i].c, a.room(s, ps[i], now)) end
     if ps[i].c > 0 and (force or oks[i]) then
-      if force and a.force then a.force(KEYS[i], s, ps[i], now) else a.commit(KEYS[i], s, ps[i], now) end
+      if force and a.charge then a.charge(KEYS[i], s, ps[i], now) else a.commit(KEYS[i], s, ps[i], now) end
       written[KEYS[i]] = true
     end
   end

@@ -17,7 +17,7 @@ function ALG.tb.default()
   return { 0, 0, fresh = true }
 end
 
--- In debt (charged past empty, TokenBucket::force): empty, `last` in the future.
+-- In debt (charged past empty, TokenBucket::charge): empty, `last` in the future.
 local function tb_in_debt(s, now)
   return s[1] == 0 and s[2] > now
 end
@@ -64,8 +64,8 @@ function ALG.tb.room(s, p, now)
 end
 
 -- Takes c tokens whatever the level (a charge): past empty, `last` moves forward by the
--- missing refill time (TokenBucket::force).
-function ALG.tb.force(key, s, p, now)
+-- missing refill time (TokenBucket::charge).
+function ALG.tb.charge(key, s, p, now)
   local capacity = p.B * p.T
   local need = p.c * p.T
   local level = 0
