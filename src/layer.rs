@@ -86,7 +86,9 @@ impl<St: Store> RateLimitLayer<St> {
     ///
     /// Two layers from `new` over one store (say on two routes) both name their rule
     /// `"default"`, so they share one count: `/upload`'s requests use up `/search`'s
-    /// limit. This is said once on stderr (and as a `tracing` warning). Name the rules to
+    /// limit; the name stays theirs while either lives, and any other name stays its
+    /// layer's own. This is said once per process on stderr, and as a `tracing` warning
+    /// each time. Name the rules to
     /// count apart — `RateLimitLayer::builder(store).rule("search", quota, key).build()`,
     /// which refuses a name in use with [`BuildError::RuleInUse`](crate::BuildError::RuleInUse) — as rule names are what
     /// servers sharing a Redis agree on. Clones of one layer share one limiter and are

@@ -16,15 +16,16 @@ impl Once {
 
     /// Says `message` if it was not said before: as a `tracing` warning, and on stderr
     /// when no subscriber shows warnings (`debug_only`: only in a debug build, for setup
-    /// hints that a release build leaves to `tracing`).
-    pub(crate) fn tell(&self, debug_only: bool, message: impl FnOnce() -> String) {
+    /// hints that a release build leaves to `tracing`). Returns whether it was said now.
+    pub(crate) fn tell(&self, debug_only: bool, message: impl FnOnce() -> String) -> bool {
         if self.0.load(Ordering::Relaxed) || self.0.swap(true, Ordering::Relaxed) {
-            return;
+            return false;
         }
         let message = message();
         tracing::warn!("{message}");
         if (!debug_only || cfg!(debug_assertions)) && !tracing::enabled!(tracing::Level::WARN) {
             eprintln!("{message}");
         }
+        true
     }
 }

@@ -15,7 +15,8 @@ impl LimiterHandle<RequestHead> {
     /// [`LayerConfig::to_rules`](LayerConfig::to_rules)) are replaced by
     /// `config`'s, in its order, and the rules added in code stay, after them. The
     /// layer-wide settings `config` names (`algorithm`, `fail_mode`, `timeout`,
-    /// `headers`) take effect; those it does not name stay as they are.
+    /// `headers`) take effect, also over the same settings made in code when the layer was
+    /// built; those it does not name stay as they are.
     ///
     /// A rule from a configuration is replaced as the configuration now says: what code
     /// added to it (a `bypass_if`, a `count_if`) is not carried over — use

@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::registry::OnClash;
 use super::{Draft, Limiter, Rules};
 use crate::algorithm::Algorithm;
 use crate::error::BuildError;
@@ -15,25 +16,6 @@ use crate::rule::Shared;
 use crate::rule::{FailMode, Rule};
 use crate::runtime::{Runtime, Settings};
 use crate::store::Store;
-
-/// What a build does when another live limiter over the store holds one of its rule names.
-#[derive(Debug, Clone, Copy)]
-enum OnClash {
-    /// Refuses with [`BuildError::RuleInUse`], whose hint names the builder the user called.
-    Refuse(&'static str),
-    /// Joins that limiter as one owner of the name, so that both count into one state, and
-    /// says so (`RateLimitLayer::new`, which cannot fail).
-    Share,
-}
-
-/// What `RateLimitLayer::new` says when its rule name is in use on its store.
-fn shared_name_notice(name: &str) -> String {
-    format!(
-        "tollgate: RateLimitLayer::new over a store where another live limiter or layer has a rule named \
-         {name:?}: the two share one count. Name the rules to count apart: \
-         RateLimitLayer::builder(store).rule(\"search\", quota, key).build()"
-    )
-}
 
 /// Builds a [`Limiter`] (see [`Limiter::builder`]) or, as `Out`, a
 /// [`RateLimitLayer`](crate::RateLimitLayer) (see
@@ -219,22 +201,8 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
             deadline: self.deadline,
             headers: None,
         };
-        let owner = match (self.on_clash, identity) {
-            // `RateLimitLayer::new` joins the live limiter that has its one name, as one owner.
-            (OnClash::Share, Some(store)) => draft.rules.iter().find_map(|r| {
-                let owner = super::registry::owner_of(store, &r.name)?;
-                tracing::warn!(rule = %r.name, "{}", shared_name_notice(&r.name));
-                eprintln!("{}", shared_name_notice(&r.name));
-                Some(owner)
-            }),
-            _ => None,
-        };
-        let owner = owner.unwrap_or_else(super::registry::new_owner);
-        let hint = match self.on_clash {
-            OnClash::Refuse(hint) => hint,
-            OnClash::Share => "",
-        };
-        let set = draft.check(identity, owner, self.cost.as_ref(), hint)?;
+        let owner = super::registry::new_owner();
+        let set = draft.check(identity, owner, self.cost.as_ref(), self.on_clash)?;
         let runtime = Runtime::new(self.settings);
         Ok(Limiter {
             holders: Arc::new(super::Holders::new(Arc::new(self.store), &runtime)),

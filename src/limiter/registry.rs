@@ -9,6 +9,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
+use smallvec::SmallVec;
+
+use crate::notice::Once;
+
 /// Who claims: one limiter, through all its rule sets.
 pub(crate) type Owner = u64;
 
@@ -25,10 +29,11 @@ pub(crate) struct Claim {
     names: Vec<(usize, Arc<str>)>,
 }
 
-/// Per (store, name): the owner, and its claims that list the name (several while sets
-/// of inputs in flight outlive a swap). Counted, never upgraded: an upgraded claim dropped
-/// under the lock would run its `Drop`, which takes the lock.
-type Registry = HashMap<(usize, Arc<str>), (Owner, Vec<Weak<Claim>>)>;
+/// Per (store, name): its owners (one, or several that joined it: see [`OnClash::Share`]),
+/// and their claims that list the name (several while sets of inputs in flight outlive a
+/// swap). Counted, never upgraded: an upgraded claim dropped under the lock would run its
+/// `Drop`, which takes the lock.
+type Registry = HashMap<(usize, Arc<str>), (SmallVec<[Owner; 1]>, Vec<Weak<Claim>>)>;
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
@@ -36,40 +41,68 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// What a claim does with a name another live limiter holds on the store.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OnClash {
+    /// Refuses: `BuildError::RuleInUse`, whose hint names the builder the user called.
+    Refuse(&'static str),
+    /// Joins that name's owners, so that both count into one state and either may swap
+    /// it, and says so (`RateLimitLayer::new`, which cannot fail). Only that name: the
+    /// other names of either stay theirs.
+    Share,
+}
+
 /// Claims `names` for `owner` on the store of identity `store` (see `Store::identity`),
-/// or returns the first name another live limiter holds there. Names the owner's other
-/// rule sets hold are taken over.
+/// or returns the first name another live limiter holds there (with [`OnClash::Share`],
+/// joins it instead). Names the owner's other rule sets hold are taken over.
 pub(crate) fn claim<'a>(
     store: usize,
     owner: Owner,
     names: impl Iterator<Item = &'a Arc<str>>,
+    on_clash: OnClash,
 ) -> Result<Arc<Claim>, Arc<str>> {
     let names: Vec<(usize, Arc<str>)> = names.map(|n| (store, n.clone())).collect();
     let mut reg = registry();
-    let held_by_other =
-        |(by, claims): &(Owner, Vec<Weak<Claim>>)| *by != owner && claims.iter().any(|w| w.strong_count() > 0);
-    if let Some((_, taken)) = names.iter().find(|k| reg.get(k).is_some_and(held_by_other)) {
-        return Err(taken.clone());
+    let held_by_other = |(by, claims): &(SmallVec<[Owner; 1]>, Vec<Weak<Claim>>)| {
+        !by.contains(&owner) && claims.iter().any(|w| w.strong_count() > 0)
+    };
+    let taken: Vec<&(usize, Arc<str>)> = names.iter().filter(|k| reg.get(k).is_some_and(held_by_other)).collect();
+    for k in taken {
+        match on_clash {
+            OnClash::Refuse(_) => return Err(k.1.clone()),
+            OnClash::Share => {
+                if let Some((by, _)) = reg.get_mut(k) {
+                    by.push(owner);
+                }
+                if !SHARED.tell(false, || shared_name_notice(&k.1)) {
+                    tracing::warn!("{}", shared_name_notice(&k.1));
+                }
+            }
+        }
     }
     let claim = Arc::new(Claim { names });
     for k in &claim.names {
-        let (by, claims) = reg.entry(k.clone()).or_insert_with(|| (owner, Vec::new()));
-        if *by != owner {
-            (*by, *claims) = (owner, Vec::new()); // the other owner's claims are all gone
-        }
+        let (by, claims) = reg.entry(k.clone()).or_insert_with(|| (SmallVec::from_elem(owner, 1), Vec::new()));
         claims.retain(|w| w.strong_count() > 0);
+        if !by.contains(&owner) {
+            // The other owners' claims are all gone (else this claim was refused or joined).
+            *by = SmallVec::from_elem(owner, 1);
+        }
         claims.push(Arc::downgrade(&claim));
     }
     Ok(claim)
 }
 
-/// The live owner of `name` on the store of identity `store`, if any: the limiter that
-/// `RateLimitLayer::new` joins when its `"default"` is taken, so that both claim the name
-/// as one owner (neither's drop frees it while the other lives, and each may swap it).
-pub(crate) fn owner_of(store: usize, name: &Arc<str>) -> Option<Owner> {
-    let reg = registry();
-    let (by, claims) = reg.get(&(store, name.clone()))?;
-    claims.iter().any(|w| w.strong_count() > 0).then_some(*by)
+/// Said once per process; later joins go to `tracing` only (see `notice`).
+static SHARED: Once = Once::new();
+
+/// What `RateLimitLayer::new` says when its rule name is in use on its store.
+fn shared_name_notice(name: &str) -> String {
+    format!(
+        "tollgate: RateLimitLayer::new over a store where another live limiter or layer has a rule named \
+         {name:?}: the two share one count. Name the rules to count apart: \
+         RateLimitLayer::builder(store).rule(\"search\", quota, key).build()"
+    )
 }
 
 impl Drop for Claim {
@@ -91,14 +124,35 @@ impl Drop for Claim {
 mod tests {
     use super::*;
 
+    const REFUSE: OnClash = OnClash::Refuse("");
+
+    #[test]
+    fn a_joined_name_is_shared_and_the_others_stay_their_owners() {
+        let (d, j, x): (Arc<str>, Arc<str>, Arc<str>) = ("jd".into(), "jj".into(), "jx".into());
+        let (limiter, layer, third) = (new_owner(), new_owner(), new_owner());
+        let first = claim(4, limiter, [&d, &j].into_iter(), REFUSE).unwrap();
+        let joined = claim(4, layer, [&d].into_iter(), OnClash::Share).unwrap();
+        // Either may swap the shared name; neither may take the other's other names.
+        let swapped = claim(4, layer, [&d, &x].into_iter(), REFUSE).unwrap();
+        assert_eq!(&*claim(4, layer, [&j].into_iter(), REFUSE).unwrap_err(), "jj");
+        assert_eq!(&*claim(4, limiter, [&x].into_iter(), REFUSE).unwrap_err(), "jx");
+        let again = claim(4, limiter, [&d].into_iter(), REFUSE).unwrap();
+        // The name stays held while either lives.
+        drop((first, again));
+        assert_eq!(&*claim(4, third, [&d].into_iter(), REFUSE).unwrap_err(), "jd");
+        drop((joined, swapped));
+        let free = claim(4, third, [&d, &j, &x].into_iter(), REFUSE).unwrap();
+        drop(free);
+    }
+
     #[test]
     fn a_name_is_held_while_its_claim_lives() {
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        let first = claim(1, 101, [&a, &b].into_iter()).unwrap();
-        assert_eq!(&*claim(1, 103, [&b].into_iter()).unwrap_err(), "b");
-        let other_store = claim(2, 102, [&a].into_iter()).unwrap();
+        let first = claim(1, 101, [&a, &b].into_iter(), REFUSE).unwrap();
+        assert_eq!(&*claim(1, 103, [&b].into_iter(), REFUSE).unwrap_err(), "b");
+        let other_store = claim(2, 102, [&a].into_iter(), REFUSE).unwrap();
         drop(first);
-        let again = claim(1, 101, [&a, &b].into_iter()).unwrap();
+        let again = claim(1, 101, [&a, &b].into_iter(), REFUSE).unwrap();
         drop((again, other_store));
         assert!(registry().keys().all(|(s, _)| *s != 1 && *s != 2));
     }
@@ -107,18 +161,18 @@ mod tests {
     fn a_swap_takes_over_its_own_names_and_releases_the_dropped_ones() {
         let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("sa".into(), "sb".into(), "sc".into());
         let (me, other_owner) = (new_owner(), new_owner());
-        let first = claim(3, me, [&a, &b].into_iter()).unwrap();
-        let other = claim(3, other_owner, [&c].into_iter()).unwrap();
-        assert_eq!(&*claim(3, me, [&a, &c].into_iter()).unwrap_err(), "sc", "another limiter's name");
+        let first = claim(3, me, [&a, &b].into_iter(), REFUSE).unwrap();
+        let other = claim(3, other_owner, [&c].into_iter(), REFUSE).unwrap();
+        assert_eq!(&*claim(3, me, [&a, &c].into_iter(), REFUSE).unwrap_err(), "sc", "another limiter's name");
         // A set without "sb", then one with it again while the first is still alive (an
         // input in flight holds it): all the owner's own.
-        let second = claim(3, me, [&a].into_iter()).unwrap();
-        let third = claim(3, me, [&a, &b].into_iter()).unwrap();
-        assert_eq!(&*claim(3, other_owner, [&b].into_iter()).unwrap_err(), "sb");
+        let second = claim(3, me, [&a].into_iter(), REFUSE).unwrap();
+        let third = claim(3, me, [&a, &b].into_iter(), REFUSE).unwrap();
+        assert_eq!(&*claim(3, other_owner, [&b].into_iter(), REFUSE).unwrap_err(), "sb");
         drop((first, third));
         // "sb" is free once no set of the owner holds it; "sa" is still held by the second.
-        let again = claim(3, other_owner, [&b].into_iter()).unwrap();
-        assert_eq!(&*claim(3, other_owner, [&a].into_iter()).unwrap_err(), "sa");
+        let again = claim(3, other_owner, [&b].into_iter(), REFUSE).unwrap();
+        assert_eq!(&*claim(3, other_owner, [&a].into_iter(), REFUSE).unwrap_err(), "sa");
         drop((second, other, again));
     }
 }

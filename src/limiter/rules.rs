@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::registry::{self, Claim, Owner};
+use super::registry::{self, Claim, OnClash, Owner};
 use crate::algorithm::Algorithm;
 use crate::error::BuildError;
 use crate::headers::HeaderStyle;
@@ -87,7 +87,7 @@ impl<I: ?Sized> Draft<I> {
         store: Option<usize>,
         owner: Owner,
         cost: Option<&Shared<I, u64>>,
-        hint: &'static str,
+        on_clash: OnClash,
     ) -> Result<RuleSet<I>, BuildError> {
         if self.rules.is_empty() {
             return Err(BuildError::InvalidConfig {
@@ -103,10 +103,12 @@ impl<I: ?Sized> Draft<I> {
             }
         }
         let claim = match store {
-            Some(id) => Some(
-                registry::claim(id, owner, self.rules.iter().map(|r| &r.name))
-                    .map_err(|n| BuildError::RuleInUse { rule: n.to_string(), hint })?,
-            ),
+            Some(id) => {
+                Some(registry::claim(id, owner, self.rules.iter().map(|r| &r.name), on_clash).map_err(|n| {
+                    let hint = if let OnClash::Refuse(hint) = on_clash { hint } else { "" };
+                    BuildError::RuleInUse { rule: n.to_string(), hint }
+                })?)
+            }
             None => None,
         };
         Ok(self.into_set(cost, claim))
@@ -162,7 +164,7 @@ impl<I: ?Sized> Rules<I> {
         let set = self.load();
         let mut draft = Draft::of(&set);
         f(&mut draft)?;
-        let hint = "in the rules given to LimiterHandle";
+        let hint = OnClash::Refuse("in the rules given to LimiterHandle");
         let next = draft.check(self.store, self.owner, self.cost.as_ref(), hint)?;
         tracing::info!(rules = ?next.rules.iter().map(|r| (r.name(), r.quota())).collect::<Vec<_>>(), "tollgate: rules swapped");
         self.current.store(Arc::new(next));

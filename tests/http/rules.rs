@@ -174,3 +174,31 @@ async fn a_shared_default_stays_claimed_and_swappable_by_either_layer() {
     assert_eq!(svc.oneshot(get("/")).await.unwrap().status(), StatusCode::OK, "key::Global is not \"k\"");
     drop((second, limiter));
 }
+
+/// Joining shares the one name `new` asked for, nothing else (found by review: the joined
+/// layer took the other limiter's owner id, so either could then swap in any name the
+/// other held, and both counted into it).
+#[tokio::test]
+async fn a_joined_layer_shares_only_its_default() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let jobs = tollgate::Limiter::<_, str>::builder(store.clone())
+        .rule("default", Quota::per_minute(100), |s: &str| Some(s.to_owned()))
+        .rule("jobs", Quota::per_minute(1), |s: &str| Some(s.to_owned()))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(Quota::per_minute(100), key::Global, store.clone());
+    let taken = layer.handle().set_rules(vec![Rule::new("jobs", Quota::per_minute(1_000), key::Global)]);
+    assert!(matches!(&taken, Err(BuildError::RuleInUse { rule, .. }) if rule == "jobs"), "{taken:?}");
+    layer.handle().set_rules(vec![Rule::new("api", Quota::per_minute(10), key::Global)]).unwrap();
+    let back = jobs.handle().set_rules(vec![Rule::new("api", Quota::per_minute(1), |s: &str| Some(s.to_owned()))]);
+    assert!(matches!(&back, Err(BuildError::RuleInUse { rule, .. }) if rule == "api"), "{back:?}");
+
+    // Two `new` layers share "default"; a name one of them swaps in is its own.
+    let other = MemoryStore::with_clock(ManualClock::new(T0));
+    let search = RateLimitLayer::new(Quota::per_minute(3), key::Global, other.clone());
+    let upload = RateLimitLayer::new(Quota::per_minute(3), key::Global, other.clone());
+    search.handle().set_rules(vec![Rule::new("search", Quota::per_minute(3), key::Global)]).unwrap();
+    let same = upload.handle().set_rules(vec![Rule::new("search", Quota::per_minute(100), key::Global)]);
+    assert!(matches!(&same, Err(BuildError::RuleInUse { rule, .. }) if rule == "search"), "{same:?}");
+    drop((jobs, layer, search, upload));
+}

@@ -211,7 +211,7 @@ async fn rule_names_can_be_kept_private() {
     assert_eq!(res.headers()[X_RATELIMIT_RULE], "api");
 }
 
-/// Run as a child process (see below): two `RateLimitLayer::new` over one store.
+/// Run as a child process (see below): three `RateLimitLayer::new` over one store.
 #[test]
 fn child_with_two_new_layers_over_one_store() {
     if std::env::var_os("TOLLGATE_CHILD").is_none() {
@@ -219,7 +219,8 @@ fn child_with_two_new_layers_over_one_store() {
     }
     let store = MemoryStore::new();
     let _search = RateLimitLayer::new(Quota::per_minute(10), key::PeerIp, store.clone());
-    let _upload = RateLimitLayer::new(Quota::per_minute(5), key::PeerIp, store);
+    let _upload = RateLimitLayer::new(Quota::per_minute(5), key::PeerIp, store.clone());
+    let _export = RateLimitLayer::new(Quota::per_minute(5), key::PeerIp, store);
 }
 
 #[test]
@@ -233,6 +234,6 @@ fn a_shared_default_rule_name_is_said_on_stderr() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.matches("share one count").count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("share one count").count(), 1, "said once per process: {stderr}");
     assert!(stderr.contains("\"default\"") && stderr.contains("RateLimitLayer::builder(store).rule("), "{stderr}");
 }

@@ -480,7 +480,7 @@ impl Store for Gated {
 /// return, and the key was refused from the cache though it had room (a race found by
 /// reading, proven here).
 #[tokio::test]
-async fn a_rejection_racing_a_give_back_is_not_cached() {
+async fn a_rejection_racing_a_refund_is_not_cached() {
     let store = Gated { inner: MemoryStore::new(), gate: Arc::default(), armed: Arc::default() };
     let limiter = Arc::new(
         Limiter::builder(store.clone())
