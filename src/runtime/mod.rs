@@ -112,16 +112,29 @@ impl Runtime {
             return Err(StoreError::Overloaded(s.max_in_flight));
         };
         let started = Instant::now();
-        let r = match tokio::time::timeout(deadline, ask(store, checks)).await {
+        let asked = ask(store, checks);
+        tokio::pin!(asked);
+        let mut stalled = false;
+        let r = match tokio::time::timeout(deadline, &mut asked).await {
             Ok(r) => r,
-            Err(_) => Err(store.timed_out(checks, deadline)),
+            Err(_) => {
+                // The deadline's timer fired late: this process was stalled (descheduled,
+                // CPU-throttled), not only the store. The answer may be waiting for the
+                // connection's task: give it a short grace, and count no failure.
+                let grace = deadline / 5;
+                stalled = started.elapsed() > deadline + grace;
+                let late = if stalled { tokio::time::timeout(grace, &mut asked).await.ok() } else { None };
+                late.unwrap_or_else(|| Err(store.timed_out(checks, deadline)))
+            }
         };
         crate::metrics::store_latency(started.elapsed());
         match &r {
             Ok(_) => permit.success(),
             // One node failed while the others answer (the breaker would stop the healthy
-            // ones too), or the call failed at once (nothing to spare): not counted.
+            // ones too), the call failed at once (nothing to spare), or this process
+            // stalled past the deadline: not counted against the store.
             Err(StoreError::NodeUnavailable(_) | StoreError::NotConnected(_)) => permit.neutral(self.mono_us()),
+            Err(_) if stalled => permit.neutral(self.mono_us()),
             Err(_) => permit.failure(self.mono_us()),
         }
         r

@@ -81,3 +81,78 @@ async fn the_fallback_never_panics_on_a_quota_the_builder_accepted() {
     let v = limiter.check("k").await;
     assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
 }
+
+/// A stall of this process is not a failure of the store: while the thread is blocked (a
+/// descheduled or CPU-throttled process), the store's answer arrives and waits for the
+/// connection's task; the deadline's timer fires late. The answer is read, the decision is
+/// the store's, and the breaker counts nothing against the store.
+#[tokio::test(flavor = "current_thread")]
+async fn a_stalled_process_is_not_a_failed_store() {
+    let store = Remote::new(MemoryStore::new());
+    store.set(Mode::Relayed(Duration::from_millis(5)));
+    let limiter = Limiter::<_, str>::builder(store.clone())
+        .rule("api", Quota::per_minute(100), user)
+        .circuit_breaker(2, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    for i in 0..5 {
+        let stall = tokio::spawn(async {
+            tokio::task::yield_now().await;
+            std::thread::sleep(Duration::from_millis(120));
+        });
+        let verdict = limiter.check("ada").await;
+        assert!(verdict.store_error().is_none(), "stall {i}: {:?}", verdict.store_error());
+        assert_eq!(verdict.decided_by(), Some(DecidedBy::Store), "stall {i}");
+        stall.await.unwrap();
+    }
+    // Every call was the store's, and the circuit is closed: a sixth call reaches it.
+    store.set(Mode::Up);
+    assert!(limiter.check("ada").await.is_allowed());
+    assert_eq!(store.checks(), 6);
+    let check = tollgate::store::Check {
+        rule: "api".into(),
+        key: "ada".into(),
+        algorithm: tollgate::Algorithm::default(),
+        params: tollgate::store::Params::new(Quota::per_minute(100)),
+    };
+    let left = tollgate::store::Store::peek(&store, &check).await.unwrap();
+    assert_eq!(left.remaining, 93, "six units taken in the store (a peek decides one more)");
+}
+
+/// A store that does not answer while this process stalls past the deadline: the request
+/// is a timeout (under the fail mode), but the breaker does not hold the stall against
+/// the store; a store that does not answer in time while this process runs on time opens
+/// it as before.
+#[tokio::test(flavor = "current_thread")]
+async fn a_timeout_during_a_stall_does_not_open_the_circuit() {
+    let store = Remote::new(MemoryStore::new());
+    let limiter = Limiter::<_, str>::builder(store.clone())
+        .rule("api", Quota::per_minute(100), user)
+        .timeout(Duration::from_millis(20))
+        .circuit_breaker(2, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    store.set(Mode::Hanging);
+    for i in 0..3 {
+        let stall = tokio::spawn(async {
+            tokio::task::yield_now().await;
+            std::thread::sleep(Duration::from_millis(60));
+        });
+        let verdict = limiter.check("ada").await;
+        assert!(matches!(verdict.store_error(), Some(tollgate::StoreError::Timeout(_))), "stall {i}");
+        stall.await.unwrap();
+    }
+    store.set(Mode::Up);
+    let before = store.checks();
+    assert_eq!(limiter.check("ada").await.decided_by(), Some(DecidedBy::Store), "the circuit stayed closed");
+    assert_eq!(store.checks(), before + 1);
+    // Without a stall, two timeouts open it: the next call does not reach the store.
+    store.set(Mode::Hanging);
+    for _ in 0..2 {
+        assert!(matches!(limiter.check("ada").await.store_error(), Some(tollgate::StoreError::Timeout(_))));
+    }
+    let before = store.checks();
+    let verdict = limiter.check("ada").await;
+    assert!(matches!(verdict.store_error(), Some(tollgate::StoreError::CircuitOpen(_))), "{:?}", verdict.store_error());
+    assert_eq!(store.checks(), before, "an open circuit asks nothing");
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
-use tollgate::{key, Algorithm, FailMode, Quota, RateLimitLayer, RedisStore};
+use tollgate::{key, Algorithm, FailMode, Quota, RateLimitLayer, RedisStore, StoreError};
 use tower::{Layer, ServiceExt};
 
 use support::redis::{RedisCluster, RedisServer};
@@ -259,4 +259,46 @@ async fn the_store_times_out_on_its_own_whatever_the_pool() {
         assert!(took >= RESPONSE && took < RESPONSE + MARGIN, "{origin}: answered after {took:?}");
     }
     redis.resume();
+}
+
+/// This process stalls (its only thread blocked, as a descheduled or CPU-throttled
+/// container is) while a healthy Redis answers at once: the reply waits in the socket for
+/// the connection's task, and the deadline's timer fires late.
+/// - An 80 ms stall (past the 50 ms deadline, within the connection's 100 ms response
+///   timeout): the reply is read and decides, ten times in a row.
+/// - A 150 ms stall: the connection's own response timer has fired too and dropped the
+///   reply, so the call is a timeout (handled by the fail mode); but the breaker holds
+///   none of them against Redis: after ten in a row, the next call is decided by Redis.
+#[tokio::test(flavor = "current_thread")]
+async fn a_stalled_client_is_not_a_failed_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    store.ping().await.unwrap();
+    let limiter = tollgate::Limiter::<_, str>::builder(store)
+        .rule("stall", Quota::per_hour(100), |s: &str| Some(s.to_owned()))
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    let stalled = |ms| {
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            std::thread::sleep(Duration::from_millis(ms));
+        })
+    };
+    for i in 0..10 {
+        let stall = stalled(80);
+        let verdict = limiter.check("k").await;
+        assert!(verdict.store_error().is_none(), "80 ms stall {i}: {:?}", verdict.store_error());
+        assert!(verdict.is_allowed(), "80 ms stall {i}");
+        stall.await.unwrap();
+    }
+    for i in 0..10 {
+        let stall = stalled(150);
+        let verdict = limiter.check("k").await;
+        let error = verdict.store_error();
+        assert!(error.is_none() || matches!(error, Some(StoreError::Timeout(_))), "150 ms stall {i}: {error:?}");
+        stall.await.unwrap();
+    }
+    let verdict = limiter.check("k").await;
+    assert!(verdict.store_error().is_none(), "the circuit stayed closed: {:?}", verdict.store_error());
 }

@@ -25,6 +25,9 @@ pub enum Mode {
     Failing,
     /// Never answers.
     Hanging,
+    /// Answers through another task after this long, as a connection's task hands over a
+    /// reply it read from the socket.
+    Relayed(std::time::Duration),
 }
 
 /// A remote-like store over a `MemoryStore`; clones share everything.
@@ -66,6 +69,14 @@ impl Remote {
                 Mode::Up => up.await,
                 Mode::Failing => Err(StoreError::Unavailable("connection refused".into())),
                 Mode::Hanging => std::future::pending().await,
+                Mode::Relayed(after) => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let _ = tx.send(up.await);
+                    });
+                    rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("the relay was dropped".into())))
+                }
             }
         }
     }
