@@ -114,19 +114,29 @@ impl Runtime {
         let started = Instant::now();
         let asked = ask(store, checks);
         tokio::pin!(asked);
-        let mut stalled = false;
+        let grace = deadline / 5;
+        // Whether the store then had a grace of this process's running time to answer.
+        let mut watched = false;
         let r = match tokio::time::timeout(deadline, &mut asked).await {
             Ok(r) => r,
-            Err(_) => {
-                // The deadline's timer fired late: this process was stalled (descheduled,
-                // CPU-throttled), not only the store. The answer may be waiting for the
-                // connection's task: give it a short grace, and count no failure.
-                let grace = deadline / 5;
-                stalled = started.elapsed() > deadline + grace;
-                let late = if stalled { tokio::time::timeout(grace, &mut asked).await.ok() } else { None };
-                late.unwrap_or_else(|| Err(store.timed_out(checks, deadline)))
+            // The deadline's timer fired late: this process was stalled (descheduled,
+            // CPU-throttled), and the reply may be waiting for the connection's task.
+            Err(_) if started.elapsed() > deadline + grace => {
+                let looked = Instant::now();
+                match tokio::time::timeout(grace, &mut asked).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        watched = looked.elapsed() <= grace * 2;
+                        Err(store.timed_out(checks, deadline))
+                    }
+                }
             }
+            Err(_) => Err(store.timed_out(checks, deadline)),
         };
+        // A timeout (this call's, or the connection's own timer, late as well) when this
+        // process stalled past the deadline is not held against the store, unless the
+        // store then had the grace, with this process running, and still did not answer.
+        let stalled = matches!(r, Err(StoreError::Timeout(_))) && started.elapsed() > deadline + grace && !watched;
         crate::metrics::store_latency(started.elapsed());
         match &r {
             Ok(_) => permit.success(),

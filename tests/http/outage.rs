@@ -119,40 +119,57 @@ async fn a_stalled_process_is_not_a_failed_store() {
     assert_eq!(left.remaining, 93, "six units taken in the store (a peek decides one more)");
 }
 
-/// A store that does not answer while this process stalls past the deadline: the request
-/// is a timeout (under the fail mode), but the breaker does not hold the stall against
-/// the store; a store that does not answer in time while this process runs on time opens
-/// it as before.
+/// A stall does not hide a dead store, and a dead store is not blamed for a stall:
+/// - the store hangs and this process stalls past the deadline, then runs through the
+///   grace: the store had the grace to answer and did not, so the breaker counts it (two
+///   open the circuit, as without stalls);
+/// - this process stalls again during the grace: nothing is known against the store, and
+///   the circuit stays closed.
 #[tokio::test(flavor = "current_thread")]
-async fn a_timeout_during_a_stall_does_not_open_the_circuit() {
+async fn a_stall_neither_hides_nor_blames_a_dead_store() {
     let store = Remote::new(MemoryStore::new());
-    let limiter = Limiter::<_, str>::builder(store.clone())
-        .rule("api", Quota::per_minute(100), user)
-        .timeout(Duration::from_millis(20))
-        .circuit_breaker(2, Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let limiter = |store: &Remote| {
+        Limiter::<_, str>::builder(store.clone())
+            .rule("api", Quota::per_minute(100), user)
+            .timeout(Duration::from_millis(20))
+            .circuit_breaker(2, Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let stall_at = |at: Option<tokio::time::Instant>, ms| {
+        tokio::spawn(async move {
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => tokio::task::yield_now().await,
+            }
+            std::thread::sleep(Duration::from_millis(ms));
+        })
+    };
     store.set(Mode::Hanging);
-    for i in 0..3 {
-        let stall = tokio::spawn(async {
-            tokio::task::yield_now().await;
-            std::thread::sleep(Duration::from_millis(60));
-        });
-        let verdict = limiter.check("ada").await;
-        assert!(matches!(verdict.store_error(), Some(tollgate::StoreError::Timeout(_))), "stall {i}");
+    let dead = limiter(&store);
+    for _ in 0..2 {
+        let stall = stall_at(None, 60);
+        assert!(matches!(dead.check("ada").await.store_error(), Some(tollgate::StoreError::Timeout(_))));
         stall.await.unwrap();
     }
-    store.set(Mode::Up);
     let before = store.checks();
-    assert_eq!(limiter.check("ada").await.decided_by(), Some(DecidedBy::Store), "the circuit stayed closed");
-    assert_eq!(store.checks(), before + 1);
-    // Without a stall, two timeouts open it: the next call does not reach the store.
-    store.set(Mode::Hanging);
-    for _ in 0..2 {
-        assert!(matches!(limiter.check("ada").await.store_error(), Some(tollgate::StoreError::Timeout(_))));
-    }
-    let before = store.checks();
-    let verdict = limiter.check("ada").await;
+    let verdict = dead.check("ada").await;
     assert!(matches!(verdict.store_error(), Some(tollgate::StoreError::CircuitOpen(_))), "{:?}", verdict.store_error());
     assert_eq!(store.checks(), before, "an open circuit asks nothing");
+
+    let other = Remote::new(MemoryStore::new());
+    other.set(Mode::Hanging);
+    let stalled = limiter(&other);
+    for i in 0..3 {
+        // One stall before the deadline, one just after it, during the grace.
+        let start = tokio::time::Instant::now();
+        let (first, second) = (stall_at(None, 60), stall_at(Some(start + Duration::from_millis(21)), 60));
+        let verdict = stalled.check("ada").await;
+        assert!(matches!(verdict.store_error(), Some(tollgate::StoreError::Timeout(_))), "stall {i}");
+        (first.await.unwrap(), second.await.unwrap());
+    }
+    other.set(Mode::Up);
+    let before = other.checks();
+    assert_eq!(stalled.check("ada").await.decided_by(), Some(DecidedBy::Store), "the circuit stayed closed");
+    assert_eq!(other.checks(), before + 1);
 }
