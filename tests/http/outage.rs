@@ -166,7 +166,8 @@ async fn a_stall_neither_hides_nor_blames_a_dead_store() {
         let (first, second) = (stall_at(None, 60), stall_at(Some(start + Duration::from_millis(21)), 60));
         let verdict = stalled.check("ada").await;
         assert!(matches!(verdict.store_error(), Some(tollgate::StoreError::Timeout(_))), "stall {i}");
-        (first.await.unwrap(), second.await.unwrap());
+        first.await.unwrap();
+        second.await.unwrap();
     }
     other.set(Mode::Up);
     let before = other.checks();
