@@ -6,6 +6,7 @@
 //! | `tollgate_near_limit_total` | counter | `rule` (allowed decisions that leave the rule's near-limit share of its quota in use; never labelled by key) |
 //! | `tollgate_store_errors_total` | counter | `kind` = `timeout` / `unavailable` / `overloaded` / `circuit_open` / `full` / `backend` / `invalid` |
 //! | `tollgate_store_latency_seconds` | histogram | — |
+//! | `tollgate_store_stalls_total` | counter | — (store calls that timed out while this process was stalled past the deadline: not counted by the circuit breaker, up to its threshold in a row) |
 //! | `tollgate_fail_open_total` | counter | — (requests passed because the store failed) |
 //! | `tollgate_fail_closed_total` | counter | — (requests answered 503 because the store failed) |
 //! | `tollgate_fallback_decisions_total` | counter | `outcome` |
@@ -55,6 +56,11 @@ pub(crate) fn store_latency(d: Duration) {
     metrics::histogram!("tollgate_store_latency_seconds").record(d.as_secs_f64());
 }
 
+pub(crate) fn store_stall() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_store_stalls_total").increment(1);
+}
+
 pub(crate) fn fail_open() {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_fail_open_total").increment(1);
@@ -81,7 +87,7 @@ pub(crate) fn charge_failed(rule: &str) {
     metrics::counter!("tollgate_charge_failures_total", "rule" => rule.to_owned()).increment(1);
 }
 
-pub(crate) fn give_back_failed(rule: &str) {
+pub(crate) fn refund_failed(rule: &str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_refund_failures_total", "rule" => rule.to_owned()).increment(1);
 }

@@ -197,7 +197,7 @@ struct Unfinished {
 impl Drop for Unfinished {
     fn drop(&mut self) {
         for rule in &self.rules {
-            crate::metrics::give_back_failed(rule);
+            crate::metrics::refund_failed(rule);
         }
         let what = self.what;
         tracing::warn!("tollgate: the runtime shut down before the store took back the units of {what}");
@@ -207,7 +207,7 @@ impl Drop for Unfinished {
 /// Units not refunded: logged, and counted per rule.
 fn lost(refunds: &[Refund], what: &str, err: &dyn std::fmt::Display) {
     for r in refunds {
-        crate::metrics::give_back_failed(&r.check.rule);
+        crate::metrics::refund_failed(&r.check.rule);
     }
     tracing::warn!(error = %err, "tollgate: could not refund the units of {what}");
 }

@@ -7,7 +7,7 @@ mod blocked;
 mod breaker;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +45,10 @@ impl Default for Settings {
     }
 }
 
+/// The least time past a deadline that tells a stalled process: timers fire a millisecond
+/// or two late on a running one.
+const STALL_SLACK: Duration = Duration::from_millis(5);
+
 /// Checks a near-limit share: in (0, 1].
 pub(crate) fn check_near_limit(share: f64) -> Result<(), crate::error::BuildError> {
     if share > 0.0 && share <= 1.0 {
@@ -64,6 +68,8 @@ pub(crate) struct Runtime {
     pub(crate) cache: Arc<BlockedCache>,
     warn_at: AtomicU64,
     suppressed: AtomicU64,
+    /// Timeouts in a row not held against the store because this process stalled.
+    stalls: AtomicU32,
     base: Instant,
 }
 
@@ -87,6 +93,7 @@ impl Runtime {
             cache: Arc::new(BlockedCache::new(100_000)),
             warn_at: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
+            stalls: AtomicU32::new(0),
             base: Instant::now(),
         }
     }
@@ -114,35 +121,44 @@ impl Runtime {
         let started = Instant::now();
         let asked = ask(store, checks);
         tokio::pin!(asked);
-        let grace = deadline / 5;
-        // Whether the store then had a grace of this process's running time to answer.
+        // Timers fire up to a couple of ms late on a running process: a stall is more.
+        let slack = (deadline / 5).max(STALL_SLACK);
+        // Whether the store then had the slack, with this process running, to answer.
         let mut watched = false;
         let r = match tokio::time::timeout(deadline, &mut asked).await {
             Ok(r) => r,
             // The deadline's timer fired late: this process was stalled (descheduled,
             // CPU-throttled), and the reply may be waiting for the connection's task.
-            Err(_) if started.elapsed() > deadline + grace => {
+            Err(_) if started.elapsed() > deadline + slack => {
                 let looked = Instant::now();
-                match tokio::time::timeout(grace, &mut asked).await {
+                match tokio::time::timeout(slack, &mut asked).await {
                     Ok(r) => r,
                     Err(_) => {
-                        watched = looked.elapsed() <= grace * 2;
+                        watched = looked.elapsed() <= slack * 2;
                         Err(store.timed_out(checks, deadline))
                     }
                 }
             }
             Err(_) => Err(store.timed_out(checks, deadline)),
         };
+        crate::metrics::store_latency(started.elapsed());
         // A timeout (this call's, or the connection's own timer, late as well) when this
         // process stalled past the deadline is not held against the store, unless the
-        // store then had the grace, with this process running, and still did not answer.
-        let stalled = matches!(r, Err(StoreError::Timeout(_))) && started.elapsed() > deadline + grace && !watched;
-        crate::metrics::store_latency(started.elapsed());
+        // store then had the slack, with this process running, and still did not answer;
+        // and at most `threshold` in a row: a dead store on a throttled host still opens
+        // the circuit.
+        let stalled = matches!(r, Err(StoreError::Timeout(_))) && started.elapsed() > deadline + slack && !watched;
+        let stalled = stalled && self.stalls.fetch_add(1, Ordering::Relaxed) < self.breaker.threshold;
+        if stalled {
+            crate::metrics::store_stall();
+        } else if self.stalls.load(Ordering::Relaxed) != 0 && !matches!(r, Err(StoreError::Timeout(_))) {
+            self.stalls.store(0, Ordering::Relaxed);
+        }
         match &r {
             Ok(_) => permit.success(),
             // One node failed while the others answer (the breaker would stop the healthy
             // ones too), the call failed at once (nothing to spare), or this process
-            // stalled past the deadline: not counted against the store.
+            // stalled past the deadline (see above): not counted against the store.
             Err(StoreError::NodeUnavailable(_) | StoreError::NotConnected(_)) => permit.neutral(self.mono_us()),
             Err(_) if stalled => permit.neutral(self.mono_us()),
             Err(_) => permit.failure(self.mono_us()),
