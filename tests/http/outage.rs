@@ -203,3 +203,36 @@ async fn a_small_deadline_late_by_a_tick_is_not_a_stall() {
     let verdict = limiter.check("ada").await;
     assert!(matches!(verdict.store_error(), Some(tollgate::StoreError::CircuitOpen(_))), "{:?}", verdict.store_error());
 }
+
+/// A call dropped while it waits out the stall's slack (its client gone) leaves nothing
+/// behind: its in-flight slot is free (with `max_in_flight(1)`, the next call reaches the
+/// store) and the breaker holds nothing against the store.
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_in_the_stall_slack_leaves_nothing_behind() {
+    let store = Remote::new(MemoryStore::new());
+    store.set(Mode::Hanging);
+    let limiter = std::sync::Arc::new(
+        Limiter::<_, str>::builder(store.clone())
+            .rule("api", Quota::per_minute(100), user)
+            .timeout(Duration::from_millis(20))
+            .max_in_flight(1)
+            .circuit_breaker(1, Duration::from_secs(60))
+            .build()
+            .unwrap(),
+    );
+    let call = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.check("ada").await }
+    });
+    support::fake::settle().await; // the call waits for its deadline
+    tokio::time::advance(Duration::from_millis(60)).await; // a stall: the deadline fires late
+    support::fake::settle().await; // the call now waits out the slack
+    assert!(!call.is_finished(), "still in the slack");
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    store.set(Mode::Up);
+    let before = store.checks();
+    let verdict = limiter.check("ada").await;
+    assert_eq!(verdict.decided_by(), Some(DecidedBy::Store), "{:?}", verdict.store_error());
+    assert_eq!(store.checks(), before + 1);
+}
