@@ -1,5 +1,6 @@
 //! Leaky-bucket delays: a delayed request holds its slot only while it waits.
 
+use crate::common::{app, get};
 use crate::support;
 
 use std::convert::Infallible;
@@ -9,36 +10,13 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use support::fake::{settle, TokioClock};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tollgate::key::{self};
 use tollgate::{Algorithm, MemoryStore, Quota, RateLimitLayer};
-use tower::{Layer, Service, ServiceExt};
-
-fn get(path: &str) -> Request<Body> {
-    Request::get(path).body(Body::empty()).unwrap()
-}
+use tower::{Layer, ServiceExt};
 
 fn keyed(path: &str, key: &str) -> Request<Body> {
     Request::get(path).header("x-key", key).body(Body::empty()).unwrap()
-}
-
-/// 200, except `/fail` (401) and `/slow` (200 once `go` is notified).
-fn app(
-    go: Arc<Notify>,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone {
-    tower::service_fn(move |req: Request<Body>| {
-        let go = go.clone();
-        async move {
-            let mut res = Response::new(Body::empty());
-            match req.uri().path() {
-                "/fail" => *res.status_mut() = StatusCode::UNAUTHORIZED,
-                "/slow" => go.notified().await,
-                _ => {}
-            }
-            Ok(res)
-        }
-    })
 }
 
 // 9. A delayed leaky-bucket request that was cancelled kept its slot.

@@ -1,43 +1,21 @@
 //! What a response says: `Retry-After`, the legacy and IETF headers agree on one moment,
 //! a cached refusal repeats the store's, and nested layers describe both.
 
+use crate::common::{app, get};
 use crate::support;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use support::fake::{Remote, T0};
 use support::sf_params;
 use tokio::sync::Notify;
 use tollgate::clock::ManualClock;
 use tollgate::key;
 use tollgate::{Algorithm, HeaderStyle, MemoryStore, Quota, RateLimitLayer, Rule};
-use tower::{Layer, Service, ServiceExt};
-
-fn get(path: &str) -> Request<Body> {
-    Request::get(path).body(Body::empty()).unwrap()
-}
-
-/// 200, except `/fail` (401) and `/slow` (200 once `go` is notified).
-fn app(
-    go: Arc<Notify>,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone {
-    tower::service_fn(move |req: Request<Body>| {
-        let go = go.clone();
-        async move {
-            let mut res = Response::new(Body::empty());
-            match req.uri().path() {
-                "/fail" => *res.status_mut() = StatusCode::UNAUTHORIZED,
-                "/slow" => go.notified().await,
-                _ => {}
-            }
-            Ok(res)
-        }
-    })
-}
+use tower::{Layer, ServiceExt};
 
 // 13 and 15. Header values, read back with a structured-field parser.
 

@@ -7,6 +7,7 @@ mod support;
 
 mod cancellation;
 mod charges;
+mod common;
 mod config;
 mod delays;
 mod grpc;

@@ -42,7 +42,7 @@ async fn a_dropped_probe_does_not_keep_the_circuit_open() {
 // 4 and 5. The fallback limiter's decisions are its own: its rejections never enter the
 // blocked-key cache, and its units are given back to it.
 
-fn fallback_limiter(store: Remote, quota: Quota) -> Limiter<Remote, str> {
+pub(crate) fn fallback_limiter(store: Remote, quota: Quota) -> Limiter<Remote, str> {
     Limiter::builder(store)
         .rule("r", quota, user)
         .fallback(MemoryStore::with_clock(ManualClock::new(T0)), 2)

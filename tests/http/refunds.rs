@@ -1,9 +1,10 @@
 //! Refunds: units come back to the window or bucket that took them, never to a later
 //! one, whoever decided (store or fallback).
 
+use crate::common::{app, get};
+use crate::outage::fallback_limiter;
 use crate::support;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,34 +16,12 @@ use tollgate::clock::ManualClock;
 use tollgate::key::{self, Key};
 use tollgate::verdict::DecidedBy;
 use tollgate::{Algorithm, Limiter, MemoryStore, Quota, RateLimitLayer, Rule};
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
 
 const SEC: u64 = 1_000_000;
 
 fn user(u: &str) -> Option<Key> {
     Some(Key::from(u))
-}
-
-fn get(path: &str) -> Request<Body> {
-    Request::get(path).body(Body::empty()).unwrap()
-}
-
-/// 200, except `/fail` (401) and `/slow` (200 once `go` is notified).
-fn app(
-    go: Arc<Notify>,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone {
-    tower::service_fn(move |req: Request<Body>| {
-        let go = go.clone();
-        async move {
-            let mut res = Response::new(Body::empty());
-            match req.uri().path() {
-                "/fail" => *res.status_mut() = StatusCode::UNAUTHORIZED,
-                "/slow" => go.notified().await,
-                _ => {}
-            }
-            Ok(res)
-        }
-    })
 }
 
 // 2. A refund gave back the wrong units: it ran at the time of the refund and did not know
@@ -123,15 +102,6 @@ async fn a_slow_handlers_refund_after_the_boundary_keeps_later_failures_counted(
 
 // 4 and 5. The fallback limiter's decisions are its own: its rejections never enter the
 // blocked-key cache, and its units are refunded to it.
-
-fn fallback_limiter(store: Remote, quota: Quota) -> Limiter<Remote, str> {
-    Limiter::builder(store)
-        .rule("r", quota, user)
-        .fallback(MemoryStore::with_clock(ManualClock::new(T0)), 2)
-        .circuit_breaker(1_000, Duration::from_secs(1))
-        .build()
-        .unwrap()
-}
 
 #[tokio::test]
 async fn a_fallback_decision_is_refunded_to_the_fallback() {

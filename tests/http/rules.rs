@@ -1,41 +1,18 @@
 //! Rule names and shadow rules: what two layers over one store share, and what a shadow
 //! rule counts.
 
+use crate::common::{app, get};
 use crate::support;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::Body;
-use http::{Request, Response, StatusCode};
+use http::StatusCode;
 use support::fake::{settle, T0};
 use tokio::sync::Notify;
 use tollgate::clock::ManualClock;
 use tollgate::key::{self};
 use tollgate::{BuildError, MemoryStore, Quota, RateLimitLayer, Rule};
-use tower::{Layer, Service, ServiceExt};
-
-fn get(path: &str) -> Request<Body> {
-    Request::get(path).body(Body::empty()).unwrap()
-}
-
-/// 200, except `/fail` (401) and `/slow` (200 once `go` is notified).
-fn app(
-    go: Arc<Notify>,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone {
-    tower::service_fn(move |req: Request<Body>| {
-        let go = go.clone();
-        async move {
-            let mut res = Response::new(Body::empty());
-            match req.uri().path() {
-                "/fail" => *res.status_mut() = StatusCode::UNAUTHORIZED,
-                "/slow" => go.notified().await,
-                _ => {}
-            }
-            Ok(res)
-        }
-    })
-}
+use tower::{Layer, ServiceExt};
 
 // Two layers over one store with one rule name share their counts: `RateLimitLayer::new`
 // (which cannot fail) shares and says so once; a builder refuses the name.
