@@ -52,7 +52,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         Ok(url) => {
             let store = tollgate::RedisStore::from_url(&url)?;
             if let Err(e) = store.ping().await {
-                eprintln!("warning: Redis at {url} is not answering yet ({e}); requests pass until it does");
+                eprintln!(
+                    "warning: Redis at {url} is not answering yet ({e}); this server limits in process until it does"
+                );
             }
             println!("store: Redis at {url} (limits shared by every server using it)");
             app(store)

@@ -133,7 +133,6 @@ pub use limiter::{Limiter, LimiterBuilder, LimiterHandle};
 pub use quota::Quota;
 pub use rule::{FailMode, Rule};
 pub use service::{RateLimit, RequestHead};
-#[cfg(feature = "memory")]
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;

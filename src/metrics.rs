@@ -71,10 +71,19 @@ pub(crate) fn fail_closed() {
     metrics::counter!("tollgate_fail_closed_total").increment(1);
 }
 
-#[cfg_attr(not(feature = "memory"), allow(dead_code))]
 pub(crate) fn fallback(outcome: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_fallback_decisions_total", "outcome" => outcome).increment(1);
+}
+
+/// Checks the fallback admitted while the store never saw them, as they are charged to
+/// it when it answers again: `written`, `failed` (the charge failed), `dropped` (more
+/// were waiting than are kept).
+pub(crate) fn write_back(outcome: &'static str, checks: usize) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_write_backs_total", "outcome" => outcome).increment(checks as u64);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (outcome, checks);
 }
 
 pub(crate) fn circuit_open(open: bool) {

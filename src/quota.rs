@@ -239,7 +239,6 @@ impl Quota {
     /// This quota's share for one of `instances` servers (the fallback limiter): the limit
     /// and burst divided, at least 1 unit, the burst clamped to what the period allows.
     /// Never panics, whatever quota it is given.
-    #[cfg_attr(not(feature = "memory"), allow(dead_code))] // the fallback needs `memory`
     pub(crate) fn divided(self, instances: u64) -> Self {
         let instances = instances.max(1);
         let limit = (self.limit / instances).max(1);

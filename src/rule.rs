@@ -15,9 +15,18 @@ use crate::quota::Quota;
 /// What happens when the store cannot decide (error, timeout, open circuit, overload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailMode {
-    /// Let the request through (the default): the limiter is never why a request fails.
-    /// A rate-limited warning is logged and `tollgate_fail_open_total` counted.
+    /// Decide in this process, each key limited to this server's share of its quota (the
+    /// default): the quota divided by the number of servers sharing the store (counted by
+    /// the store, see [`Store::servers`](crate::store::Store::servers)), and no more than
+    /// that share of what the store last said remains of the key. Over-admission is
+    /// bounded; see the README's "When the store is slow or down". What this admitted
+    /// while the store was never called is charged to it when it answers again.
+    ///
+    /// For an in-process store (which fails only when full) this is [`FailMode::Open`].
     #[default]
+    Fallback,
+    /// Let the request through, unlimited: the limiter is never why a request fails. A
+    /// rate-limited warning is logged and `tollgate_fail_open_total` counted.
     Open,
     /// Refuse: the layer answers `503 Service Unavailable` with `Retry-After` (gRPC:
     /// `UNAVAILABLE`); a [`Verdict`](crate::Verdict) says not allowed. For login or
@@ -28,15 +37,16 @@ pub enum FailMode {
 impl FromStr for FailMode {
     type Err = BuildError;
 
-    /// `open` or `closed`, in any case.
+    /// `fallback`, `open` or `closed`, in any case.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
+            "fallback" => Ok(FailMode::Fallback),
             "open" => Ok(FailMode::Open),
             "closed" => Ok(FailMode::Closed),
             _ => Err(BuildError::InvalidConfig {
                 rule: String::new(),
                 field: "fail_mode".into(),
-                why: format!("unknown fail mode {s:?}: use open or closed"),
+                why: format!("unknown fail mode {s:?}: use fallback, open or closed"),
             }),
         }
     }

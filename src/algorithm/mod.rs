@@ -171,7 +171,6 @@ pub(crate) const MAX_COST: u64 = 1 << 40;
 /// How far a charge can put a key into debt: 2^46 µs (about 2.2 years) of the bucket
 /// algorithms' and GCRA's time ahead of now, or 2^46 units in a window. Charges beyond it
 /// take only what fits: every stored number stays exact (below 2^53) in every store.
-#[cfg_attr(not(feature = "memory"), allow(dead_code, reason = "only in-process stores run the algorithms in Rust"))]
 pub(crate) const MAX_DEBT: u64 = 1 << 46;
 
 /// Time until `free` µs of capacity, growing by one a µs, hold one more unit of `t` µs
@@ -182,7 +181,6 @@ pub(crate) fn next_unit(free: u64, t: u64) -> u64 {
 
 /// The state of one (rule, key) for any algorithm: what `MemoryStore` keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(not(feature = "memory"), allow(dead_code, reason = "only in-process stores keep states in Rust"))]
 pub(crate) enum State {
     /// The fixed window counter.
     FixedWindow(fixed_window::FixedWindow),
@@ -198,7 +196,6 @@ pub(crate) enum State {
     Gcra(gcra::Gcra),
 }
 
-#[cfg_attr(not(feature = "memory"), allow(dead_code, reason = "only in-process stores keep states in Rust"))]
 impl State {
     /// The "never seen" state of an algorithm.
     #[must_use]

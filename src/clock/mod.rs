@@ -112,13 +112,10 @@ impl fmt::Debug for ManualClock {
 }
 
 /// A shared, type-erased clock.
-#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
 #[derive(Clone)]
 pub(crate) struct SharedClock(pub(crate) std::sync::Arc<dyn Clock>);
 
-#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
 impl SharedClock {
-    #[cfg_attr(not(feature = "memory"), allow(dead_code))]
     pub(crate) fn system() -> Self {
         Self(std::sync::Arc::new(SystemClock))
     }

@@ -10,7 +10,7 @@
 //! # Layer-wide settings, all optional.
 //! algorithm = "sliding_window_counter"  # for rules that do not choose one
 //! headers = "both"                       # legacy | ietf | both | none
-//! fail_mode = "open"                     # open | closed
+//! fail_mode = "open"                     # fallback (default) | open | closed
 //! timeout = "50ms"                       # deadline of every store call
 //!
 //! [[rule]]

@@ -144,13 +144,22 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
         self
     }
 
-    /// An in-process limiter used while the store is failing, so fail-open is not
-    /// "unlimited": each rule's limit is divided by `instances` (the expected number of
-    /// servers; at least 1 unit per period).
-    #[cfg(feature = "memory")]
+    /// The in-process store the fallback ([`FailMode::Fallback`], the default) decides in
+    /// while the store fails (default: a [`MemoryStore`](crate::MemoryStore) of at most
+    /// 100,000 keys): one with a bound or a clock of your own.
     #[must_use]
-    pub fn fallback(mut self, store: crate::store::memory::MemoryStore, instances: u64) -> Self {
-        self.settings.fallback = Some((store, instances.max(1)));
+    pub fn fallback(mut self, store: crate::store::memory::MemoryStore) -> Self {
+        self.settings.fallback = Some(store);
+        self
+    }
+
+    /// How many servers share the store (default: the store counts them, see
+    /// [`Store::servers`]; 1 for a store that does not): while the store fails, the
+    /// fallback ([`FailMode::Fallback`], the default) admits each key up to its quota
+    /// divided by this. Give it for a custom store that cannot count.
+    #[must_use]
+    pub fn servers(mut self, n: u64) -> Self {
+        self.settings.servers = Some(n.max(1));
         self
     }
 
@@ -204,6 +213,10 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
         let owner = super::registry::new_owner();
         let set = draft.check(identity, owner, self.cost.as_ref(), self.on_clash)?;
         let runtime = Runtime::new(self.settings);
+        // A remote store counts the servers sharing it from now on (the fallback's share).
+        if self.store.as_local().is_none() {
+            self.store.announce();
+        }
         Ok(Limiter {
             holders: Arc::new(super::Holders::new(Arc::new(self.store), &runtime)),
             rules: Arc::new(Rules::new(set, identity, owner, self.cost)),

@@ -14,6 +14,7 @@ use super::{Limiter, Plan, RuleSet};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::rule::FailMode;
+use crate::runtime::{BlockedCache, Late, RuleId, Shares};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
 use crate::verdict::Verdict;
 use crate::verdict::{Decided, DecidedBy, Ruling};
@@ -42,17 +43,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         // Timed only for the debug event that reports it (two clock reads a decision).
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        // Taken before the store decides: a refund while it decides voids the cache's
-        // record of its rejection.
-        let epoch = self.runtime.cache.epoch();
-        let answer = self.ask(&plan.checks, plan.set.deadline).await;
-        let (verdict, set) = self.conclude(plan, answer, started);
-        // Only the store's own rejections are final: the fallback's limits are its own
-        // (a share for one server) and end with the outage.
-        if verdict.is_rejected() && verdict.source == Some(DecidedBy::Store) && self.runtime.settings.cache_enabled {
-            self.remember_rejections(&set, &verdict, epoch);
-        }
-        verdict
+        let answer = self.ask(&plan).await;
+        self.conclude(plan, answer, started).0
     }
 
     /// [`Limiter::decide`] at once, with no future, for an in-process store
@@ -93,8 +85,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     FAIL_OPEN.tell(false, || {
                         format!(
                             "tollgate: the rate-limit store failed ({error}): requests pass without a limit (fail \
-                             open) until it answers; .fallback(MemoryStore::new(), servers) keeps an approximate limit \
-                             meanwhile (said once; see tollgate_fail_open_total)"
+                             open) until it answers; FailMode::Fallback (the default) keeps each server to its share \
+                             of every limit meanwhile (said once; see tollgate_fail_open_total)"
                         )
                     });
                     // A charge after a fail-open pass goes to the store.
@@ -146,16 +138,115 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         (verdict, set)
     }
 
-    /// One call to a remote store, guarded, with the fallback limiter when the store
-    /// fails (an in-process store is asked in [`Limiter::decide_now`]).
-    async fn ask(&self, checks: &[Check], deadline: Duration) -> Answer {
-        match self.runtime.call(&*self.holders.store, checks, deadline).await {
-            Ok(outcomes) => Ok(Answered { outcomes, by: DecidedBy::Store, fallback: None }),
-            Err(err) => match self.runtime.fallback(&err, checks) {
-                Some((outcomes, local)) => Ok(Answered { outcomes, by: DecidedBy::Fallback, fallback: Some(local) }),
-                None => Err(err),
-            },
+    /// One call to a remote store, guarded, with the fallback limiter for the rules that
+    /// fall back when the store fails (an in-process store is asked in
+    /// [`Limiter::decide_now`]). The store's answers, in time or late, teach the
+    /// blocked-key cache and the fallback's shares.
+    async fn ask(&self, plan: &Plan<I>) -> Answer {
+        let rt = &self.runtime;
+        // Taken before the store decides: a refund while it decides voids the cache's
+        // record of its rejection.
+        let epoch = rt.cache.epoch();
+        let (answer, late) = rt.call(&self.holders.store, &plan.checks, plan.set.deadline).await;
+        let servers = rt.servers(&*self.holders.store);
+        let err = match answer {
+            Ok(outcomes) => {
+                let cache = rt.settings.cache_enabled.then_some(&*rt.cache);
+                let teach = Teach { cache, shares: &rt.shares, now: rt.mono_us(), epoch, servers, late: false };
+                teach.learn(&plan.set, &plan.checks, &plan.rules[..plan.enforced], &outcomes);
+                if rt.unsent.any() {
+                    self.write_back();
+                }
+                return Ok(Answered { outcomes, by: DecidedBy::Store, fallback: None });
+            }
+            Err(err) => err,
+        };
+        let set = &plan.set;
+        let enforced = &plan.rules[..plan.enforced];
+        let use_it: SmallVec<[bool; 2]> =
+            plan.rules.iter().map(|&r| set.fail_mode_of(r) == FailMode::Fallback).collect();
+        let closed = enforced.iter().any(|&r| set.fail_mode_of(r) == FailMode::Closed);
+        let decided = if closed || !use_it.contains(&true) {
+            None
+        } else {
+            let ids: SmallVec<[RuleId; 2]> = plan.rules.iter().map(|&r| set.id(r)).collect();
+            rt.fallback(&err, &plan.checks, &ids, &use_it, servers)
+        };
+        // What the fallback admitted, as the store would count it: charged to the store
+        // when it answers again, unless the store saw the call.
+        let admitted = || -> Vec<Check> {
+            let Some((outcomes, _)) = &decided else { return Vec::new() };
+            let taken = outcomes.iter().map(|o| o.as_ref().is_some_and(|o| o.taken.is_some()));
+            let taken = plan.checks.iter().zip(taken).filter(|&(c, t)| t && c.params.cost > 0);
+            taken.map(|(c, _)| c.clone()).collect()
+        };
+        if never_sent(&err) {
+            match err {
+                // Unreachable: kept for its next answer.
+                StoreError::NotConnected(_) | StoreError::Unavailable(_) | StoreError::NodeUnavailable(_) => {
+                    rt.unsent.keep(admitted());
+                }
+                _ => self.charge_store(admitted()),
+            }
         }
+        if let Some(late) = late {
+            self.learn_late(late, plan, admitted(), epoch, servers);
+        }
+        match decided {
+            Some((outcomes, local)) => Ok(Answered { outcomes, by: DecidedBy::Fallback, fallback: Some(local) }),
+            None => Err(err),
+        }
+    }
+
+    /// Lets a call cut by its deadline finish, in a task of its own: its answer (the
+    /// store's decision) teaches the cache and the shares; when it fails without the
+    /// store having seen it, what the fallback admitted waits to be charged.
+    fn learn_late(&self, late: Late, plan: &Plan<I>, admitted: Vec<Check>, epoch: u64, servers: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let lessons = self.runtime.lessons();
+        let (set, checks, rules, enforced) = (plan.set.clone(), plan.checks.clone(), plan.rules.clone(), plan.enforced);
+        drop(runtime.spawn(async move {
+            match late.answer().await {
+                Ok(outcomes) => {
+                    let now = lessons.mono_us();
+                    let cache = lessons.cache.as_deref();
+                    let teach = Teach { cache, shares: &lessons.shares, now, epoch, servers, late: true };
+                    teach.learn(&set, &checks, &rules[..enforced], &outcomes);
+                }
+                Err(err) if never_sent(&err) => lessons.unsent.keep(admitted),
+                Err(_) => {}
+            }
+        }));
+    }
+
+    /// Charges the store what the fallback admitted while the store never saw it and
+    /// could not be reached, now that it answers.
+    fn write_back(&self) {
+        self.charge_store(self.runtime.unsent.take());
+    }
+
+    /// Charges the store `checks`, admitted by the fallback, in a task of its own: the
+    /// charge queues behind the calls the store has yet to answer (the circuit is open on
+    /// a stalled store, too many calls are in flight), so the store counts these units
+    /// before it decides what comes next. What fails unsent is kept for the store's next
+    /// answer; past the cap on calls left running, it is kept at once.
+    fn charge_store(&self, checks: Vec<Check>) {
+        if checks.is_empty() {
+            return;
+        }
+        let rt = &self.runtime;
+        let (Ok(runtime), Some(slot)) = (tokio::runtime::Handle::try_current(), rt.late_slot()) else {
+            return rt.unsent.keep(checks);
+        };
+        let (holders, unsent) = (self.holders.clone(), rt.unsent.clone());
+        drop(runtime.spawn(async move {
+            let _slot = slot;
+            match tokio::time::timeout(LATE_WRITE, holders.store.charge(&checks)).await {
+                Ok(Ok(())) => crate::metrics::write_back("written", checks.len()),
+                Ok(Err(err)) if never_sent(&err) => unsent.keep(checks),
+                _ => crate::metrics::write_back("failed", checks.len()),
+            }
+        }));
     }
 
     /// A rejection from the blocked-key cache, when one of the enforced keys is blocked.
@@ -180,12 +271,37 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         None
     }
+}
 
-    fn remember_rejections(&self, set: &RuleSet<I>, verdict: &Verdict, epoch: u64) {
-        let now = self.runtime.mono_us();
-        for Decided { check, rule, decision: d } in &verdict.decided {
-            let r = &set.rules[*rule];
+/// Where a store's answers are learnt from, and when.
+struct Teach<'a> {
+    /// The blocked-key cache, when it is on.
+    cache: Option<&'a BlockedCache>,
+    shares: &'a Shares,
+    now: u64,
+    /// The cache's epoch when the store was asked (see [`BlockedCache::epoch`]).
+    epoch: u64,
+    servers: u64,
+    /// Whether the answer came after its call's deadline.
+    late: bool,
+}
+
+impl Teach<'_> {
+    /// Learns from the store's `outcomes` for `checks`, of which the first are those of
+    /// the enforced `rules` of `set`: each key's share of what remains, for the fallback,
+    /// and its rejections, for the blocked-key cache. Only the store's own rejections are
+    /// final: the fallback's limits are its own (a share for one server) and end with the
+    /// outage.
+    fn learn<I: ?Sized>(&self, set: &RuleSet<I>, checks: &[Check], rules: &[usize], outcomes: &Outcomes) {
+        for ((check, &rule), o) in checks.iter().zip(rules).zip(outcomes.iter()) {
+            let Some(Outcome { decision: d, .. }) = o else { continue };
+            let id = set.id(rule);
+            let remaining = if d.allowed { d.remaining } else { 0 };
+            let whole_in = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
+            self.shares.record(id, &check.key, remaining, whole_in, self.servers, self.now, self.late);
+            let r = &set.rules[rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.
+            let Some(cache) = self.cache else { continue };
             if d.allowed || d.retry_after.is_none() || (r.count_if.is_some() && r.block.is_zero()) {
                 continue;
             }
@@ -194,10 +310,27 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             // A rule whose blocks can be lifted or shortened by hand (`Limiter::block`) is
             // asked again after a second: the lift reaches every server within it.
             let max_age = if check.params.reads_block() { BLOCK_RECHECK_US } else { u64::MAX };
-            self.runtime.cache.insert(set.id(*rule), &check.key, cost, check.params.quota, now, d, max_age, epoch);
+            cache.insert(id, &check.key, cost, check.params.quota, self.now, d, max_age, self.epoch);
         }
     }
 }
+
+/// Whether a call that failed with `err` never reached the store (or reached a store
+/// that has since lost it): what the fallback admitted for it is charged to the store
+/// when it answers again.
+fn never_sent(err: &StoreError) -> bool {
+    matches!(
+        err,
+        StoreError::CircuitOpen(_)
+            | StoreError::Overloaded(_)
+            | StoreError::NotConnected(_)
+            | StoreError::Unavailable(_)
+            | StoreError::NodeUnavailable(_)
+    )
+}
+
+/// How long a write-back of what the fallback admitted may take.
+const LATE_WRITE: Duration = Duration::from_secs(1);
 
 static FAIL_OPEN: crate::notice::Once = crate::notice::Once::new();
 static FAIL_CLOSED: crate::notice::Once = crate::notice::Once::new();

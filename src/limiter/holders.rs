@@ -22,8 +22,7 @@ use crate::store::{Check, Refund, Store};
 /// The holders of one limiter's units.
 pub(crate) struct Holders<St> {
     pub(crate) store: Arc<St>,
-    #[cfg(feature = "memory")]
-    pub(crate) fallback: Option<crate::store::memory::MemoryStore>,
+    pub(crate) fallback: crate::store::memory::MemoryStore,
     pub(crate) cache: Arc<BlockedCache>,
 }
 
@@ -33,12 +32,7 @@ type ToStore<T> = SmallVec<[T; 1]>;
 impl<St> Holders<St> {
     /// The holders of a limiter over `store` with `runtime`'s fallback and cache.
     pub(crate) fn new(store: Arc<St>, runtime: &Runtime) -> Self {
-        Self {
-            store,
-            #[cfg(feature = "memory")]
-            fallback: runtime.settings.fallback.as_ref().map(|(fallback, _)| fallback.clone()),
-            cache: runtime.cache.clone(),
-        }
+        Self { store, fallback: runtime.fallback.clone(), cache: runtime.cache.clone() }
     }
 }
 
@@ -144,12 +138,8 @@ impl<St: Store> Holders<St> {
                     refunds.push(u.refund.clone());
                     rules.push(u.rule);
                 }
-                Holder::Fallback =>
-                {
-                    #[cfg(feature = "memory")]
-                    if let Some(fallback) = &self.fallback {
-                        fallback.refund_at(std::slice::from_ref(&u.refund), fallback.now_micros());
-                    }
+                Holder::Fallback => {
+                    self.fallback.refund_at(std::slice::from_ref(&u.refund), self.fallback.now_micros());
                 }
             }
         }
@@ -169,9 +159,8 @@ impl<St: Store> Holders<St> {
                 Holder::Fallback => local.push(check),
             }
         }
-        #[cfg(feature = "memory")]
-        if let (Some(fallback), false) = (&self.fallback, local.is_empty()) {
-            if let Err(err) = fallback.charge_at(&local, fallback.now_micros()) {
+        if !local.is_empty() {
+            if let Err(err) = self.fallback.charge_at(&local, self.fallback.now_micros()) {
                 return (to_store, Err((err, local)));
             }
         }

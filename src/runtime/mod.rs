@@ -1,22 +1,29 @@
 //! What a [`Limiter`](crate::Limiter) keeps at run time to protect its callers from the
 //! store: the deadline and in-flight cap of every store call, the circuit breaker, the
-//! local blocked-key cache, the fallback limiter, and the rate limiter of its own
-//! warnings. [`Runtime::call`] is the guard every remote store call goes through.
+//! local blocked-key cache, the fallback limiter and its shares, what the fallback
+//! admitted that the store never saw, and the rate limiter of its own warnings.
+//! [`Runtime::call`] is the guard every remote store call goes through.
 
 mod blocked;
 mod breaker;
+mod share;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 pub(crate) use self::blocked::{BlockedCache, RuleId};
 use self::breaker::Breaker;
+pub(crate) use self::share::Shares;
+use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::store::{Check, Outcomes, Store};
+use crate::store::memory::MemoryStore;
+use crate::store::{Check, Outcome, Outcomes, Store};
 
 /// The knobs of the runtime protections; a [`Runtime`] is made from them.
 #[derive(Debug, Clone)]
@@ -24,8 +31,11 @@ pub(crate) struct Settings {
     pub(crate) max_in_flight: usize,
     /// Consecutive failures that open the circuit, and how long it stays open.
     pub(crate) breaker: (u32, Duration),
-    #[cfg(feature = "memory")]
-    pub(crate) fallback: Option<(crate::store::memory::MemoryStore, u64)>,
+    /// How many servers share the store, when the application says; else the store's
+    /// own count ([`Store::servers`]), else 1.
+    pub(crate) servers: Option<u64>,
+    /// The fallback's store, when the application gives one.
+    pub(crate) fallback: Option<MemoryStore>,
     pub(crate) cache_enabled: bool,
     /// The share of a quota in use from which an allowed decision counts as near the
     /// limit (`tollgate_near_limit_total`).
@@ -37,13 +47,20 @@ impl Default for Settings {
         Self {
             max_in_flight: 1024,
             breaker: (5, Duration::from_secs(1)),
-            #[cfg(feature = "memory")]
+            servers: None,
             fallback: None,
             cache_enabled: true,
             near_limit: 0.8,
         }
     }
 }
+
+/// How long a store call cut by its deadline may still run for its answer (the store's
+/// decision, which the blocked-key cache and the shares learn from).
+const LATE_WAIT: Duration = Duration::from_secs(1);
+
+/// The most keys the fallback limiter, the shares and the unsent list each hold.
+const FALLBACK_KEYS: usize = 100_000;
 
 /// The least time past a deadline that tells a stalled process: timers fire a millisecond
 /// or two late on a running one.
@@ -66,6 +83,16 @@ pub(crate) struct Runtime {
     breaker: Breaker,
     in_flight: AtomicUsize,
     pub(crate) cache: Arc<BlockedCache>,
+    /// The in-process limiter that decides, with this server's share of each quota, the
+    /// rules whose fail mode is [`FailMode::Fallback`](crate::FailMode::Fallback) while the
+    /// store fails.
+    pub(crate) fallback: MemoryStore,
+    pub(crate) shares: Arc<Shares>,
+    /// Calls cut by their deadline and still running (at most `max_in_flight`).
+    late: Arc<AtomicUsize>,
+    /// What the fallback admitted that the store never saw: charged to it when it answers
+    /// again.
+    pub(crate) unsent: Arc<Unsent>,
     warn_at: AtomicU64,
     suppressed: AtomicU64,
     /// Timeouts in a row not held against the store because this process stalled.
@@ -86,11 +113,16 @@ impl fmt::Debug for Runtime {
 impl Runtime {
     pub(crate) fn new(settings: Settings) -> Self {
         let (threshold, cool_down) = settings.breaker;
+        let fallback = settings.fallback.clone().unwrap_or_else(|| MemoryStore::new().max_keys(FALLBACK_KEYS));
         Self {
             breaker: Breaker::new(threshold, cool_down),
             settings,
             in_flight: AtomicUsize::new(0),
             cache: Arc::new(BlockedCache::new(100_000)),
+            fallback,
+            shares: Arc::new(Shares::new(FALLBACK_KEYS)),
+            late: Arc::new(AtomicUsize::new(0)),
+            unsent: Arc::default(),
             warn_at: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
             stalls: AtomicU32::new(0),
@@ -106,21 +138,24 @@ impl Runtime {
     /// One call to a remote store, guarded: refused at once while the circuit is open or
     /// too many calls are in flight, and bounded by the deadline. Dropping the future at
     /// any point leaves nothing behind: the in-flight count and the breaker's probe are
-    /// handed back by guards.
+    /// handed back by guards. A call the deadline cuts is given back as [`Late`] (unless
+    /// too many are already): it still runs, and its answer is the store's decision.
     pub(crate) async fn call<St: Store>(
         &self,
-        store: &St,
+        store: &Arc<St>,
         checks: &[Check],
         deadline: Duration,
-    ) -> Result<Outcomes, StoreError> {
+    ) -> (Result<Outcomes, StoreError>, Option<Late>) {
         let s = &self.settings;
-        let permit = self.breaker.admit(self.mono_us()).map_err(StoreError::CircuitOpen)?;
+        let permit = match self.breaker.admit(self.mono_us()) {
+            Ok(permit) => permit,
+            Err(open) => return (Err(StoreError::CircuitOpen(open)), None),
+        };
         let Some(_in_flight) = InFlight::enter(&self.in_flight, s.max_in_flight) else {
-            return Err(StoreError::Overloaded(s.max_in_flight));
+            return (Err(StoreError::Overloaded(s.max_in_flight)), None);
         };
         let started = Instant::now();
-        let asked = ask(store, checks);
-        tokio::pin!(asked);
+        let mut asked = owned_ask(store, checks);
         // Timers fire up to a couple of ms late on a running process: a stall is more.
         let slack = (deadline / 5).max(STALL_SLACK);
         // Whether the store then had the slack, with this process running, to answer.
@@ -163,37 +198,89 @@ impl Runtime {
             Err(_) if stalled => permit.neutral(self.mono_us()),
             Err(_) => permit.failure(self.mono_us()),
         }
-        r
+        // Cut by the deadline, not failed: the call goes on, in a slot of its own.
+        let late = match &r {
+            Err(StoreError::Timeout(_)) => {
+                LateSlot::enter(&self.late, s.max_in_flight).map(|slot| Late { asked, slot })
+            }
+            _ => None,
+        };
+        (r, late)
     }
 
-    /// The fallback limiter's outcomes for `checks` after the store failed with `err`,
-    /// when there is a fallback, and the checks as it decided them: each limit divided by
-    /// the expected number of servers (computed here once; refunds and charges to the
-    /// fallback use these checks).
-    #[cfg(feature = "memory")]
-    pub(crate) fn fallback(&self, err: &StoreError, checks: &[Check]) -> Option<(Outcomes, Vec<Check>)> {
-        let (fallback, instances) = self.settings.fallback.as_ref()?;
+    /// The number of servers sharing the store: the application's, else the store's
+    /// count, else 1.
+    pub(crate) fn servers<St: Store>(&self, store: &St) -> u64 {
+        self.settings.servers.or_else(|| store.servers()).unwrap_or(1).max(1)
+    }
+
+    /// The fallback limiter's outcomes for the checks `use_it` selects of `checks` (the
+    /// others `None`), after the store failed with `err`, and the checks as it decided
+    /// them: each quota divided by `servers` (refunds and charges to the fallback use
+    /// these), and each key within this server's share of what the store last said
+    /// remains (`ids`: the checks' rules).
+    pub(crate) fn fallback(
+        &self,
+        err: &StoreError,
+        checks: &[Check],
+        ids: &[RuleId],
+        use_it: &[bool],
+        servers: u64,
+    ) -> Option<(Outcomes, Vec<Check>)> {
         crate::metrics::store_error(err);
         self.warn_store_failure(err, true);
-
-        let local: Vec<Check> = checks.iter().map(|c| local_check(c, *instances)).collect();
-        let outcomes = fallback.check_at(&local, fallback.now_micros()).ok()?;
+        let now = self.mono_us();
+        let local: Vec<Check> = checks.iter().map(|c| local_check(c, servers)).collect();
+        let picked: Vec<Check> = local.iter().zip(use_it).filter(|&(_, &u)| u).map(|(c, _)| c.clone()).collect();
+        // A key past this server's share of what the store said remains: refused, and
+        // nothing taken from the others.
+        let spent =
+            checks.iter().zip(ids).zip(use_it).filter(|&(_, &u)| u).enumerate().find_map(|(j, ((c, &id), _))| {
+                self.shares.fits(id, &c.key, c.params.cost, now).err().map(|whole_in| (j, whole_in))
+            });
+        let decided: Vec<Option<Outcome>> = match spent {
+            Some((j, whole_in)) => {
+                picked.iter().enumerate().map(|(i, c)| (i == j).then(|| share_spent(c, whole_in))).collect()
+            }
+            None => self.fallback.check_at(&picked, self.fallback.now_micros()).ok()?.into_iter().map(Some).collect(),
+        };
+        let mut decided = decided.into_iter();
+        let mut outcomes = Outcomes::new();
+        for (i, c) in checks.iter().enumerate() {
+            let o = if use_it[i] { decided.next().flatten() } else { None };
+            if let Some(Outcome { decision, taken: Some(_) }) = &o {
+                self.shares.take(ids[i], &c.key, c.params.cost, now);
+                crate::metrics::fallback(if decision.allowed { "allowed" } else { "rejected" });
+            } else if let Some(o) = &o {
+                crate::metrics::fallback(if o.decision.allowed { "allowed" } else { "rejected" });
+            }
+            outcomes.push(o);
+        }
         FALLBACK.tell(false, || {
             format!(
                 "tollgate: the rate-limit store failed ({err}): the in-process fallback decides until it answers, \
-                 each key limited to 1/{instances} of its quota on this server (said once; see \
+                 each key limited to this server's share of its quota, 1/{servers} (said once; see \
                  tollgate_fallback_decisions_total)"
             )
         });
-        for o in &outcomes {
-            crate::metrics::fallback(if o.decision.allowed { "allowed" } else { "rejected" });
-        }
-        Some((outcomes.into_iter().map(Some).collect(), local))
+        Some((outcomes, local))
     }
 
-    #[cfg(not(feature = "memory"))]
-    pub(crate) fn fallback(&self, _: &StoreError, _: &[Check]) -> Option<(Outcomes, Vec<Check>)> {
-        None
+    /// A slot for a store call left running on its own (a late call, a charge of what the
+    /// fallback admitted): `None` past `max_in_flight` of them.
+    pub(crate) fn late_slot(&self) -> Option<LateSlot> {
+        LateSlot::enter(&self.late, self.settings.max_in_flight)
+    }
+
+    /// What a store's answers teach this process, for a call that outlives its caller
+    /// ([`Late`]).
+    pub(crate) fn lessons(&self) -> Lessons {
+        Lessons {
+            cache: self.settings.cache_enabled.then(|| Arc::clone(&self.cache)),
+            shares: Arc::clone(&self.shares),
+            unsent: Arc::clone(&self.unsent),
+            base: self.base,
+        }
     }
 
     /// Logs a store failure at most once per 10 s, saying how many were not logged.
@@ -212,15 +299,131 @@ impl Runtime {
     }
 }
 
-#[cfg(feature = "memory")]
 static FALLBACK: crate::notice::Once = crate::notice::Once::new();
 
+/// What a store's answers teach this process: rejections for the blocked-key cache (when
+/// it is on), what remains for the fallback's shares; and where what the store never saw
+/// waits.
+pub(crate) struct Lessons {
+    pub(crate) cache: Option<Arc<BlockedCache>>,
+    pub(crate) shares: Arc<Shares>,
+    pub(crate) unsent: Arc<Unsent>,
+    base: Instant,
+}
+
+impl Lessons {
+    /// Microseconds on the runtime's clock (see [`Runtime::mono_us`]).
+    pub(crate) fn mono_us(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+/// What the fallback admitted that the store never saw (the circuit was open, the
+/// connection down): charged to the store when it answers again, so that it counts what
+/// was admitted meanwhile.
+#[derive(Default)]
+pub(crate) struct Unsent {
+    checks: Mutex<Vec<Check>>,
+    any: AtomicBool,
+}
+
+impl Unsent {
+    /// Keeps `checks` (admitted by the fallback; the store never saw them) to charge the
+    /// store with when it answers again: the store then counts what was admitted
+    /// meanwhile. Bounded: past [`FALLBACK_KEYS`] checks, the rest is not kept.
+    pub(crate) fn keep(&self, checks: impl IntoIterator<Item = Check>) {
+        let mut unsent = self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for c in checks {
+            if unsent.len() >= FALLBACK_KEYS {
+                crate::metrics::write_back("dropped", 1);
+                continue;
+            }
+            // The same key again (the common case: one busy key): one check of both costs.
+            match unsent.iter_mut().rev().take(64).find(|u| u.rule == c.rule && u.key == c.key) {
+                Some(u) => u.params.cost = u.params.cost.saturating_add(c.params.cost),
+                None => unsent.push(c),
+            }
+            self.any.store(true, Ordering::Release);
+        }
+    }
+
+    /// What [`Unsent::keep`] kept, taken: to charge the store with.
+    pub(crate) fn take(&self) -> Vec<Check> {
+        let mut unsent = self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.any.store(false, Ordering::Release);
+        std::mem::take(&mut *unsent)
+    }
+
+    /// Whether anything waits to be charged to the store (no lock: asked after every
+    /// store answer).
+    pub(crate) fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+}
+
 /// `check` as the fallback limiter sees it: its share of the quota.
-#[cfg(feature = "memory")]
 fn local_check(check: &Check, instances: u64) -> Check {
     let mut c = check.clone();
     c.params.quota = c.params.quota.divided(instances);
     c
+}
+
+/// The fallback's refusal of `check` (of this server's share): its key is past its share
+/// of what the store said remains, until the store's quota is whole again.
+fn share_spent(check: &Check, whole_in: u64) -> Outcome {
+    let wait = Duration::from_micros(whole_in);
+    let decision = Decision {
+        allowed: false,
+        limit: check.params.quota.limit(),
+        remaining: 0,
+        reset_after: wait,
+        refill_after: wait,
+        retry_after: Some(wait),
+        delay: Duration::ZERO,
+    };
+    Outcome { decision, taken: None }
+}
+
+/// A store call cut by its deadline and still running: its answer, when it comes within
+/// [`LATE_WAIT`], is the store's decision.
+pub(crate) struct Late {
+    asked: Asked,
+    slot: LateSlot,
+}
+
+impl Late {
+    /// The store's answer, or its error: [`StoreError::Timeout`] after [`LATE_WAIT`].
+    pub(crate) async fn answer(self) -> Result<Outcomes, StoreError> {
+        let _slot = self.slot;
+        tokio::time::timeout(LATE_WAIT, self.asked).await.unwrap_or(Err(StoreError::Timeout(LATE_WAIT)))
+    }
+}
+
+type Asked = Pin<Box<dyn Future<Output = Result<Outcomes, StoreError>> + Send>>;
+
+/// One store call that owns what it needs, boxed: it can outlive its caller ([`Late`]).
+fn owned_ask<St: Store>(store: &Arc<St>, checks: &[Check]) -> Asked {
+    let (store, checks) = (Arc::clone(store), smallvec::SmallVec::<[Check; 2]>::from(checks));
+    Box::pin(async move { ask(&*store, &checks).await })
+}
+
+/// Counts the late calls still running; `None` when the cap is reached.
+pub(crate) struct LateSlot(Arc<AtomicUsize>);
+
+impl LateSlot {
+    fn enter(counter: &Arc<AtomicUsize>, cap: usize) -> Option<Self> {
+        if counter.fetch_add(1, Ordering::AcqRel) >= cap {
+            counter.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(Arc::clone(counter)))
+    }
+}
+
+impl Drop for LateSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// One store call: `check_one` for one rule (no `Vec`), else `check`.
@@ -258,12 +461,11 @@ mod tests {
     use crate::algorithm::Params;
     use crate::quota::Quota;
 
-    #[cfg(feature = "memory")]
     #[tokio::test(start_paused = true)]
     async fn a_probe_refused_by_the_in_flight_cap_is_handed_back() {
         let rt =
             Runtime::new(Settings { max_in_flight: 1, breaker: (1, Duration::from_secs(1)), ..Settings::default() });
-        let store = crate::store::memory::MemoryStore::new();
+        let store = Arc::new(crate::store::memory::MemoryStore::new());
         let check = Check {
             rule: "r".into(),
             key: "k".into(),
@@ -275,12 +477,12 @@ mod tests {
         // The cap is full when the probe comes: it is refused, and must be handed back.
         let full = InFlight::enter(&rt.in_flight, 1).unwrap();
         assert!(matches!(
-            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50)).await,
+            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50)).await.0,
             Err(StoreError::Overloaded(1))
         ));
         drop(full);
         assert!(
-            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50)).await.is_ok(),
+            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50)).await.0.is_ok(),
             "the circuit stayed open"
         );
         assert_eq!(rt.in_flight.load(Ordering::Relaxed), 0);

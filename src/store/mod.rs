@@ -12,7 +12,6 @@ use crate::key::Key;
 
 pub use crate::algorithm::Params;
 
-#[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -162,6 +161,22 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// How many servers (processes) share this store's limits, as the store last
+    /// counted them: the limiter's fallback admits each key up to its quota divided by
+    /// this while the store fails. `None` (the default): the store does not count them,
+    /// and the limiter takes 1 unless told (`LimiterBuilder::servers`).
+    ///
+    /// `RedisStore` counts the servers that announced themselves in the last few seconds
+    /// (each one does, every second, from its limiter's build on).
+    fn servers(&self) -> Option<u64> {
+        None
+    }
+
+    /// Starts whatever [`Store::servers`] needs (an announcement of this server): called
+    /// once by each limiter built over the store, inside or outside a runtime. The
+    /// default does nothing.
+    fn announce(&self) {}
+
     /// The error for a call about `checks` that the caller's `deadline` cut off. The
     /// default is [`StoreError::Timeout`]; a store of several nodes may say that only the
     /// node of these keys is failing ([`StoreError::NodeUnavailable`], which the circuit
@@ -287,14 +302,12 @@ impl<T: LocalStore> Store for T {
 /// A store identity no other store of this process ever had (see [`Store::identity`]): a
 /// counter, never an address (the allocator reuses those, and a brand-new store was taken
 /// for a dropped one whose rule names a `LimiterHandle` still held).
-#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
 pub(crate) fn new_identity() -> usize {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Refuses a check list that names one state twice (see [`Store::check`]).
-#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
 pub(crate) fn distinct(checks: &[Check]) -> Result<(), StoreError> {
     for (i, a) in checks.iter().enumerate() {
         if let Some(b) = checks[..i].iter().find(|b| b.rule == a.rule && b.key == a.key && b.algorithm == a.algorithm) {

@@ -191,21 +191,22 @@ fn peer_ip_warns_once_about_forwarded_requests() {
     assert_eq!(said, 1, "said once: {lines:#?}");
 }
 
-/// With an unreachable `REDIS_URL`, requests pass without a limit (fail open, the
-/// default): the operator is told once on stderr, not left with no output and no limiting.
+/// With an unreachable `REDIS_URL`, each server limits in process with its share of the
+/// quota (the fallback, the default): the operator is told once on stderr, not left with
+/// no output and no limiting.
 #[cfg(feature = "redis")]
 #[test]
 fn a_store_that_fails_is_told_once() {
     let mut ex = Example::start("quickstart", &[], &[("REDIS_URL", "redis://127.0.0.1:1")]);
     let addr = ex.addr("listening on ");
-    for _ in 0..5 {
-        assert_eq!(get(addr, "/", &[]).status, 200, "fail open");
-    }
+    // The example's per-IP limit: 10 a minute, all of it this server's (it counts alone).
+    let statuses: Vec<u16> = (0..12).map(|_| get(addr, "/", &[]).status).collect();
+    assert_eq!(statuses, [[200; 10].as_slice(), &[429, 429]].concat(), "limited in process");
     let told = ex.line("tollgate: the rate-limit store failed");
-    assert!(told.contains("fail open") && told.contains(".fallback("), "{told}");
+    assert!(told.contains("in-process fallback decides") && told.contains("1/1"), "{told}");
     drop(ex.child.kill());
     let (lines, _) = ex.finish();
-    let said = lines.iter().filter(|l| l.contains("requests pass without a limit")).count();
+    let said = lines.iter().filter(|l| l.contains("in-process fallback decides")).count();
     assert_eq!(said, 1, "said once: {lines:#?}");
 }
 

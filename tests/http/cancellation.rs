@@ -309,7 +309,8 @@ async fn a_fallback_decisions_units_are_back_for_the_very_next_request() {
         };
         let svc = RateLimitLayer::builder(store.clone())
             .add_rule(rule)
-            .fallback(MemoryStore::with_clock(TokioClock::new()), 1)
+            .fallback(MemoryStore::with_clock(TokioClock::new()))
+            .servers(1)
             .build()
             .unwrap()
             .layer(inner());

@@ -75,7 +75,8 @@ async fn a_shadow_rules_charge_goes_to_the_fallback_that_decided_it() {
     let fallback = MemoryStore::new();
     let limiter = Limiter::builder(store)
         .add_rule(Rule::new("tokens", Quota::per_minute(100), |u: &str| Some(Key::from(u))).charged().shadow(true))
-        .fallback(fallback.clone(), 1)
+        .fallback(fallback.clone())
+        .servers(1)
         .build()
         .unwrap();
     let verdict = limiter.check("ada").await;
@@ -96,7 +97,8 @@ fn a_shadow_rules_charge_after_a_response_goes_to_the_fallback() {
             let fallback = MemoryStore::new();
             let svc = RateLimitLayer::builder(store)
                 .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-key")).charged().shadow(true))
-                .fallback(fallback.clone(), 1)
+                .fallback(fallback.clone())
+                .servers(1)
                 .build()
                 .unwrap()
                 .layer(llm());
@@ -157,7 +159,8 @@ async fn a_charge_goes_to_whoever_decided_each_rule() {
         .add_rule(
             Rule::new("shadow-tokens", Quota::per_minute(100), |u: &str| Some(Key::from(u))).charged().shadow(true),
         )
-        .fallback(fallback.clone(), 1)
+        .fallback(fallback.clone())
+        .servers(1)
         .build()
         .unwrap();
     let verdict = limiter.check("ada").await;

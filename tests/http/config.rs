@@ -250,7 +250,7 @@ fn mistakes_name_the_rule_and_the_field() {
     refused(&one(&format!("{key}{quota}burst = 0")), "r", "burst", "burst is 0");
     refused(&one(&format!("{key}{quota}burst = -1")), "r", "burst", "negative");
     refused(&one(&format!("{key}{quota}burst = \"5\"")), "r", "burst", "expected a whole number, found string");
-    refused(&one(&format!("{key}{quota}fail_mode = \"ajar\"")), "r", "fail_mode", "use open or closed");
+    refused(&one(&format!("{key}{quota}fail_mode = \"ajar\"")), "r", "fail_mode", "use fallback, open or closed");
     refused(&one(&format!("{key}{quota}max_delay = \"2 fortnights\"")), "r", "max_delay", "unknown unit");
     refused(&one(&format!("{key}{quota}block_for = 3600")), "r", "block_for", "a duration like \"1h\"");
     refused(&one(&format!("{key}{quota}shadow = \"yes\"")), "r", "shadow", "expected true or false, found string");

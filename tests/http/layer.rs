@@ -419,10 +419,22 @@ impl Store for BrokenStore {
 }
 
 #[tokio::test]
-async fn store_failures_fail_open_by_default_and_closed_when_asked() {
+async fn store_failures_fall_back_by_default_pass_when_open_and_refuse_when_closed() {
     let inner = Counting::default();
-    let open = RateLimitLayer::new(Quota::per_minute(1), key::Global, BrokenStore::default()).layer(inner.clone());
-    for _ in 0..3 {
+    // The default: this server's share of the quota, decided in process.
+    let fallback = RateLimitLayer::new(Quota::per_minute(1), key::Global, BrokenStore::default()).layer(inner.clone());
+    let res = send(&fallback, get("/")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()[X_RATELIMIT_LIMIT], "1", "the fallback's share");
+    assert_eq!(send(&fallback, get("/")).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(inner.calls(), 1);
+    let open = RateLimitLayer::builder(BrokenStore::default())
+        .rule("default", Quota::per_minute(1), key::Global)
+        .fail_mode(FailMode::Open)
+        .build()
+        .unwrap()
+        .layer(inner.clone());
+    for _ in 0..2 {
         let res = send(&open, get("/")).await;
         assert_eq!(res.status(), StatusCode::OK);
         assert!(!res.headers().contains_key(X_RATELIMIT_LIMIT), "a fail-open pass knows no quota");
@@ -445,6 +457,7 @@ async fn a_hanging_store_costs_at_most_the_deadline_and_then_the_breaker_opens()
     let store = BrokenStore { hang: true, ..Default::default() };
     let svc = RateLimitLayer::builder(store.clone())
         .rule("default", Quota::per_minute(1), key::Global)
+        .fail_mode(FailMode::Open)
         .timeout(Duration::from_millis(30))
         .circuit_breaker(3, Duration::from_secs(60))
         .build()
@@ -465,7 +478,8 @@ async fn fallback_limits_while_the_store_is_down() {
     let fallback = MemoryStore::with_clock(clock());
     let svc = RateLimitLayer::builder(BrokenStore::default())
         .rule("default", Quota::per_minute(6), key::Global)
-        .fallback(fallback, 3)
+        .fallback(fallback)
+        .servers(3)
         .build()
         .unwrap()
         .layer(Counting::default());

@@ -45,7 +45,8 @@ async fn a_dropped_probe_does_not_keep_the_circuit_open() {
 pub(crate) fn fallback_limiter(store: Remote, quota: Quota) -> Limiter<Remote, str> {
     Limiter::builder(store)
         .rule("r", quota, user)
-        .fallback(MemoryStore::with_clock(ManualClock::new(T0)), 2)
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)))
+        .servers(2)
         .circuit_breaker(1_000, Duration::from_secs(1))
         .build()
         .unwrap()
@@ -134,6 +135,7 @@ async fn a_stall_neither_hides_nor_blames_a_dead_store() {
         store.set(Mode::Hanging);
         Limiter::<_, str>::builder(store.clone())
             .rule("api", Quota::per_minute(100), user)
+            .fail_mode(FailMode::Open)
             .timeout(Duration::from_millis(deadline))
             .circuit_breaker(2, Duration::from_secs(60))
             .build()
@@ -193,6 +195,7 @@ async fn a_small_deadline_late_by_a_tick_is_not_a_stall() {
     store.set(Mode::Hanging);
     let limiter = Limiter::<_, str>::builder(store.clone())
         .rule("api", Quota::per_minute(100), user)
+        .fail_mode(FailMode::Open)
         .timeout(Duration::from_millis(2))
         .circuit_breaker(2, Duration::from_secs(60))
         .build()

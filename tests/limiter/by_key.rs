@@ -103,6 +103,7 @@ async fn a_hanging_store_costs_the_deadline_then_the_breaker_opens_under_either_
             Rule::new("closed", Quota::per_minute(5), |u: &str| (u == "pay").then(|| Key::from(u)))
                 .fail_mode(FailMode::Closed),
         )
+        .fail_mode(FailMode::Open)
         .timeout(Duration::from_millis(40))
         .circuit_breaker(3, Duration::from_secs(2))
         .build()
@@ -137,7 +138,8 @@ async fn the_fallback_decides_while_the_store_is_down() {
     store.set(Mode::Failing);
     let limiter = Limiter::builder(store)
         .rule("jobs", Quota::per_minute(6), user)
-        .fallback(MemoryStore::with_clock(ManualClock::new(T0)), 3)
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)))
+        .servers(3)
         .circuit_breaker(1000, Duration::from_secs(1))
         .build()
         .unwrap();

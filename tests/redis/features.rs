@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use support::redis::RedisServer;
 use support::{counter, llm};
 use tollgate::store::Store;
-use tollgate::{key, Algorithm, MemoryStore, Quota, RateLimitLayer, RedisStore};
+use tollgate::{key, Algorithm, FailMode, MemoryStore, Quota, RateLimitLayer, RedisStore};
 use tower::{Layer, Service, ServiceExt};
 
 fn ok() -> impl Service<Request<Body>, Response = Response<Body>, Error = std::convert::Infallible, Future: Send> + Clone
@@ -136,9 +136,10 @@ async fn hashed_keys_keep_client_keys_out_of_redis() {
     let got = statuses(&svc, api_key, 4).await;
     assert_eq!(got, [StatusCode::OK, StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
     let names = all_keys(|a| server.cmd(a));
-    assert_eq!(names.lines().count(), 2, "one key per rule: {names}");
+    // One key per rule, beside the servers' announcements (`<prefix>:servers`).
+    assert_eq!(names.lines().filter(|n| !n.ends_with(":servers")).count(), 2, "one key per rule: {names}");
     assert!(!names.contains(api_key) && !names.contains("sk_live"), "the key in clear: {names}");
-    assert!(names.lines().all(|n| n.starts_with("tollgate:{%K")), "{names}");
+    assert!(names.lines().all(|n| n.starts_with("tollgate:{%K") || n == "tollgate:servers"), "{names}");
     // Nor in the values.
     for name in names.lines() {
         assert!(!server.cmd(&["DUMP", name]).contains("sk_live"), "{name}");
@@ -633,6 +634,7 @@ fn a_failed_charge_is_counted() {
         let store = support::fake::Remote::new(MemoryStore::new());
         let svc = RateLimitLayer::builder(store.clone())
             .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-user")).charged())
+            .fail_mode(FailMode::Open)
             .build()
             .unwrap()
             .layer(llm());
@@ -672,6 +674,6 @@ async fn a_local_charge_counts_for_the_very_next_request() {
     charged_then_next(local, "a local store").await;
     let store = support::fake::Remote::new(MemoryStore::new());
     store.set(support::fake::Mode::Failing);
-    let failing = RateLimitLayer::builder(store).add_rule(tokens()).fallback(MemoryStore::new(), 1);
+    let failing = RateLimitLayer::builder(store).add_rule(tokens()).fallback(MemoryStore::new()).servers(1);
     charged_then_next(failing.build().unwrap(), "the fallback").await;
 }

@@ -8,6 +8,7 @@ mod support;
 mod auth;
 mod batch;
 mod cluster;
+mod degradation;
 mod failover;
 mod faults;
 mod features;

@@ -38,6 +38,8 @@ pub(super) struct Config {
 pub(super) struct Inner {
     pub(super) config: Config,
     pub(super) link: Arc<Link>,
+    /// This store's part in the count of servers sharing it.
+    pub(super) presence: super::presence::Presence,
 }
 
 impl Inner {

@@ -7,6 +7,7 @@ mod conn;
 mod keys;
 mod origin;
 mod pool;
+mod presence;
 mod script;
 mod security;
 mod sentinel;
@@ -87,7 +88,8 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     fn build(config: Config) -> Self {
         let link = Link::new(config.origin.clone(), config.timeouts);
-        Self { inner: Arc::new(Inner { config, link }), queue: Arc::default() }
+        let presence = presence::Presence::new(config.identity);
+        Self { inner: Arc::new(Inner { config, link, presence }), queue: Arc::default() }
     }
 
     fn with_config(config: Config) -> Result<Self, BuildError> {
@@ -379,8 +381,8 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
-    async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
+impl RedisStore {
+    async fn check_one_now(&self, check: &Check) -> Result<Outcome, StoreError> {
         // On the runtime that polls the check (where its flush task is spawned).
         match batch::Queue::runtime_for(&self.inner, check) {
             Some(rt) => self.queue.check(&self.inner, check, rt).await,
@@ -388,8 +390,39 @@ impl Store for RedisStore {
         }
     }
 
-    fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
-        self.inner.check(checks)
+    /// After the first check of a store a limiter counts servers on: starts the heartbeat
+    /// if the limiter was built outside a runtime, and counts the servers again (see
+    /// `presence.rs`), in a task of its own. After the check, not with it: the other
+    /// servers, started with this one, have had one round trip more to announce
+    /// themselves; and the answer waits for nothing.
+    fn recount(&self) {
+        if self.inner.presence.recount_now() {
+            presence::recount(&self.inner);
+        }
+    }
+}
+
+impl Store for RedisStore {
+    async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
+        let outcome = self.check_one_now(check).await;
+        self.recount();
+        outcome
+    }
+
+    async fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        let outcomes = self.inner.check(checks).await;
+        self.recount();
+        outcomes
+    }
+
+    /// The servers that announced themselves on this store in the last 3 s, as last
+    /// counted (every second, and with this store's first check).
+    fn servers(&self) -> Option<u64> {
+        self.inner.presence.servers()
+    }
+
+    fn announce(&self) {
+        presence::start(&self.inner);
     }
 
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {

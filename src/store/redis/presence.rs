@@ -1,0 +1,117 @@
+//! How a `RedisStore` counts the servers sharing it ([`Store::servers`](crate::store::Store::servers)):
+//! each one announces itself every second in a sorted set, `<prefix>:servers`, scored by
+//! when its announcement lapses (server time, [`LAPSE`] later), and reads how many have
+//! not lapsed. A server announces from its limiter's build when a runtime is running,
+//! else from its first call; it counts again with its first check (when the servers
+//! started at about the same time, its first count may have come before theirs).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, Value};
+
+use super::call::Inner;
+
+/// How often a server announces itself and counts.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long an announcement counts: a server that stopped is no longer counted after
+/// this.
+const LAPSE: Duration = Duration::from_secs(3);
+
+/// Adds this server (`ARGV[1]`) until `ARGV[2]` ms from the server's now, drops the
+/// lapsed, and counts the rest.
+const ANNOUNCE: &str = "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('ZCARD', KEYS[1])";
+
+/// One store's part in the count.
+pub(super) struct Presence {
+    /// The servers counted last; 0 before the first count.
+    count: AtomicU64,
+    /// Whether a limiter asked for the count ([`Store::announce`](crate::store::Store::announce)):
+    /// a store used on its own announces nothing.
+    wanted: AtomicBool,
+    /// Whether the heartbeat task runs.
+    started: AtomicBool,
+    /// Whether the first check counted again.
+    recounted: AtomicBool,
+    /// This server's name in the set: random, never another's.
+    member: String,
+}
+
+impl Presence {
+    pub(super) fn new(identity: usize) -> Self {
+        use std::hash::BuildHasher;
+        let seed = hashbrown::DefaultHashBuilder::default();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let member = format!("{:016x}", seed.hash_one((std::process::id(), nanos, identity)));
+        Self {
+            count: AtomicU64::new(0),
+            wanted: AtomicBool::new(false),
+            started: AtomicBool::new(false),
+            recounted: AtomicBool::new(false),
+            member,
+        }
+    }
+
+    /// The servers counted last, if any count succeeded.
+    pub(super) fn servers(&self) -> Option<u64> {
+        Some(self.count.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// Whether the first check has yet to count again: true once, for a store a limiter
+    /// asked to count.
+    pub(super) fn recount_now(&self) -> bool {
+        !self.recounted.load(Ordering::Relaxed)
+            && self.wanted.load(Ordering::Relaxed)
+            && !self.recounted.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// Starts the heartbeat of `inner`'s store, once, when a runtime is running (else the
+/// first check starts it). It ends when the store is dropped.
+pub(super) fn start(inner: &Arc<Inner>) {
+    let presence = &inner.presence;
+    presence.wanted.store(true, Ordering::Relaxed);
+    if presence.started.load(Ordering::Relaxed) || presence.started.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        presence.started.store(false, Ordering::Release);
+        return;
+    };
+    let weak: Weak<Inner> = Arc::downgrade(inner);
+    drop(runtime.spawn(async move {
+        loop {
+            let Some(inner) = weak.upgrade() else { return };
+            announce(&inner).await;
+            drop(inner);
+            tokio::time::sleep(HEARTBEAT).await;
+        }
+    }));
+}
+
+/// Starts the heartbeat if it does not run yet, and counts once more at once, in a task of
+/// its own.
+pub(super) fn recount(inner: &Arc<Inner>) {
+    start(inner);
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let inner = Arc::clone(inner);
+    drop(runtime.spawn(async move { announce(&inner).await }));
+}
+
+/// Announces this server and counts: the count is kept when the store answers.
+pub(super) async fn announce(inner: &Inner) {
+    let name = format!("{}:servers", inner.config.names.prefix);
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(ANNOUNCE).arg(1).arg(&name).arg(&inner.presence.member).arg(LAPSE.as_millis() as u64);
+    let Ok((conn, generation)) = inner.connection().await else { return };
+    let slot = inner.config.origin.is_cluster().then(|| super::keys::slot(name.as_bytes()));
+    if let Ok(Value::Int(n)) = inner.query(conn, generation, slot, &cmd, None).await {
+        inner.presence.count.store(u64::try_from(n).unwrap_or(0), Ordering::Relaxed);
+    }
+}
