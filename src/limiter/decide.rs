@@ -14,7 +14,7 @@ use super::{Limiter, Plan, RuleSet};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::rule::FailMode;
-use crate::runtime::{BlockedCache, Late, RuleId, Shares};
+use crate::runtime::{BlockedCache, Late, RuleId, Shares, Unsent};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
 use crate::verdict::Verdict;
 use crate::verdict::{Decided, DecidedBy, Ruling};
@@ -180,17 +180,21 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             let taken = plan.checks.iter().zip(taken).filter(|&(c, t)| t && c.params.cost > 0);
             taken.map(|(c, _)| c.clone()).collect()
         };
-        if never_sent(&err) {
-            match err {
-                // Unreachable: kept for its next answer.
-                StoreError::NotConnected(_) | StoreError::Unavailable(_) | StoreError::NodeUnavailable(_) => {
-                    rt.unsent.keep(admitted());
-                }
-                _ => self.charge_store(admitted()),
+        // A call cut by its deadline runs on: the store counts what it admits, and its
+        // answer is learnt from. A call the store never saw: what the fallback admitted
+        // for it is charged to the store.
+        match late {
+            Some(late) => {
+                // Whether the input goes on (admitted by the fallback, or passed open): else
+                // what the late call takes is given back.
+                let goes_on = match &decided {
+                    Some((outcomes, _)) => outcomes.iter().flatten().all(|o| o.decision.allowed),
+                    None => !closed,
+                };
+                self.learn_late(late, plan, goes_on, admitted(), epoch, servers);
             }
-        }
-        if let Some(late) = late {
-            self.learn_late(late, plan, admitted(), epoch, servers);
+            None if never_sent(&err) => self.charge_store(admitted()),
+            None => {}
         }
         match decided {
             Some((outcomes, local)) => Ok(Answered { outcomes, by: DecidedBy::Fallback, fallback: Some(local) }),
@@ -199,11 +203,12 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     }
 
     /// Lets a call cut by its deadline finish, in a task of its own: its answer (the
-    /// store's decision) teaches the cache and the shares; when it fails without the
-    /// store having seen it, what the fallback admitted waits to be charged.
-    fn learn_late(&self, late: Late, plan: &Plan<I>, admitted: Vec<Check>, epoch: u64, servers: u64) {
+    /// store's decision) teaches the cache and the shares, and what it took is given back
+    /// unless the input `goes_on`; when it fails without the store having seen it, what
+    /// the fallback `admitted` is charged to the store.
+    fn learn_late(&self, late: Late, plan: &Plan<I>, goes_on: bool, admitted: Vec<Check>, epoch: u64, servers: u64) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let lessons = self.runtime.lessons();
+        let (lessons, holders) = (self.runtime.lessons(), self.holders.clone());
         let (set, checks, rules, enforced) = (plan.set.clone(), plan.checks.clone(), plan.rules.clone(), plan.enforced);
         drop(runtime.spawn(async move {
             match late.answer().await {
@@ -212,8 +217,24 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     let cache = lessons.cache.as_deref();
                     let teach = Teach { cache, shares: &lessons.shares, now, epoch, servers, late: true };
                     teach.learn(&set, &checks, &rules[..enforced], &outcomes);
+                    let taken = checks.iter().zip(&outcomes).filter_map(|(c, o)| {
+                        o.as_ref()?.taken.map(|taken| Refund { check: c.clone(), taken })
+                    });
+                    let refunds: Vec<Refund> = if goes_on { Vec::new() } else { taken.collect() };
+                    // Refused meanwhile (a 503, the fallback's share): nobody uses them.
+                    if !refunds.is_empty() {
+                        if let Err(err) = holders.store.refund(&refunds).await {
+                            for r in &refunds {
+                                crate::metrics::refund_failed(&r.check.rule);
+                            }
+                            tracing::warn!(error = %err, "tollgate: could not refund a call answered after its deadline");
+                        }
+                    }
                 }
-                Err(err) if never_sent(&err) => lessons.unsent.keep(admitted),
+                // The store lost it, or never had it.
+                Err(err) if never_sent(&err) && !admitted.is_empty() => {
+                    write_back(&holders.store, &lessons.unsent, admitted).await;
+                }
                 Err(_) => {}
             }
         }));
@@ -241,11 +262,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let (holders, unsent) = (self.holders.clone(), rt.unsent.clone());
         drop(runtime.spawn(async move {
             let _slot = slot;
-            match tokio::time::timeout(LATE_WRITE, holders.store.charge(&checks)).await {
-                Ok(Ok(())) => crate::metrics::write_back("written", checks.len()),
-                Ok(Err(err)) if never_sent(&err) => unsent.keep(checks),
-                _ => crate::metrics::write_back("failed", checks.len()),
-            }
+            write_back(&holders.store, &unsent, checks).await;
         }));
     }
 
@@ -327,6 +344,16 @@ fn never_sent(err: &StoreError) -> bool {
             | StoreError::Unavailable(_)
             | StoreError::NodeUnavailable(_)
     )
+}
+
+/// Charges `store` with `checks`, admitted by the fallback while it never saw them; what
+/// fails unsent again is kept for its next answer.
+async fn write_back<St: Store>(store: &St, unsent: &Unsent, checks: Vec<Check>) {
+    match tokio::time::timeout(LATE_WRITE, store.charge(&checks)).await {
+        Ok(Ok(())) => crate::metrics::write_back("written", checks.len()),
+        Ok(Err(err)) if never_sent(&err) => unsent.keep(checks),
+        _ => crate::metrics::write_back("failed", checks.len()),
+    }
 }
 
 /// How long a write-back of what the fallback admitted may take.

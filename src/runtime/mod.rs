@@ -160,14 +160,22 @@ impl Runtime {
         let slack = (deadline / 5).max(STALL_SLACK);
         // Whether the store then had the slack, with this process running, to answer.
         let mut watched = false;
+        // Whether the deadline cut the call (it may still be running in the store).
+        let mut cut = true;
         let r = match tokio::time::timeout(deadline, &mut asked).await {
-            Ok(r) => r,
+            Ok(r) => {
+                cut = false;
+                r
+            }
             // The deadline's timer fired late: this process was stalled (descheduled,
             // CPU-throttled), and the reply may be waiting for the connection's task.
             Err(_) if started.elapsed() > deadline + slack => {
                 let looked = Instant::now();
                 match tokio::time::timeout(slack, &mut asked).await {
-                    Ok(r) => r,
+                    Ok(r) => {
+                        cut = false;
+                        r
+                    }
                     Err(_) => {
                         watched = looked.elapsed() <= slack * 2;
                         Err(store.timed_out(checks, deadline))
@@ -199,12 +207,8 @@ impl Runtime {
             Err(_) => permit.failure(self.mono_us()),
         }
         // Cut by the deadline, not failed: the call goes on, in a slot of its own.
-        let late = match &r {
-            Err(StoreError::Timeout(_)) => {
-                LateSlot::enter(&self.late, s.max_in_flight).map(|slot| Late { asked, slot })
-            }
-            _ => None,
-        };
+        let late =
+            if cut { LateSlot::enter(&self.late, s.max_in_flight).map(|slot| Late { asked, slot }) } else { None };
         (r, late)
     }
 

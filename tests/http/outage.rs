@@ -239,3 +239,140 @@ async fn a_call_dropped_in_the_stall_slack_leaves_nothing_behind() {
     assert_eq!(verdict.decided_by(), Some(DecidedBy::Store), "{:?}", verdict.store_error());
     assert_eq!(store.checks(), before + 1);
 }
+
+// Bounded degradation (issue 26): what the fallback admits reaches the store, and what
+// the store answers after a deadline teaches the fallback.
+
+/// A limiter over `store` of `quota` per user, each server's share for one server, with a
+/// 20 ms deadline and a breaker that opens after `failures`.
+fn degrading(store: &Remote, quota: Quota, failures: u32) -> Limiter<Remote, str> {
+    Limiter::builder(store.clone())
+        .rule("r", quota, user)
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)))
+        .servers(1)
+        .timeout(Duration::from_millis(20))
+        .circuit_breaker(failures, Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// What the store would leave of `key` under rule "r" after one more unit (a peek).
+async fn left(store: &Remote, quota: Quota, key: &str) -> u64 {
+    let check = tollgate::store::Check {
+        rule: "r".into(),
+        key: key.into(),
+        algorithm: tollgate::Algorithm::default(),
+        params: tollgate::store::Params::new(quota),
+    };
+    tollgate::store::Store::peek(store, &check).await.unwrap().remaining
+}
+
+/// The store unreachable: what the fallback admits is charged to the store when it
+/// answers again (else the store would admit the whole quota on top).
+#[tokio::test]
+async fn what_the_fallback_admits_while_the_store_is_unreachable_is_charged_when_it_answers() {
+    let quota = Quota::per_hour(10);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = degrading(&store, quota, 1_000);
+    store.set(Mode::Failing);
+    for _ in 0..3 {
+        let v = limiter.check("ada").await;
+        assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+    }
+    support::fake::settle().await;
+    assert_eq!(left(&store, quota, "ada").await, 9, "nothing reached the store yet");
+    store.set(Mode::Up);
+    assert_eq!(limiter.check("ada").await.decided_by(), Some(DecidedBy::Store));
+    support::fake::settle().await;
+    assert_eq!(left(&store, quota, "ada").await, 5, "the fallback's 3 and the store's own 1");
+}
+
+/// The circuit open on a store that would answer: what the fallback admits is charged at
+/// once (it queues behind what the store has yet to answer), not after the cool-down.
+#[tokio::test]
+async fn what_the_fallback_admits_while_the_circuit_is_open_is_charged_at_once() {
+    let quota = Quota::per_hour(10);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = degrading(&store, quota, 1);
+    store.set(Mode::Failing);
+    assert!(limiter.check("ada").await.is_allowed(), "the fallback admits; the circuit opens");
+    // Its charge fails too, and waits for the store's next answer.
+    support::fake::settle().await;
+    store.set(Mode::Up);
+    let calls = store.checks();
+    for _ in 0..2 {
+        let v = limiter.check("ada").await;
+        assert!(v.is_allowed() && matches!(v.decided_by(), Some(DecidedBy::Fallback)), "{v:?}");
+    }
+    support::fake::settle().await;
+    // Two charges, no check: the circuit is open for 60 s.
+    assert_eq!(store.checks(), calls + 2);
+    assert_eq!(left(&store, quota, "ada").await, 7, "the two admitted while the circuit was open");
+}
+
+/// A call cut by its deadline still runs: its rejection, when it comes, enters the
+/// blocked-key cache (the store is not asked again for the key), and nothing it took
+/// stays taken.
+#[tokio::test(start_paused = true)]
+async fn a_late_rejection_enters_the_blocked_key_cache() {
+    let quota = Quota::per_hour(2);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = degrading(&store, quota, 1_000);
+    for _ in 0..2 {
+        assert_eq!(limiter.check("ada").await.decided_by(), Some(DecidedBy::Store));
+    }
+    store.set(Mode::Relayed(Duration::from_millis(100)));
+    let v = limiter.check("ada").await;
+    assert!(v.is_rejected() && v.decided_by() == Some(DecidedBy::Fallback), "nothing left: {v:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.set(Mode::Hanging);
+    let calls = store.checks();
+    let v = limiter.check("ada").await;
+    assert!(v.is_rejected() && v.decided_by() == Some(DecidedBy::LocalCache), "{v:?}");
+    assert_eq!(store.checks(), calls, "the late rejection answered");
+}
+
+/// What a late answer says remains bounds the fallback: 7 of 10 were taken elsewhere, so
+/// after its late answer this server admits 2 more, not its fresh share of 10.
+#[tokio::test(start_paused = true)]
+async fn a_late_answer_lowers_the_fallbacks_share() {
+    let quota = Quota::per_hour(10);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let elsewhere = degrading(&store, quota, 1_000);
+    for _ in 0..7 {
+        assert!(elsewhere.check("ada").await.is_allowed());
+    }
+    let limiter = degrading(&store, quota, 1_000);
+    store.set(Mode::Relayed(Duration::from_millis(100)));
+    let v = limiter.check("ada").await;
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.set(Mode::Hanging);
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let v = limiter.check("ada").await;
+        assert_eq!(v.decided_by(), Some(DecidedBy::Fallback), "{v:?}");
+        admitted += usize::from(v.is_allowed());
+    }
+    assert_eq!(admitted, 2, "the store said 2 remain (10 - 7 - the late call's 1)");
+}
+
+/// Refused while its call was cut (a 503 under `FailMode::Closed`): what the late call
+/// takes in the store is given back.
+#[tokio::test(start_paused = true)]
+async fn a_late_admission_of_a_refused_request_is_given_back() {
+    let quota = Quota::per_hour(10);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .rule("r", quota, user)
+        .fail_mode(FailMode::Closed)
+        .timeout(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    store.set(Mode::Relayed(Duration::from_millis(100)));
+    let v = limiter.check("ada").await;
+    assert!(!v.is_allowed() && v.store_error().is_some(), "{v:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.refunds().len(), 1, "the late unit was given back");
+    assert_eq!(left(&store, quota, "ada").await, 9, "all 10 left");
+}
