@@ -197,8 +197,9 @@ async fn a_dead_node_fails_its_slots_quickly_and_spares_the_others() {
         assert!(store.check_one(&dead).await.is_err());
         assert!(store.check_one(&alive).await.unwrap().decision.allowed, "a healthy node's slots failed");
     }
-    // Each failing check is bounded by the response timeout.
-    assert!(started.elapsed() < Duration::from_millis(10 * 100 + 700), "took {:?}", started.elapsed());
+    // Each failing check is bounded by the response timeout: on a cluster at least 250 ms,
+    // the node connections' own (a node that is gone fails sooner).
+    assert!(started.elapsed() < Duration::from_millis(10 * 250 + 700), "took {:?}", started.elapsed());
 }
 
 /// Rules in two slots, one slot's master gone: a rejection by the other slot is the

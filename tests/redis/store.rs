@@ -931,3 +931,25 @@ async fn a_hung_server_under_sparse_calls_still_gets_a_new_connection() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Charges (what the fallback admitted, written back) count beside checks on every
+/// algorithm that admits a burst (the leaky bucket shapes: one at a time): 50 checks and
+/// 49 charges of 100 an hour leave 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charges_count_beside_checks_on_every_algorithm() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2));
+    for algorithm in Algorithm::ALL.into_iter().filter(|&a| a != Algorithm::LeakyBucket) {
+        let c = check("written", "k", algorithm, Quota::per_hour(100));
+        for i in 0..50 {
+            let d = store.check_one(&c).await.unwrap().decision;
+            assert!(d.allowed, "{algorithm} {i}: {d:?}");
+        }
+        for _ in 0..49 {
+            store.charge(std::slice::from_ref(&c)).await.unwrap();
+        }
+        let d = store.check_one(&c).await.unwrap().decision;
+        assert!(d.allowed && d.remaining == 0, "{algorithm}: {d:?}");
+        assert!(!store.check_one(&c).await.unwrap().decision.allowed, "{algorithm}");
+    }
+}

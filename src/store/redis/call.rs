@@ -145,8 +145,11 @@ impl Inner {
         let answer = if conn_times_out {
             Ok(run.await)
         } else {
-            // Boxed: the timer would enlarge every request's future, also where unused.
-            Box::pin(tokio::time::timeout(self.config.timeouts.response, run)).await
+            // Boxed: the timer would enlarge every request's future, also where unused. As
+            // long as the node connections' own timeout: a request dropped sooner may never
+            // be sent, and what the fallback admitted for it (issue 26) never counted.
+            let timeout = self.config.timeouts.response.max(pool::MIN_NODE_RESPONSE);
+            Box::pin(tokio::time::timeout(timeout, run)).await
         };
         pending.done = true;
         match answer {

@@ -297,7 +297,10 @@ impl RedisStore {
     }
 
     /// How long one request to Redis may take before it fails with
-    /// [`StoreError::Timeout`] (default 100 ms). The layer's own deadline applies on top.
+    /// [`StoreError::Timeout`] (default 100 ms; on a cluster at least 250 ms, the node
+    /// connections' own, which redis-rs's slot-map queries share). The layer's own deadline
+    /// applies on top: a call it cuts runs on until this, and its answer is still the
+    /// store's decision.
     /// It is set on the connection the store takes, also when that comes from a pool given
     /// to [`RedisStore::new`] (whose other connections keep their own setting).
     /// Call before the store is used.

@@ -14,7 +14,7 @@ use super::sentinel::Watch;
 
 /// The least response timeout of a cluster node connection: redis-rs's own slot-map
 /// queries go through them too.
-const MIN_NODE_RESPONSE: Duration = Duration::from_millis(250);
+pub(super) const MIN_NODE_RESPONSE: Duration = Duration::from_millis(250);
 #[derive(Clone)]
 pub(super) enum Pools {
     Single(deadpool_redis::Pool),

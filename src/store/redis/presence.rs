@@ -3,7 +3,16 @@
 //! when its announcement lapses (server time, [`LAPSE`] later), and reads how many have
 //! not lapsed. A server announces from its limiter's build when a runtime is running,
 //! else from its first call; it counts again with its first check (when the servers
-//! started at about the same time, its first count may have come before theirs).
+//! started at about the same time, its first count may have come before theirs). For
+//! the first [`LAPSE`] after its first count, a server takes one server more than it
+//! counted: a peer that started with it may have announced itself just after that count,
+//! and a store that stalls at once would leave no time to count again.
+//!
+//! The heartbeat also loads the charge and refund scripts on each new connection: what the
+//! fallback admitted is charged to the store while it is slow, and a charge must be run
+//! in the order it was sent (behind the calls the store has yet to answer). A first
+//! `EVALSHA` of an unknown script would be refused (`NOSCRIPT`) and its `EVAL` sent after
+//! whatever was sent meanwhile.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -12,6 +21,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, Value};
 
 use super::call::Inner;
+use super::script::SCRIPTS;
 
 /// How often a server announces itself and counts.
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -41,6 +51,10 @@ pub(super) struct Presence {
     recounted: AtomicBool,
     /// This server's name in the set: random, never another's.
     member: String,
+    /// The connection on which the charge and refund scripts were loaded last (0: none).
+    loaded: AtomicU64,
+    /// When the first count came back.
+    first: std::sync::OnceLock<std::time::Instant>,
 }
 
 impl Presence {
@@ -55,12 +69,17 @@ impl Presence {
             started: AtomicBool::new(false),
             recounted: AtomicBool::new(false),
             member,
+            loaded: AtomicU64::new(0),
+            first: std::sync::OnceLock::new(),
         }
     }
 
-    /// The servers counted last, if any count succeeded.
+    /// The servers counted last, if any count succeeded; one more for the first [`LAPSE`]
+    /// (see the module docs).
     pub(super) fn servers(&self) -> Option<u64> {
-        Some(self.count.load(Ordering::Relaxed)).filter(|&n| n > 0)
+        let n = self.count.load(Ordering::Relaxed);
+        let young = self.first.get().is_some_and(|t| t.elapsed() < LAPSE);
+        (n > 0).then(|| n + u64::from(young))
     }
 
     /// Whether the first check has yet to count again: true once, for a store a limiter
@@ -111,7 +130,20 @@ pub(super) async fn announce(inner: &Inner) {
     cmd.arg(ANNOUNCE).arg(1).arg(&name).arg(&inner.presence.member).arg(LAPSE.as_millis() as u64);
     let Ok((conn, generation)) = inner.connection().await else { return };
     let slot = inner.config.origin.is_cluster().then(|| super::keys::slot(name.as_bytes()));
-    if let Ok(Value::Int(n)) = inner.query(conn, generation, slot, &cmd, None).await {
+    if let Ok(Value::Int(n)) = inner.query(conn.clone(), generation, slot, &cmd, None).await {
         inner.presence.count.store(u64::try_from(n).unwrap_or(0), Ordering::Relaxed);
+        inner.presence.first.get_or_init(std::time::Instant::now);
+    }
+    let presence = &inner.presence;
+    if presence.loaded.load(Ordering::Relaxed) != generation {
+        let mut loaded = true;
+        for script in [&SCRIPTS.multi, &SCRIPTS.refund] {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(script.text);
+            loaded &= inner.query(conn.clone(), generation, None, &load, None).await.is_ok();
+        }
+        if loaded {
+            presence.loaded.store(generation, Ordering::Relaxed);
+        }
     }
 }
