@@ -4,12 +4,16 @@
 //! ```text
 //! cargo run --release -p tollgate-bench --example table            # 3 runs
 //! RUNS=5 cargo run --release -p tollgate-bench --example table
+//! # one cell, one pass, for a profiler (callgrind):
+//! ONLY="GCRA, W1, 1" PASSES=1 RUNS=1 valgrind --tool=callgrind target/release/examples/table
 //! ```
 //!
 //! - **W1**: 10,000 `u64` keys drawn from a fixed-seed sequence, 200,000 decisions a pass,
 //!   100 per 60 s with a burst of 100 (every decision is allowed), 25 passes, each on a fresh
 //!   store (so W1 times inserts too); one thread, or two splitting the keys by parity.
 //! - **W2**: one key, 1,000 per 60 s, 50,000 decisions a pass (25 passes).
+//!
+//! `ONLY` keeps the cells whose name holds it; `PASSES` sets the passes a cell.
 //!
 //! tollgate decides a `(rule, key)` check through `LocalStore::check_one` (the path the
 //! layer takes: the store's clock, a full `Decision`); governor answers a `bool` from
@@ -26,7 +30,10 @@ use tollgate::{Algorithm, MemoryStore, Quota};
 const W1_KEYS: u64 = 10_000;
 const W1_DECISIONS: usize = 200_000;
 const W2_DECISIONS: usize = 50_000;
-const PASSES: usize = 25;
+/// Passes per cell (env `PASSES`, default 25).
+fn passes() -> usize {
+    std::env::var("PASSES").ok().and_then(|p| p.parse().ok()).unwrap_or(25).max(1)
+}
 
 /// The two workloads: W1's key sequence (fixed seed) or W2's one key.
 #[derive(Clone, Copy)]
@@ -83,7 +90,7 @@ fn rate<L: Sync>(
     let total: usize = shares.iter().map(Vec::len).sum();
     let mut spent = 0.0;
     let mut allowed = 0usize;
-    for _ in 0..PASSES {
+    for _ in 0..passes() {
         let limiter = fresh();
         let started = Instant::now();
         allowed += std::thread::scope(|s| {
@@ -98,7 +105,7 @@ fn rate<L: Sync>(
         });
         spent += started.elapsed().as_secs_f64();
     }
-    ((total * PASSES) as f64 / spent, allowed / PASSES)
+    ((total * passes()) as f64 / spent, allowed / passes())
 }
 
 fn tollgate(workload: Workload, algorithm: Algorithm, threads: usize) -> (f64, usize) {
@@ -139,6 +146,9 @@ fn main() {
     let mut theirs = vec![Vec::new(); cells.len()];
     for run in 0..runs {
         for (i, &(name, workload, algorithm, threads)) in cells.iter().enumerate() {
+            if std::env::var("ONLY").is_ok_and(|only| !name.contains(&only)) {
+                continue;
+            }
             let (t, t_allowed) = tollgate(workload, algorithm, threads);
             let (g, g_allowed) = governor(workload, threads);
             eprintln!(
@@ -153,7 +163,7 @@ fn main() {
     }
     println!("| where | tollgate, M checks/s | governor, M checks/s | ratio in each run |");
     println!("|---|---:|---:|---:|");
-    for (i, (name, ..)) in cells.iter().enumerate() {
+    for (i, (name, ..)) in cells.iter().enumerate().filter(|(i, _)| !ours[*i].is_empty()) {
         let ratios = ours[i].iter().zip(&theirs[i]).map(|(t, g)| t / g).collect();
         println!(
             "| {name} | {} | {} | {} |",
