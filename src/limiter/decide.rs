@@ -4,17 +4,17 @@
 //! what the input holds ([`Held`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
-use super::held::{Exit, Held, Holder, Probe, Unit};
+use super::held::{Exit, Held, Holder, Probe, StoreCopy, Unit};
+use super::holders::{never_sent, write_back};
 use super::{Limiter, Plan, RuleSet};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::rule::FailMode;
-use crate::runtime::{BlockedCache, Late, RuleId, Shares, Unsent};
+use crate::runtime::{BlockedCache, Late, RuleId, Shares};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
 use crate::verdict::Verdict;
 use crate::verdict::{Decided, DecidedBy, Ruling};
@@ -56,7 +56,12 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             [one] => local.check_one(one).map(|o| smallvec![Some(o)]),
             checks => local.check(checks).map(Outcomes::from_vec),
         };
-        let answer = outcomes.map(|outcomes| Answered { outcomes, by: DecidedBy::Store, fallback: None });
+        let answer = outcomes.map(|outcomes| Answered {
+            outcomes,
+            by: DecidedBy::Store,
+            fallback: None,
+            copies: SmallVec::new(),
+        });
         let (verdict, set) = self.conclude(plan, answer, started);
         Now::Decided(verdict, set)
     }
@@ -90,12 +95,12 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                         )
                     });
                     // A charge after a fail-open pass goes to the store.
-                    held.probes = probes(&set, &checks, &rules, Holder::Store);
+                    held.probes = probes(&set, &checks, &checks, &rules, Holder::Store);
                 }
                 return (Verdict::empty(Ruling::Failed { error, closed }, held), set);
             }
         };
-        let Answered { outcomes, by, fallback } = answered;
+        let Answered { outcomes, by, fallback, copies } = answered;
         let holder = if by == DecidedBy::Fallback { Holder::Fallback } else { Holder::Store };
         // What each holder decided: the fallback's share of each quota, for the fallback.
         let as_held = fallback.as_deref().unwrap_or(&checks);
@@ -112,7 +117,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     None => Exit::Kept,
                 };
                 let refund = Refund { check: as_held[i].clone(), taken };
-                held.units.push(Unit { refund, rule, holder, exit });
+                let copy = copies.get(i).cloned().flatten();
+                held.units.push(Unit { refund, rule, holder, exit, copy });
             }
             if !shadow {
                 if !d.allowed {
@@ -122,7 +128,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
         }
         if verdict.is_allowed() {
-            held.probes = probes(&set, as_held, &rules, holder);
+            held.probes = probes(&set, &checks, as_held, &rules, holder);
             // Near the limit: what this input leaves in use (a rejected one takes nothing).
             for d in &verdict.decided {
                 if d.decision.is_near_limit(self.runtime.settings.near_limit) {
@@ -157,7 +163,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 if rt.unsent.any() {
                     self.write_back();
                 }
-                return Ok(Answered { outcomes, by: DecidedBy::Store, fallback: None });
+                return Ok(Answered { outcomes, by: DecidedBy::Store, fallback: None, copies: SmallVec::new() });
             }
             Err(err) => err,
         };
@@ -172,41 +178,62 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             let ids: SmallVec<[RuleId; 2]> = plan.rules.iter().map(|&r| set.id(r)).collect();
             rt.fallback(&err, &plan.checks, &ids, &use_it, servers)
         };
-        // What the fallback admitted, as the store would count it: charged to the store
-        // when it answers again, unless the store saw the call.
-        let admitted = || -> Vec<Check> {
-            let Some((outcomes, _)) = &decided else { return Vec::new() };
-            let taken = outcomes.iter().map(|o| o.as_ref().is_some_and(|o| o.taken.is_some()));
-            let taken = plan.checks.iter().zip(taken).filter(|&(c, t)| t && c.params.cost > 0);
-            taken.map(|(c, _)| c.clone()).collect()
-        };
+        // What the fallback admitted, as the store would count it, each with the store's
+        // copy of it: the late call's commit, or what is written back.
+        let mut copies: Copies = SmallVec::new();
+        if let Some((outcomes, _)) = &decided {
+            let taken = |o: &Option<Outcome>| o.as_ref().is_some_and(|o| o.taken.is_some());
+            for (c, o) in plan.checks.iter().zip(outcomes) {
+                copies.push((taken(o) && c.params.cost > 0).then(Arc::default));
+            }
+        }
         // A call cut by its deadline runs on: the store counts what it admits, and its
         // answer is learnt from. A call the store never saw: what the fallback admitted
-        // for it is charged to the store.
+        // for it is written back.
         match late {
             Some(late) => {
                 // Whether the input goes on (admitted by the fallback, or passed open): else
-                // what the late call takes is given back.
+                // what the late call takes is given back. (Shadow rules refuse nothing.)
                 let goes_on = match &decided {
-                    Some((outcomes, _)) => outcomes.iter().flatten().all(|o| o.decision.allowed),
+                    Some((outcomes, _)) => outcomes[..plan.enforced].iter().flatten().all(|o| o.decision.allowed),
                     None => !closed,
                 };
-                self.learn_late(late, plan, goes_on, admitted(), epoch, servers);
+                self.learn_late(late, plan, goes_on, copies.clone(), epoch, servers);
             }
-            None if never_sent(&err) => self.charge_store(admitted()),
+            None if never_sent(&err) => self.write_back_now(plan, &copies),
             None => {}
         }
         match decided {
-            Some((outcomes, local)) => Ok(Answered { outcomes, by: DecidedBy::Fallback, fallback: Some(local) }),
+            Some((outcomes, local)) => {
+                Ok(Answered { outcomes, by: DecidedBy::Fallback, fallback: Some(local), copies })
+            }
             None => Err(err),
         }
     }
 
+    /// What the fallback admitted for a call the store never saw, written back: at once
+    /// (the charge queues behind the calls the store has yet to answer) for units kept
+    /// whatever the outcome; at the store's next answer for those a status may give back
+    /// (`Rule::count_if`), which a refund meanwhile takes out of the list.
+    fn write_back_now(&self, plan: &Plan<I>, copies: &Copies) {
+        let mut now = Vec::new();
+        for ((check, &rule), copy) in plan.checks.iter().zip(&plan.rules).zip(copies) {
+            let Some(copy) = copy else { continue };
+            if plan.set.rules[rule].count_if.is_none() {
+                now.push(check.clone());
+            } else if copy.unsent(check) {
+                self.runtime.unsent.keep([check.clone()]);
+            }
+        }
+        self.charge_store(now);
+    }
+
     /// Lets a call cut by its deadline finish, in a task of its own: its answer (the
-    /// store's decision) teaches the cache and the shares, and what it took is given back
-    /// unless the input `goes_on`; when it fails without the store having seen it, what
-    /// the fallback `admitted` is charged to the store.
-    fn learn_late(&self, late: Late, plan: &Plan<I>, goes_on: bool, admitted: Vec<Check>, epoch: u64, servers: u64) {
+    /// store's decision) teaches the cache and the shares; what it took is given back
+    /// unless the input `goes_on`, else becomes the store's copy of the fallback's units
+    /// (`copies`), which their refund undoes; when it fails without the store having seen
+    /// it, those units wait to be written back.
+    fn learn_late(&self, late: Late, plan: &Plan<I>, goes_on: bool, copies: Copies, epoch: u64, servers: u64) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (lessons, holders) = (self.runtime.lessons(), self.holders.clone());
         let (set, checks, rules, enforced) = (plan.set.clone(), plan.checks.clone(), plan.rules.clone(), plan.enforced);
@@ -217,11 +244,18 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     let cache = lessons.cache.as_deref();
                     let teach = Teach { cache, shares: &lessons.shares, now, epoch, servers, late: true };
                     teach.learn(&set, &checks, &rules[..enforced], &outcomes);
-                    let taken = checks.iter().zip(&outcomes).filter_map(|(c, o)| {
-                        o.as_ref()?.taken.map(|taken| Refund { check: c.clone(), taken })
-                    });
-                    let refunds: Vec<Refund> = if goes_on { Vec::new() } else { taken.collect() };
-                    // Refused meanwhile (a 503, the fallback's share): nobody uses them.
+                    // Refused meanwhile (a 503, the fallback's share): nobody uses them. Else
+                    // the store's copy of the fallback's units, unless those went back.
+                    let mut refunds = Vec::new();
+                    for (i, (c, o)) in checks.iter().zip(&outcomes).enumerate() {
+                        let Some(taken) = o.as_ref().and_then(|o| o.taken) else { continue };
+                        let refund = Refund { check: c.clone(), taken };
+                        match copies.get(i).and_then(Option::as_ref) {
+                            _ if !goes_on => refunds.push(refund),
+                            Some(copy) => refunds.extend(copy.taken(refund)),
+                            None => {}
+                        }
+                    }
                     if !refunds.is_empty() {
                         if let Err(err) = holders.store.refund(&refunds).await {
                             for r in &refunds {
@@ -231,9 +265,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                         }
                     }
                 }
-                // The store lost it, or never had it.
-                Err(err) if never_sent(&err) && !admitted.is_empty() => {
-                    write_back(&holders.store, &lessons.unsent, admitted).await;
+                // The store lost it, or never had it: written back at its next answer (a
+                // refund meanwhile takes them out of the list).
+                Err(err) if never_sent(&err) => {
+                    let unsent = checks.iter().zip(&copies).filter(|(c, copy)| copy.as_ref().is_some_and(|k| k.unsent(c)));
+                    lessons.unsent.keep(unsent.map(|(c, _)| c.clone()));
                 }
                 Err(_) => {}
             }
@@ -332,33 +368,6 @@ impl Teach<'_> {
     }
 }
 
-/// Whether a call that failed with `err` never reached the store (or reached a store
-/// that has since lost it): what the fallback admitted for it is charged to the store
-/// when it answers again.
-fn never_sent(err: &StoreError) -> bool {
-    matches!(
-        err,
-        StoreError::CircuitOpen(_)
-            | StoreError::Overloaded(_)
-            | StoreError::NotConnected(_)
-            | StoreError::Unavailable(_)
-            | StoreError::NodeUnavailable(_)
-    )
-}
-
-/// Charges `store` with `checks`, admitted by the fallback while it never saw them; what
-/// fails unsent again is kept for its next answer.
-async fn write_back<St: Store>(store: &St, unsent: &Unsent, checks: Vec<Check>) {
-    match tokio::time::timeout(LATE_WRITE, store.charge(&checks)).await {
-        Ok(Ok(())) => crate::metrics::write_back("written", checks.len()),
-        Ok(Err(err)) if never_sent(&err) => unsent.keep(checks),
-        _ => crate::metrics::write_back("failed", checks.len()),
-    }
-}
-
-/// How long a write-back of what the fallback admitted may take.
-const LATE_WRITE: Duration = Duration::from_secs(1);
-
 static FAIL_OPEN: crate::notice::Once = crate::notice::Once::new();
 static FAIL_CLOSED: crate::notice::Once = crate::notice::Once::new();
 
@@ -368,12 +377,17 @@ static FAIL_CLOSED: crate::notice::Once = crate::notice::Once::new();
 const BLOCK_RECHECK_US: u64 = 1_000_000;
 
 /// A store call's answer: the outcomes, who decided them, and for the fallback the checks
-/// as it decided them (its share of each quota).
+/// as it decided them (its share of each quota) and the store's copy of each check's
+/// units.
 struct Answered {
     outcomes: Outcomes,
     by: DecidedBy,
     fallback: Option<Vec<Check>>,
+    copies: Copies,
 }
+
+/// Per check, the store's copy of what the fallback admitted for it.
+type Copies = SmallVec<[Option<Arc<StoreCopy>>; 2]>;
 
 type Answer = Result<Answered, StoreError>;
 
@@ -398,9 +412,23 @@ fn record(check: &Check, d: &Decision, shadow: bool, started: Option<Instant>) {
 }
 
 /// The checks of the charged rules (`Rule::charged`) among `checks` (of `rules`), as
-/// probes held by `holder`: what a charge after the work takes from. A check by key of a
-/// charged rule may take units now too; a check of cost 0 of another rule is no probe.
-fn probes<I: ?Sized>(set: &RuleSet<I>, checks: &[Check], rules: &[usize], holder: Holder) -> SmallVec<[Probe; 1]> {
-    let charged = checks.iter().zip(rules).filter(|&(_, &rule)| set.rules[rule].charged);
-    charged.map(|(c, _)| Probe { check: c.clone(), holder }).collect()
+/// probes held by `holder`, which decided them as `as_held`: what a charge after the work
+/// takes from. A check by key of a charged rule may take units now too; a check of cost 0
+/// of another rule is no probe.
+fn probes<I: ?Sized>(
+    set: &RuleSet<I>,
+    checks: &[Check],
+    as_held: &[Check],
+    rules: &[usize],
+    holder: Holder,
+) -> SmallVec<[Probe; 1]> {
+    let charged = checks.iter().zip(as_held).zip(rules).filter(|&(_, &rule)| set.rules[rule].charged);
+    charged
+        .map(|((c, held), &rule)| Probe {
+            check: held.clone(),
+            holder,
+            store: (holder == Holder::Fallback).then(|| c.clone()),
+            rule,
+        })
+        .collect()
 }

@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::held::{Held, Holder};
+use super::held::{Copy, Held, Holder};
 use crate::error::StoreError;
-use crate::runtime::{BlockedCache, Runtime};
+use crate::runtime::{BlockedCache, Runtime, Shares, Unsent};
 use crate::store::{Check, Refund, Store};
 
 /// The holders of one limiter's units.
@@ -24,6 +24,11 @@ pub(crate) struct Holders<St> {
     pub(crate) store: Arc<St>,
     pub(crate) fallback: crate::store::memory::MemoryStore,
     pub(crate) cache: Arc<BlockedCache>,
+    /// What the fallback admitted that the store never saw (see [`write_back`]).
+    pub(crate) unsent: Arc<Unsent>,
+    /// The fallback's shares, which a charge lowers, and the clock they are kept on.
+    shares: Arc<Shares>,
+    base: tokio::time::Instant,
 }
 
 /// The store's part of a refund or a charge.
@@ -32,7 +37,8 @@ type ToStore<T> = SmallVec<[T; 1]>;
 impl<St> Holders<St> {
     /// The holders of a limiter over `store` with `runtime`'s fallback and cache.
     pub(crate) fn new(store: Arc<St>, runtime: &Runtime) -> Self {
-        Self { store, fallback: runtime.fallback.clone(), cache: runtime.cache.clone() }
+        let (fallback, cache, unsent) = (runtime.fallback.clone(), runtime.cache.clone(), runtime.unsent.clone());
+        Self { store, fallback, cache, unsent, shares: runtime.shares.clone(), base: runtime.clock() }
     }
 }
 
@@ -140,6 +146,15 @@ impl<St: Store> Holders<St> {
                 }
                 Holder::Fallback => {
                     self.fallback.refund_at(std::slice::from_ref(&u.refund), self.fallback.now_micros());
+                    // The store's copy of them goes too.
+                    match u.copy.as_ref().map(|c| c.refund()) {
+                        Some(Copy::Taken(refund)) => {
+                            refunds.push(refund);
+                            rules.push(u.rule);
+                        }
+                        Some(Copy::Unsent(check)) => self.unsent.forget(&check),
+                        _ => {}
+                    }
                 }
             }
         }
@@ -150,21 +165,43 @@ impl<St: Store> Holders<St> {
     /// probes, each of `units`.
     #[allow(clippy::type_complexity, reason = "a private helper's pair")]
     fn charge_fallback(&self, held: &Held, units: u64) -> (ToStore<Check>, Result<(), (StoreError, ToStore<Check>)>) {
-        let (mut to_store, mut local) = (ToStore::new(), ToStore::new());
+        let (mut to_store, mut local, mut written) = (ToStore::new(), ToStore::new(), Vec::new());
+        let now = u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX);
         for p in &held.probes {
             let mut check = p.check.clone();
             check.params.cost = units;
+            // What the store last said remains, less this: the fallback's share of it.
+            self.shares.take((held.generation, p.rule), &check.key, units, now);
             match p.holder {
                 Holder::Store => to_store.push(check),
-                Holder::Fallback => local.push(check),
+                Holder::Fallback => {
+                    local.push(check);
+                    written.extend(p.store.iter().cloned().map(|mut c| {
+                        c.params.cost = units;
+                        c
+                    }));
+                }
             }
         }
+        // The fallback's charges reach the store too, as what it admits does.
+        self.write_back_detached(written);
         if !local.is_empty() {
             if let Err(err) = self.fallback.charge_at(&local, self.fallback.now_micros()) {
                 return (to_store, Err((err, local)));
             }
         }
         (to_store, Ok(()))
+    }
+
+    /// Writes `checks` back to the store in a task of its own (kept for its next answer
+    /// when there is no runtime).
+    fn write_back_detached(&self, checks: Vec<Check>) {
+        if checks.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return self.unsent.keep(checks) };
+        let (store, unsent) = (self.store.clone(), self.unsent.clone());
+        drop(runtime.spawn(async move { write_back(&*store, &unsent, checks).await }));
     }
 
     /// The store has the units back: the rejections this process cached for their keys
@@ -209,3 +246,37 @@ fn failed<'a>(checks: impl IntoIterator<Item = &'a Check>, err: &dyn std::fmt::D
     }
     tracing::warn!(error = %err, ?rules, "tollgate: a charge reported after a response was not taken");
 }
+
+/// Whether a call that failed with `err` never reached the store (or reached a store
+/// that has since lost it): what the fallback admitted for it is charged to the store.
+pub(crate) fn never_sent(err: &StoreError) -> bool {
+    matches!(
+        err,
+        StoreError::CircuitOpen(_)
+            | StoreError::Overloaded(_)
+            | StoreError::NotConnected(_)
+            | StoreError::Unavailable(_)
+            | StoreError::NodeUnavailable(_)
+    )
+}
+
+/// Charges `store` with `checks`, admitted by the fallback while it never saw them, one
+/// check a call (on a cluster, a call fails when one of its slots does: the others would
+/// be charged again with it); what fails unsent is kept for the store's next answer.
+pub(crate) async fn write_back<St: Store>(store: &St, unsent: &Unsent, checks: Vec<Check>) {
+    let until = tokio::time::Instant::now() + LATE_WRITE;
+    let mut again = Vec::new();
+    for check in checks {
+        match tokio::time::timeout_at(until, store.charge(std::slice::from_ref(&check))).await {
+            Ok(Ok(())) => crate::metrics::write_back("written", 1),
+            Ok(Err(err)) if never_sent(&err) => again.push(check),
+            _ => crate::metrics::write_back("failed", 1),
+        }
+    }
+    if !again.is_empty() {
+        unsent.keep(again);
+    }
+}
+
+/// How long a write-back of what the fallback admitted may take.
+const LATE_WRITE: std::time::Duration = std::time::Duration::from_secs(1);

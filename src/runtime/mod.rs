@@ -62,6 +62,9 @@ const LATE_WAIT: Duration = Duration::from_secs(1);
 /// The most keys the fallback limiter, the shares and the unsent list each hold.
 const FALLBACK_KEYS: usize = 100_000;
 
+/// How long a key the full fallback cannot count is refused, µs.
+const FULL_RETRY_US: u64 = 1_000_000;
+
 /// The least time past a deadline that tells a stalled process: timers fire a millisecond
 /// or two late on a running one.
 const STALL_SLACK: Duration = Duration::from_millis(5);
@@ -240,13 +243,22 @@ impl Runtime {
         // nothing taken from the others.
         let spent =
             checks.iter().zip(ids).zip(use_it).filter(|&(_, &u)| u).enumerate().find_map(|(j, ((c, &id), _))| {
-                self.shares.fits(id, &c.key, c.params.cost, now).err().map(|whole_in| (j, whole_in))
+                // A probe (cost 0: a charged rule's admission) needs room for one unit.
+                self.shares.fits(id, &c.key, c.params.cost.max(1), now).err().map(|whole_in| (j, whole_in))
             });
         let decided: Vec<Option<Outcome>> = match spent {
             Some((j, whole_in)) => {
                 picked.iter().enumerate().map(|(i, c)| (i == j).then(|| share_spent(c, whole_in))).collect()
             }
-            None => self.fallback.check_at(&picked, self.fallback.now_micros()).ok()?.into_iter().map(Some).collect(),
+            None => match self.fallback.check_at(&picked, self.fallback.now_micros()) {
+                Ok(outcomes) => outcomes.into_iter().map(Some).collect(),
+                // Full (a flood of new keys while the store fails): a key it cannot count is
+                // refused for a second, not let through unlimited.
+                Err(_) => {
+                    crate::metrics::fallback("full");
+                    picked.iter().enumerate().map(|(i, c)| (i == 0).then(|| share_spent(c, FULL_RETRY_US))).collect()
+                }
+            },
         };
         let mut decided = decided.into_iter();
         let mut outcomes = Outcomes::new();
@@ -268,6 +280,12 @@ impl Runtime {
             )
         });
         Some((outcomes, local))
+    }
+
+    /// Microseconds on this runtime's clock, as [`Runtime::mono_us`] reads them, from
+    /// anywhere.
+    pub(crate) fn clock(&self) -> Instant {
+        self.base
     }
 
     /// A slot for a store call left running on its own (a late call, a charge of what the
@@ -348,6 +366,19 @@ impl Unsent {
                 None => unsent.push(c),
             }
             self.any.store(true, Ordering::Release);
+        }
+    }
+
+    /// Gives back `check`'s units before they are written back (the fallback's were
+    /// refunded).
+    pub(crate) fn forget(&self, check: &Check) {
+        let mut unsent = self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = unsent.iter().rposition(|u| u.rule == check.rule && u.key == check.key) {
+            let u = &mut unsent[i].params.cost;
+            *u = u.saturating_sub(check.params.cost);
+            if *u == 0 {
+                unsent.swap_remove(i);
+            }
         }
     }
 

@@ -161,13 +161,14 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// How many servers (processes) share this store's limits, as the store last
-    /// counted them: the limiter's fallback admits each key up to its quota divided by
-    /// this while the store fails. `None` (the default): the store does not count them,
-    /// and the limiter takes 1 unless told (`LimiterBuilder::servers`).
+    /// How many limiters (one per server, as a rule) share this store's limits, as the
+    /// store last counted them: each limiter's fallback admits each key up to its quota
+    /// divided by this while the store fails. `None` (the default): the store does not
+    /// count them, and the limiter takes 1 unless told (`LimiterBuilder::servers`).
     ///
-    /// `RedisStore` counts the servers that announced themselves in the last few seconds
-    /// (each one does, every second, from its limiter's build on).
+    /// `RedisStore` counts the limiters announced in the last few seconds: each server
+    /// announces, every second, every limiter built over its store (two layers of one
+    /// process over one store count twice: each has its own fallback).
     fn servers(&self) -> Option<u64> {
         None
     }

@@ -10,6 +10,7 @@ mod charges;
 mod common;
 mod config;
 mod delays;
+mod fallback;
 mod grpc;
 mod headers;
 mod layer;

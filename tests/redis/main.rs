@@ -13,5 +13,6 @@ mod failover;
 mod faults;
 mod features;
 mod local_cache;
+mod servers;
 mod shared_limit;
 mod store;

@@ -425,7 +425,7 @@ impl Store for RedisStore {
     }
 
     fn announce(&self) {
-        presence::start(&self.inner);
+        presence::announce_limiter(&self.inner);
     }
 
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {

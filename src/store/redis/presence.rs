@@ -29,11 +29,13 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 /// this.
 const LAPSE: Duration = Duration::from_secs(3);
 
-/// Adds this server (`ARGV[1]`) until `ARGV[2]` ms from the server's now, drops the
-/// lapsed, and counts the rest.
+/// Adds this server's `ARGV[3]` limiters (`ARGV[1]:<i>`) until `ARGV[2]` ms from the
+/// server's now, drops the lapsed, and counts the rest.
 const ANNOUNCE: &str = "local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+for i = 1, tonumber(ARGV[3]) do
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1] .. ':' .. i)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return redis.call('ZCARD', KEYS[1])";
@@ -45,6 +47,10 @@ pub(super) struct Presence {
     /// Whether a limiter asked for the count ([`Store::announce`](crate::store::Store::announce)):
     /// a store used on its own announces nothing.
     wanted: AtomicBool,
+    /// How many limiters were built over the store: each has a fallback of its own, so
+    /// each counts as a server (two layers of one process that share a count take two
+    /// shares of it, not two whole quotas).
+    limiters: AtomicU64,
     /// Whether the heartbeat task runs.
     started: AtomicBool,
     /// Whether the first check counted again.
@@ -55,6 +61,8 @@ pub(super) struct Presence {
     loaded: AtomicU64,
     /// When the first count came back.
     first: std::sync::OnceLock<std::time::Instant>,
+    /// When `count` last rose or was confirmed (ms after `first`).
+    high_at: AtomicU64,
 }
 
 impl Presence {
@@ -66,11 +74,13 @@ impl Presence {
         Self {
             count: AtomicU64::new(0),
             wanted: AtomicBool::new(false),
+            limiters: AtomicU64::new(0),
             started: AtomicBool::new(false),
             recounted: AtomicBool::new(false),
             member,
             loaded: AtomicU64::new(0),
             first: std::sync::OnceLock::new(),
+            high_at: AtomicU64::new(0),
         }
     }
 
@@ -82,6 +92,19 @@ impl Presence {
         (n > 0).then(|| n + u64::from(young))
     }
 
+    /// A count came back: taken at once when it is higher, and only once the higher one
+    /// has held for [`LAPSE`] when it is lower (after a restart of Redis, the set fills
+    /// again one announcement at a time).
+    fn counted(&self, n: u64) {
+        let first = *self.first.get_or_init(std::time::Instant::now);
+        let now = u64::try_from(first.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let held = now.saturating_sub(self.high_at.load(Ordering::Relaxed));
+        if n >= self.count.load(Ordering::Relaxed) || held >= u64::try_from(LAPSE.as_millis()).unwrap_or(u64::MAX) {
+            self.count.store(n, Ordering::Relaxed);
+            self.high_at.store(now, Ordering::Relaxed);
+        }
+    }
+
     /// Whether the first check has yet to count again: true once, for a store a limiter
     /// asked to count.
     pub(super) fn recount_now(&self) -> bool {
@@ -91,11 +114,17 @@ impl Presence {
     }
 }
 
+/// One more limiter over `inner`'s store counts on it: its heartbeat starts.
+pub(super) fn announce_limiter(inner: &Arc<Inner>) {
+    inner.presence.limiters.fetch_add(1, Ordering::Relaxed);
+    inner.presence.wanted.store(true, Ordering::Relaxed);
+    start(inner);
+}
+
 /// Starts the heartbeat of `inner`'s store, once, when a runtime is running (else the
 /// first check starts it). It ends when the store is dropped.
 pub(super) fn start(inner: &Arc<Inner>) {
     let presence = &inner.presence;
-    presence.wanted.store(true, Ordering::Relaxed);
     if presence.started.load(Ordering::Relaxed) || presence.started.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -127,12 +156,12 @@ pub(super) fn recount(inner: &Arc<Inner>) {
 pub(super) async fn announce(inner: &Inner) {
     let name = format!("{}:servers", inner.config.names.prefix);
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(ANNOUNCE).arg(1).arg(&name).arg(&inner.presence.member).arg(LAPSE.as_millis() as u64);
+    let limiters = inner.presence.limiters.load(Ordering::Relaxed).max(1);
+    cmd.arg(ANNOUNCE).arg(1).arg(&name).arg(&inner.presence.member).arg(LAPSE.as_millis() as u64).arg(limiters);
     let Ok((conn, generation)) = inner.connection().await else { return };
     let slot = inner.config.origin.is_cluster().then(|| super::keys::slot(name.as_bytes()));
     if let Ok(Value::Int(n)) = inner.query(conn.clone(), generation, slot, &cmd, None).await {
-        inner.presence.count.store(u64::try_from(n).unwrap_or(0), Ordering::Relaxed);
-        inner.presence.first.get_or_init(std::time::Instant::now);
+        inner.presence.counted(u64::try_from(n).unwrap_or(0));
     }
     let presence = &inner.presence;
     if presence.loaded.load(Ordering::Relaxed) != generation {

@@ -1,0 +1,330 @@
+//! The fallback (issue 26), as a fresh reviewer tried to break it: what it admits and
+//! charges reaches the store, a refund of its units reaches the store's copy of them, a
+//! shadow rule never lifts an enforced limit, a full fallback refuses rather than passes,
+//! and a write-back that fails on one node charges the others once.
+
+use crate::support;
+
+use std::time::Duration;
+
+use support::fake::{settle, Mode, Remote, T0};
+use tollgate::clock::ManualClock;
+use tollgate::key::Key;
+use tollgate::store::{Check, Params, Store};
+use tollgate::verdict::DecidedBy;
+use tollgate::{Algorithm, Limiter, MemoryStore, Quota, Rule};
+
+fn user(u: &str) -> Option<Key> {
+    Some(Key::from(u))
+}
+
+/// What the store says remains of (rule, key) under `quota` (GCRA).
+async fn remaining(store: &Remote, rule: &str, key: &str, quota: Quota) -> u64 {
+    let check =
+        Check { rule: rule.into(), key: key.into(), algorithm: Algorithm::default(), params: Params::new(quota) };
+    Store::peek(store, &check).await.unwrap().remaining
+}
+
+/// A late call the store admitted holds the store's copy of the fallback's units: the
+/// refund of the request gives both back.
+#[tokio::test(start_paused = true)]
+async fn a_refund_after_a_late_admission_reaches_the_store() {
+    let q = Quota::per_hour(10);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .rule("r", q, user)
+        .servers(1)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let fresh = remaining(&store, "r", "k", q).await;
+    store.set(Mode::Relayed(Duration::from_millis(100)));
+    for _ in 0..5 {
+        let v = limiter.check("k").await;
+        assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await; // the late answer comes
+        limiter.refund(v).await.unwrap();
+    }
+    let left = remaining(&store, "r", "k", q).await;
+    assert_eq!(left, fresh, "5 requests refunded, but the store still counts {} of them", fresh - left);
+}
+
+/// A shadow rule that the fallback rejects refuses nothing: the late call's units of the
+/// enforced rule stay in the store (they were given back when any rejection counted).
+#[tokio::test(start_paused = true)]
+async fn a_shadow_rejection_does_not_refund_the_enforced_rule() {
+    let q = Quota::per_hour(100);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .rule("r", q, user)
+        .add_rule(Rule::new("s", Quota::per_hour(1), user).shadow(true))
+        .servers(1)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let fresh = remaining(&store, "r", "k", q).await;
+    store.set(Mode::Relayed(Duration::from_millis(100)));
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let v = limiter.check("k").await;
+        assert_eq!(v.decided_by(), Some(DecidedBy::Fallback));
+        if v.is_allowed() {
+            admitted += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(admitted, 5, "a shadow rule never refuses");
+    let used = fresh - remaining(&store, "r", "k", q).await;
+    assert_eq!(
+        used,
+        5,
+        "5 admitted, the store counts {used} for the enforced rule; refunds: {:?}",
+        store.refunds().iter().map(|r| (r.check.rule.to_string(), r.check.params.cost)).collect::<Vec<_>>()
+    );
+}
+
+/// A charged rule: what the fallback charged after the response reaches the store too,
+/// once it answers (the first decision after the outage may not see it yet: it is
+/// written back with the store's first answer).
+#[tokio::test]
+async fn charges_taken_by_the_fallback_reach_the_store() {
+    let q = Quota::per_hour(10);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .add_rule(Rule::new("tokens", q, user).charged())
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)))
+        .servers(1)
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    store.set(Mode::Failing);
+    let v = limiter.check("k").await;
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+    limiter.charge(&v, 10).await.unwrap();
+    settle().await;
+    store.set(Mode::Up);
+    assert_eq!(limiter.check("k").await.decided_by(), Some(DecidedBy::Store));
+    settle().await;
+    let v = limiter.check("k").await;
+    let left = v.decisions().next().map(|d| d.decision.remaining);
+    assert_eq!(left, Some(0), "the fallback's 10 tokens reached the store: {v:?}");
+}
+
+/// A charged rule: the store said 10 remain, this server charged 10 to the store, then
+/// the store fails: the charge lowered the fallback's share of what remains, and the
+/// fallback admits no more.
+#[tokio::test]
+async fn a_share_counts_the_charges_after_it() {
+    let q = Quota::per_hour(10);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .add_rule(Rule::new("tokens", q, user).charged())
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)))
+        .servers(1)
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut used = 0;
+    let v = limiter.check("k").await;
+    assert!(v.is_allowed());
+    limiter.charge(&v, 10).await.unwrap();
+    used += 10;
+    store.set(Mode::Failing);
+    let v = limiter.check("k").await;
+    if v.is_allowed() {
+        limiter.charge(&v, 10).await.unwrap();
+        used += 10;
+    }
+    assert!(used <= 11, "{used} tokens admitted for a limit of 10 an hour on one server ({v:?})");
+}
+
+/// A login rule counting only 401s (`count_if`): while the circuit is open, 10
+/// successful logins (200) are admitted by the fallback; each 200 gives its unit back,
+/// also out of what waits to be written back to the store. When the store is back, a
+/// user with no failed login is not locked out.
+#[tokio::test(start_paused = true)]
+async fn successful_logins_during_an_outage_do_not_lock_the_user_out() {
+    use http::StatusCode;
+    use tollgate::{key, RateLimitLayer};
+    use tower::{Layer, ServiceExt};
+    let store = Remote::new(MemoryStore::with_clock(support::fake::TokioClock::new()));
+    let layer = RateLimitLayer::builder(store.clone())
+        .add_rule(
+            Rule::new("login", Quota::per_hour(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .servers(1)
+        .circuit_breaker(1, Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let svc = layer.layer(crate::common::app(Default::default()));
+    let req = |k: &str| http::Request::get("/").header("x-key", k).body(axum::body::Body::empty()).unwrap();
+    store.set(Mode::Failing);
+    let _ = svc.clone().oneshot(req("opener")).await.unwrap();
+    store.set(Mode::Up);
+    for i in 0..10 {
+        let res = svc.clone().oneshot(req("ada")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "login {i} during the outage");
+        settle().await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await; // the circuit closes
+    let res = svc.clone().oneshot(req("ada")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "no login of ada ever failed, yet she is locked out");
+}
+
+/// A full fallback (a flood of new keys while the store fails) refuses a key it cannot
+/// count, rather than pass it unlimited.
+#[tokio::test]
+async fn a_full_fallback_does_not_pass_a_key_unlimited() {
+    let q = Quota::per_hour(5);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .rule("r", q, user)
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)).max_keys(32))
+        .servers(1)
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    store.set(Mode::Failing);
+    for i in 0..64 {
+        let _ = limiter.check(&format!("spray{i}")).await;
+    }
+    let mut admitted = 0;
+    for _ in 0..50 {
+        let v = limiter.check("victim").await;
+        if v.is_allowed() {
+            admitted += 1;
+        }
+    }
+    assert!(admitted <= 5, "{admitted} of 50 admitted for a limit of 5");
+}
+
+/// A store of several nodes (a Redis Cluster) with the node of some keys down: a call
+/// about them fails with `NodeUnavailable`, a charge is taken slot by slot (what
+/// `RedisStore::charge` does: `per_slot`, each slot on its own) and fails if any slot
+/// does.
+#[derive(Clone)]
+struct Slotted {
+    inner: MemoryStore,
+    dead: std::sync::Arc<std::sync::Mutex<Vec<Key>>>,
+}
+
+impl Slotted {
+    fn dead(&self, checks: &[Check]) -> bool {
+        let dead = self.dead.lock().unwrap();
+        checks.iter().any(|c| dead.contains(&c.key))
+    }
+}
+
+impl Store for Slotted {
+    async fn check(&self, checks: &[Check]) -> Result<Vec<Option<tollgate::store::Outcome>>, tollgate::StoreError> {
+        if self.dead(checks) {
+            return Err(tollgate::StoreError::NodeUnavailable("node down".into()));
+        }
+        Store::check(&self.inner, checks).await
+    }
+    async fn refund(&self, refunds: &[tollgate::store::Refund]) -> Result<(), tollgate::StoreError> {
+        Store::refund(&self.inner, refunds).await
+    }
+    async fn charge(&self, charges: &[Check]) -> Result<(), tollgate::StoreError> {
+        let live: Vec<Check> = charges.iter().filter(|c| !self.dead(std::slice::from_ref(c))).cloned().collect();
+        Store::charge(&self.inner, &live).await?;
+        if live.len() < charges.len() {
+            return Err(tollgate::StoreError::NodeUnavailable("node down".into()));
+        }
+        Ok(())
+    }
+    async fn peek(&self, check: &Check) -> Result<tollgate::Decision, tollgate::StoreError> {
+        Store::peek(&self.inner, check).await
+    }
+    async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), tollgate::StoreError> {
+        Store::reset(&self.inner, rule, key, algorithm).await
+    }
+}
+
+/// One request on two keys, one of them on a dead node, admitted by the fallback: its
+/// write-back charges the live key once (check by check), and keeps only the dead one.
+#[tokio::test]
+async fn a_partly_failed_write_back_does_not_charge_the_live_keys_again() {
+    let q = Quota::per_hour(100);
+    let store = Slotted { inner: MemoryStore::with_clock(ManualClock::new(T0)), dead: Default::default() };
+    store.dead.lock().unwrap().push(Key::from("ada"));
+    let limiter = Limiter::builder(store.clone())
+        .rule("per-ip", q, |_: &str| Some(Key::from("10.0.0.1")))
+        .rule("per-user", q, user)
+        .servers(1)
+        .build()
+        .unwrap();
+    let v = limiter.check("ada").await;
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+    settle().await;
+    for _ in 0..20 {
+        let v = limiter.check("bob").await;
+        assert_eq!(v.decided_by(), Some(DecidedBy::Store));
+        settle().await;
+    }
+    let check = Check {
+        rule: "per-ip".into(),
+        key: "10.0.0.1".into(),
+        algorithm: Algorithm::default(),
+        params: Params::new(q),
+    };
+    let left = Store::peek(&store, &check).await.unwrap().remaining;
+    // 21 admitted on the IP (one by the fallback, 20 by the store); a peek decides one more.
+    assert_eq!(100 - left - 1, 21, "the store counts {} for 21 requests on the IP", 100 - left - 1);
+}
+
+/// The same as an over-admission: enforced L = 10 an hour on one server, a stricter
+/// shadow rule (1 an hour) being trialled; the store slow (answers after 100 ms, deadline
+/// 50 ms) for 30 requests, then fast for 30 more.
+#[tokio::test(start_paused = true)]
+async fn a_shadow_rule_in_trial_does_not_lift_the_enforced_limit() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .rule("r", Quota::per_hour(10), user)
+        .add_rule(Rule::new("s", Quota::per_hour(1), user).shadow(true))
+        .servers(1)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut admitted = 0;
+    store.set(Mode::Relayed(Duration::from_millis(100)));
+    for _ in 0..30 {
+        admitted += usize::from(limiter.check("k").await.is_allowed());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let slow = admitted;
+    store.set(Mode::Up);
+    for _ in 0..30 {
+        admitted += usize::from(limiter.check("k").await.is_allowed());
+    }
+    assert!(admitted <= 11, "{admitted} admitted ({slow} while slow) for a limit of 10 an hour on one server");
+}
+
+/// The same without the shadow rule: a slow store's late answers keep one server within
+/// its limit.
+#[tokio::test(start_paused = true)]
+async fn a_slow_store_keeps_one_server_within_its_limit() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .rule("r", Quota::per_hour(10), user)
+        .servers(1)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut admitted = 0;
+    store.set(Mode::Relayed(Duration::from_millis(100)));
+    for _ in 0..30 {
+        admitted += usize::from(limiter.check("k").await.is_allowed());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let slow = admitted;
+    store.set(Mode::Up);
+    for _ in 0..30 {
+        admitted += usize::from(limiter.check("k").await.is_allowed());
+    }
+    assert!(admitted <= 11, "{admitted} admitted ({slow} while slow) for a limit of 10 an hour on one server");
+}
