@@ -65,11 +65,14 @@
 //!
 //! # When the store fails
 //!
-//! A rate limiter must never be why a request fails or hangs. Every store call has a
-//! deadline (50 ms by default), the number of calls in flight is capped, a circuit
-//! breaker stops calling a store that keeps failing, and a store error lets the request
-//! through ([`FailMode::Open`], the default) or answers 503 ([`FailMode::Closed`]).
-//! [`LimiterBuilder::fallback`] limits approximately in-process during an outage.
+//! A rate limiter must never be why a request fails or hangs, nor silently off. Every
+//! store call has a deadline (50 ms by default), the number of calls in flight is capped,
+//! and a circuit breaker stops calling a store that keeps failing. When the store cannot
+//! decide, an in-process fallback does ([`FailMode::Fallback`], the default), each key
+//! limited to this server's share of its quota (the store counts the servers) and of what
+//! the store last said remains: the over-admission is bounded (the README's "When Redis
+//! fails" states how). [`FailMode::Open`] lets the request through unlimited,
+//! [`FailMode::Closed`] answers 503.
 //!
 //! # Differences from `tower::limit::RateLimit`
 //!
