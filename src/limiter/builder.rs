@@ -212,10 +212,11 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
         };
         let owner = super::registry::new_owner();
         let set = draft.check(identity, owner, self.cost.as_ref(), self.on_clash)?;
-        let runtime = Runtime::new(self.settings);
-        // A remote store counts the servers sharing it from now on (the fallback's share).
+        let mut runtime = Runtime::new(self.settings);
+        // A remote store counts the limiters sharing it from now on (the fallback's share),
+        // until this one is dropped.
         if self.store.as_local().is_none() {
-            self.store.announce();
+            runtime.announced = self.store.announce();
         }
         Ok(Limiter {
             holders: Arc::new(super::Holders::new(Arc::new(self.store), &runtime)),

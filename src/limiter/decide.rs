@@ -213,16 +213,16 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     /// What the fallback admitted for a call the store never saw, written back: at once
     /// (the charge queues behind the calls the store has yet to answer) for units kept
-    /// whatever the outcome; at the store's next answer for those a status may give back
-    /// (`Rule::count_if`), which a refund meanwhile takes out of the list.
+    /// whatever the outcome; once kept, for those a status may give back (`Rule::count_if`:
+    /// they wait for the response's status, see `Holders::kept`).
     fn write_back_now(&self, plan: &Plan<I>, copies: &Copies) {
         let mut now = Vec::new();
         for ((check, &rule), copy) in plan.checks.iter().zip(&plan.rules).zip(copies) {
             let Some(copy) = copy else { continue };
             if plan.set.rules[rule].count_if.is_none() {
                 now.push(check.clone());
-            } else if copy.unsent(check) {
-                self.runtime.unsent.keep([check.clone()]);
+            } else {
+                copy.pending(check);
             }
         }
         self.charge_store(now);
@@ -266,10 +266,16 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     }
                 }
                 // The store lost it, or never had it: written back at its next answer (a
-                // refund meanwhile takes them out of the list).
+                // refund meanwhile keeps them out), once kept for a count-by-outcome rule.
                 Err(err) if never_sent(&err) => {
-                    let unsent = checks.iter().zip(&copies).filter(|(c, copy)| copy.as_ref().is_some_and(|k| k.unsent(c)));
-                    lessons.unsent.keep(unsent.map(|(c, _)| c.clone()));
+                    for ((check, &rule), copy) in checks.iter().zip(&rules).zip(&copies) {
+                        let Some(copy) = copy else { continue };
+                        if set.rules[rule].count_if.is_some() {
+                            copy.pending(check);
+                        } else {
+                            lessons.unsent.keep_unit(check.clone(), copy.clone());
+                        }
+                    }
                 }
                 Err(_) => {}
             }

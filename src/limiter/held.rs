@@ -11,6 +11,7 @@ use std::time::Duration;
 use http::StatusCode;
 use smallvec::SmallVec;
 
+pub(crate) use crate::runtime::{Copy, StoreCopy};
 use crate::store::{Check, Refund, Taken};
 
 /// Who holds a unit, or decides a probe's charge: fixed when the input is decided.
@@ -41,60 +42,6 @@ impl fmt::Debug for Exit {
             Exit::Kept => "Kept",
             Exit::UnlessCounted(_) => "UnlessCounted",
         })
-    }
-}
-
-/// The store's copy of units the fallback admitted: the call its deadline cut may still
-/// commit them in the store, or a write-back charge them there. A refund of the
-/// fallback's units undoes that copy too: the holder moves with the units.
-#[derive(Debug, Default)]
-pub(crate) struct StoreCopy(std::sync::Mutex<Copy>);
-
-/// Where the store's copy of a fallback's units is.
-#[derive(Debug, Default)]
-pub(crate) enum Copy {
-    /// Not known yet (the late call runs), or charged with no way back (a write-back of
-    /// units kept whatever the outcome).
-    #[default]
-    Unknown,
-    /// The late call committed them: this refund gives them back.
-    Taken(Refund),
-    /// They wait to be written back, as this check: forgetting it there gives them back.
-    Unsent(Check),
-    /// Refunded before the store's copy was known.
-    Refunded,
-}
-
-impl StoreCopy {
-    fn state(&self) -> std::sync::MutexGuard<'_, Copy> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The late call committed the units: `Some` (to refund at once) when the fallback's
-    /// were refunded meanwhile.
-    pub(crate) fn taken(&self, refund: Refund) -> Option<Refund> {
-        let mut s = self.state();
-        if matches!(*s, Copy::Refunded) {
-            return Some(refund);
-        }
-        *s = Copy::Taken(refund);
-        None
-    }
-
-    /// The units are to be written back as `check`: false when the fallback's were
-    /// refunded meanwhile (nothing to write).
-    pub(crate) fn unsent(&self, check: &Check) -> bool {
-        let mut s = self.state();
-        if matches!(*s, Copy::Refunded) {
-            return false;
-        }
-        *s = Copy::Unsent(check.clone());
-        true
-    }
-
-    /// The fallback's units are refunded: what of the store's copy to undo.
-    pub(crate) fn refund(&self) -> Copy {
-        std::mem::replace(&mut *self.state(), Copy::Refunded)
     }
 }
 

@@ -146,14 +146,11 @@ impl<St: Store> Holders<St> {
                 }
                 Holder::Fallback => {
                     self.fallback.refund_at(std::slice::from_ref(&u.refund), self.fallback.now_micros());
-                    // The store's copy of them goes too.
-                    match u.copy.as_ref().map(|c| c.refund()) {
-                        Some(Copy::Taken(refund)) => {
-                            refunds.push(refund);
-                            rules.push(u.rule);
-                        }
-                        Some(Copy::Unsent(check)) => self.unsent.forget(&check),
-                        _ => {}
+                    // The store's copy of them goes too (one waiting to be written back
+                    // stays out of the store).
+                    if let Some(Copy::Taken(refund)) = u.copy.as_ref().map(|c| c.refund()) {
+                        refunds.push(refund);
+                        rules.push(u.rule);
                     }
                 }
             }
@@ -191,6 +188,17 @@ impl<St: Store> Holders<St> {
             }
         }
         (to_store, Ok(()))
+    }
+
+    /// `units` are kept for good (a response whose status counts, a verdict handed to its
+    /// caller): those of the fallback that waited for it go to the list of what is written
+    /// back to the store.
+    pub(crate) fn kept(&self, units: &[super::held::Unit]) {
+        for u in units {
+            if let Some(check) = u.copy.as_ref().and_then(|c| c.kept()) {
+                self.unsent.keep_unit(check, u.copy.clone().expect("a copy"));
+            }
+        }
     }
 
     /// Writes `checks` back to the store in a task of its own (kept for its next answer
@@ -262,15 +270,23 @@ pub(crate) fn never_sent(err: &StoreError) -> bool {
 
 /// Charges `store` with `checks`, admitted by the fallback while it never saw them, one
 /// check a call (on a cluster, a call fails when one of its slots does: the others would
-/// be charged again with it); what fails unsent is kept for the store's next answer.
+/// be charged again with it), each within [`LATE_WRITE`]; what fails unsent, and all
+/// that follows a call that took longer, is kept for the store's next answer.
 pub(crate) async fn write_back<St: Store>(store: &St, unsent: &Unsent, checks: Vec<Check>) {
-    let until = tokio::time::Instant::now() + LATE_WRITE;
     let mut again = Vec::new();
-    for check in checks {
-        match tokio::time::timeout_at(until, store.charge(std::slice::from_ref(&check))).await {
+    let mut checks = checks.into_iter();
+    while let Some(check) = checks.next() {
+        match tokio::time::timeout(LATE_WRITE, store.charge(std::slice::from_ref(&check))).await {
             Ok(Ok(())) => crate::metrics::write_back("written", 1),
             Ok(Err(err)) if never_sent(&err) => again.push(check),
-            _ => crate::metrics::write_back("failed", 1),
+            Ok(Err(_)) => crate::metrics::write_back("failed", 1),
+            // Out of time: this one may have reached the store; the rest waits for its
+            // next answer.
+            Err(_) => {
+                crate::metrics::write_back("failed", 1);
+                again.extend(checks);
+                break;
+            }
         }
     }
     if !again.is_empty() {

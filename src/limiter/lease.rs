@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
-use super::held::{Exit, Held};
+use smallvec::SmallVec;
+
+use super::held::{Exit, Held, Unit};
 use super::holders::Holders;
 use crate::store::Store;
 
@@ -32,8 +34,10 @@ impl<St: Store> Lease<St> {
         Self { held, holders, what }
     }
 
-    /// The input goes ahead and keeps its units: back to plain data.
+    /// The input goes ahead and keeps its units: back to plain data (a refund by its
+    /// caller may still give them back).
     pub(crate) fn keep(mut self) -> Held {
+        self.holders.kept(&self.held.units);
         std::mem::take(&mut self.held)
     }
 
@@ -69,7 +73,11 @@ impl<St: Store> Forwarded<St> {
         if let Some(units) = charge.filter(|&n| n > 0) {
             self.holders.charge(&held, units);
         }
-        held.units.retain(|u| matches!(&u.exit, Exit::UnlessCounted(counts) if !counts(status)));
+        let (refunded, kept): (SmallVec<[Unit; 1]>, SmallVec<[Unit; 1]>) = std::mem::take(&mut held.units)
+            .into_iter()
+            .partition(|u| matches!(&u.exit, Exit::UnlessCounted(counts) if !counts(status)));
+        self.holders.kept(&kept);
+        held.units = refunded;
         if !held.units.is_empty() {
             self.holders.refund(held, "a count-by-outcome rule");
         }

@@ -129,7 +129,17 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// [`Verdict::store_error`], allowed or not by the fail mode.
     pub fn check(&self, input: &I) -> impl Future<Output = Verdict> + Send + '_ {
         let plan = self.plan(input);
-        self.decide(plan)
+        self.handed(plan)
+    }
+
+    /// [`Limiter::decide`] for a caller of the limiter's API: the verdict is handed over,
+    /// and what it holds is kept unless refunded (what the fallback admitted for a
+    /// count-by-outcome rule goes to the write-back list; a layer's units wait for the
+    /// response's status instead).
+    async fn handed(&self, plan: Plan<I>) -> Verdict {
+        let verdict = self.decide(plan).await;
+        self.holders.kept(&verdict.held.units);
+        verdict
     }
 
     /// Waits until `input` is admitted, or until waiting longer would pass `max_wait`:
@@ -185,7 +195,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let plan = self.plan_key(rule, key.into(), cost).map_err(|set| unknown_rule(rule, &set));
         async move {
             match plan {
-                Ok(plan) => self.decide(plan).await,
+                Ok(plan) => self.handed(plan).await,
                 Err(verdict) => verdict,
             }
         }
@@ -214,7 +224,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     async fn wait_plan(&self, plan: Plan<I>, max_wait: Duration) -> Verdict {
         let until = Instant::now() + max_wait;
         loop {
-            let mut verdict = self.decide(plan.clone()).await;
+            let mut verdict = self.handed(plan.clone()).await;
             match (&verdict.ruling, verdict.retry_after()) {
                 (Ruling::Rejected, Some(retry)) if Instant::now() + retry <= until => {
                     tokio::time::sleep(retry).await;

@@ -6,6 +6,7 @@
 
 mod blocked;
 mod breaker;
+mod copy;
 mod share;
 
 use std::fmt;
@@ -19,6 +20,7 @@ use tokio::time::Instant;
 
 pub(crate) use self::blocked::{BlockedCache, RuleId};
 use self::breaker::Breaker;
+pub(crate) use self::copy::{Copy, StoreCopy};
 pub(crate) use self::share::Shares;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -98,6 +100,9 @@ pub(crate) struct Runtime {
     pub(crate) unsent: Arc<Unsent>,
     warn_at: AtomicU64,
     suppressed: AtomicU64,
+    /// This limiter's announcement to the store (see [`Store::announce`]): withdrawn when
+    /// the limiter is dropped.
+    pub(crate) announced: crate::store::Announced,
     /// Timeouts in a row not held against the store because this process stalled.
     stalls: AtomicU32,
     base: Instant,
@@ -129,6 +134,7 @@ impl Runtime {
             warn_at: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
             stalls: AtomicU32::new(0),
+            announced: crate::store::Announced::none(),
             base: Instant::now(),
         }
     }
@@ -342,57 +348,70 @@ impl Lessons {
 
 /// What the fallback admitted that the store never saw (the circuit was open, the
 /// connection down): charged to the store when it answers again, so that it counts what
-/// was admitted meanwhile.
+/// was admitted meanwhile. Entries with the store's copy of a unit are skipped if the unit
+/// was refunded meanwhile.
 #[derive(Default)]
 pub(crate) struct Unsent {
-    checks: Mutex<Vec<Check>>,
+    checks: Mutex<Vec<(Check, Option<Arc<StoreCopy>>)>>,
     any: AtomicBool,
 }
 
 impl Unsent {
     /// Keeps `checks` (admitted by the fallback; the store never saw them) to charge the
-    /// store with when it answers again: the store then counts what was admitted
-    /// meanwhile. Bounded: past [`FALLBACK_KEYS`] checks, the rest is not kept.
+    /// store with when it answers again. Bounded: past [`FALLBACK_KEYS`] checks, the rest
+    /// is not kept.
     pub(crate) fn keep(&self, checks: impl IntoIterator<Item = Check>) {
-        let mut unsent = self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut unsent = self.lock();
         for c in checks {
             if unsent.len() >= FALLBACK_KEYS {
                 crate::metrics::write_back("dropped", 1);
                 continue;
             }
             // The same key again (the common case: one busy key): one check of both costs.
-            match unsent.iter_mut().rev().take(64).find(|u| u.rule == c.rule && u.key == c.key) {
-                Some(u) => u.params.cost = u.params.cost.saturating_add(c.params.cost),
-                None => unsent.push(c),
+            let same =
+                unsent.iter_mut().rev().take(64).find(|(u, copy)| copy.is_none() && u.rule == c.rule && u.key == c.key);
+            match same {
+                Some((u, _)) => u.params.cost = u.params.cost.saturating_add(c.params.cost),
+                None => unsent.push((c, None)),
             }
             self.any.store(true, Ordering::Release);
         }
     }
 
-    /// Gives back `check`'s units before they are written back (the fallback's were
-    /// refunded).
-    pub(crate) fn forget(&self, check: &Check) {
-        let mut unsent = self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(i) = unsent.iter().rposition(|u| u.rule == check.rule && u.key == check.key) {
-            let u = &mut unsent[i].params.cost;
-            *u = u.saturating_sub(check.params.cost);
-            if *u == 0 {
-                unsent.swap_remove(i);
-            }
+    /// Keeps one unit's `check`, with the store's copy of it (a refund before the
+    /// write-back keeps it out).
+    pub(crate) fn keep_unit(&self, check: Check, copy: Arc<StoreCopy>) {
+        if !copy.queue() {
+            return;
         }
+        let mut unsent = self.lock();
+        if unsent.len() >= FALLBACK_KEYS {
+            crate::metrics::write_back("dropped", 1);
+            return;
+        }
+        unsent.push((check, Some(copy)));
+        self.any.store(true, Ordering::Release);
     }
 
-    /// What [`Unsent::keep`] kept, taken: to charge the store with.
+    /// What [`Unsent::keep`] kept, taken: to charge the store with (the refunded units
+    /// left out).
     pub(crate) fn take(&self) -> Vec<Check> {
-        let mut unsent = self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.any.store(false, Ordering::Release);
-        std::mem::take(&mut *unsent)
+        let taken = {
+            let mut unsent = self.lock();
+            self.any.store(false, Ordering::Release);
+            std::mem::take(&mut *unsent)
+        };
+        taken.into_iter().filter(|(_, copy)| copy.as_ref().is_none_or(|c| c.write())).map(|(c, _)| c).collect()
     }
 
     /// Whether anything waits to be charged to the store (no lock: asked after every
     /// store answer).
     pub(crate) fn any(&self) -> bool {
         self.any.load(Ordering::Acquire)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Check, Option<Arc<StoreCopy>>)>> {
+        self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -173,10 +173,13 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Starts whatever [`Store::servers`] needs (an announcement of this server): called
-    /// once by each limiter built over the store, inside or outside a runtime. The
-    /// default does nothing.
-    fn announce(&self) {}
+    /// Starts whatever [`Store::servers`] needs (an announcement of one more limiter):
+    /// called once by each limiter built over the store, inside or outside a runtime. The
+    /// limiter keeps what this returns, and drops it with itself: the announcement is
+    /// withdrawn. The default announces nothing.
+    fn announce(&self) -> Announced {
+        Announced::none()
+    }
 
     /// The error for a call about `checks` that the caller's `deadline` cut off. The
     /// default is [`StoreError::Timeout`]; a store of several nodes may say that only the
@@ -185,6 +188,30 @@ pub trait Store: Send + Sync + 'static {
     fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
         let _ = checks;
         StoreError::Timeout(deadline)
+    }
+}
+
+/// What [`Store::announce`] returns: kept by the limiter, dropped with it to withdraw the
+/// announcement.
+pub struct Announced(#[allow(dead_code, reason = "held for its Drop")] Option<Box<dyn Send + Sync>>);
+
+impl Announced {
+    /// Nothing announced, nothing to withdraw.
+    #[must_use]
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// An announcement withdrawn by dropping `guard`.
+    #[must_use]
+    pub fn new(guard: impl Send + Sync + 'static) -> Self {
+        Self(Some(Box::new(guard)))
+    }
+}
+
+impl std::fmt::Debug for Announced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Announced" } else { "Announced(none)" })
     }
 }
 

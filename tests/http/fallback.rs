@@ -5,6 +5,7 @@
 
 use crate::support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::fake::{settle, Mode, Remote, T0};
@@ -327,4 +328,85 @@ async fn a_slow_store_keeps_one_server_within_its_limit() {
         admitted += usize::from(limiter.check("k").await.is_allowed());
     }
     assert!(admitted <= 11, "{admitted} admitted ({slow} while slow) for a limit of 10 an hour on one server");
+}
+
+/// A login rule counting 401s: Ada's slow logins are admitted by the fallback while the
+/// store fails; the store comes back (another user's request is decided by it, and what
+/// waits is written back) while her logins still run; then they succeed (200). Her units
+/// waited for their status: none reached the store.
+#[tokio::test(start_paused = true)]
+async fn a_count_if_refund_after_the_write_back_reaches_the_store() {
+    use http::StatusCode;
+    use tokio::sync::Notify;
+    use tollgate::{key, RateLimitLayer};
+    use tower::{Layer, ServiceExt};
+    let q = Quota::per_hour(3);
+    let store = Remote::new(MemoryStore::with_clock(support::fake::TokioClock::new()));
+    let layer = RateLimitLayer::builder(store.clone())
+        .add_rule(Rule::new("login", q, key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED))
+        .servers(1)
+        .circuit_breaker(1_000, Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let go = Arc::new(Notify::new());
+    let svc = layer.layer(crate::common::app(go.clone()));
+    let req =
+        |path: &str, k: &str| http::Request::get(path).header("x-key", k).body(axum::body::Body::empty()).unwrap();
+    let fresh = remaining(&store, "login", "ada", q).await;
+    store.set(Mode::Failing);
+    // Three slow logins of ada, admitted by the fallback (share 3 of 3).
+    let mut running = Vec::new();
+    for _ in 0..3 {
+        let svc = svc.clone();
+        let r = req("/slow", "ada");
+        running.push(tokio::spawn(async move { svc.oneshot(r).await.unwrap().status() }));
+        settle().await;
+    }
+    store.set(Mode::Up);
+    let res = svc.clone().oneshot(req("/", "bob")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    settle().await; // the write-back of ada's three units runs
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Her three logins succeed: 200, nothing counts.
+    go.notify_waiters();
+    for r in running {
+        assert_eq!(r.await.unwrap(), StatusCode::OK);
+    }
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let left = remaining(&store, "login", "ada", q).await;
+    let res = svc.clone().oneshot(req("/", "ada")).await.unwrap();
+    assert_eq!(
+        left,
+        fresh,
+        "no login of ada failed, yet the store counts (at least) {} of her units (next login: {})",
+        fresh - left,
+        res.status()
+    );
+}
+
+/// A count-by-outcome unit the fallback admitted, refunded before the store comes back:
+/// it never reaches the store (the write-back skips it).
+#[tokio::test]
+async fn a_refund_before_the_write_back_keeps_the_unit_out_of_the_store() {
+    let q = Quota::per_hour(10);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .add_rule(Rule::new("login", q, user).count_if(|s| s.as_u16() == 401))
+        .servers(1)
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let fresh = remaining(&store, "login", "ada", q).await;
+    store.set(Mode::Failing);
+    let v = limiter.check("ada").await;
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+    limiter.refund(v).await.unwrap();
+    let kept = limiter.check("ada").await;
+    assert!(kept.is_allowed() && kept.decided_by() == Some(DecidedBy::Fallback), "{kept:?}");
+    store.set(Mode::Up);
+    assert_eq!(limiter.check("bob").await.decided_by(), Some(DecidedBy::Store));
+    settle().await; // what waits is written back: the kept unit, not the refunded one
+    let left = remaining(&store, "login", "ada", q).await;
+    assert_eq!(fresh - left, 1, "the store counts {} unit(s) for one kept", fresh - left);
 }

@@ -359,3 +359,51 @@ fn a_redis_killed_before_the_first_rejection_and_restarted_empty_stays_bounded()
     };
     run(sc, || RedisStore::from_url(&url).unwrap(), kill_and_restart(&mut redis)).check(KILL_BOUND);
 }
+
+/// Many keys admitted by the fallback while Redis was down, written back after its
+/// restart: every one reaches it (each call has its own time; it once shared one second
+/// for all, and dropped what was left), and a key busy during the outage stays within
+/// its limit across it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_of_many_keys_reaches_redis() {
+    const KEYS: usize = 20_000;
+    let mut server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    let user = |u: &str| Some(tollgate::key::Key::from(u));
+    let limiter =
+        tollgate::Limiter::<_, str>::builder(store.clone()).rule("r", Quota::per_hour(10), user).build().unwrap();
+    assert!(limiter.check("warm").await.is_allowed());
+    server.kill();
+    let mut fallback = 0;
+    for i in 0..KEYS {
+        let v = limiter.check(&format!("u{i}")).await;
+        fallback += usize::from(v.is_allowed());
+    }
+    // One key busy while Redis is down, after the others.
+    let mut busy_down = 0;
+    for _ in 0..20 {
+        busy_down += usize::from(limiter.check("busy").await.is_allowed());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.restart();
+    let started = std::time::Instant::now();
+    while !limiter.check("probe").await.decided_by().is_some_and(|d| d == tollgate::verdict::DecidedBy::Store) {
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut busy_up = 0;
+    for _ in 0..20 {
+        busy_up += usize::from(limiter.check("busy").await.is_allowed());
+    }
+    println!("busy: {busy_down} admitted by the fallback while Redis was down, {busy_up} by Redis after its restart");
+    let keys = server.cmd(&["EVAL", "return #redis.call('KEYS', '*u[0-9]*')", "0"]);
+    let n: usize = keys.trim().trim_start_matches("(integer) ").parse().unwrap_or_else(|_| panic!("{keys}"));
+    println!("Redis counts {n} of the {fallback} keys the fallback admitted");
+    assert!(
+        busy_down + busy_up <= 10,
+        "a key first seen while Redis was down: {busy_down} + {busy_up} admitted for L = 10 (README: what the \
+         fallback admitted meanwhile is charged to it, and counts in that L); Redis counts {n} of {fallback} keys"
+    );
+    assert_eq!(n, fallback, "the fallback admitted {fallback} keys while Redis was down; Redis counts {n} of them");
+}

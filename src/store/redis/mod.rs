@@ -424,8 +424,8 @@ impl Store for RedisStore {
         self.inner.presence.servers()
     }
 
-    fn announce(&self) {
-        presence::announce_limiter(&self.inner);
+    fn announce(&self) -> super::Announced {
+        presence::announce_limiter(&self.inner)
     }
 
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {

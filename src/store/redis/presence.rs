@@ -114,11 +114,24 @@ impl Presence {
     }
 }
 
-/// One more limiter over `inner`'s store counts on it: its heartbeat starts.
-pub(super) fn announce_limiter(inner: &Arc<Inner>) {
+/// One more limiter over `inner`'s store counts on it: its heartbeat starts. Dropping
+/// what this returns (with the limiter) withdraws it.
+pub(super) fn announce_limiter(inner: &Arc<Inner>) -> crate::store::Announced {
     inner.presence.limiters.fetch_add(1, Ordering::Relaxed);
     inner.presence.wanted.store(true, Ordering::Relaxed);
     start(inner);
+    crate::store::Announced::new(Withdraw(Arc::downgrade(inner)))
+}
+
+/// One limiter's announcement: withdrawn when dropped (its members lapse).
+struct Withdraw(Weak<Inner>);
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.presence.limiters.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Starts the heartbeat of `inner`'s store, once, when a runtime is running (else the
@@ -156,7 +169,7 @@ pub(super) fn recount(inner: &Arc<Inner>) {
 pub(super) async fn announce(inner: &Inner) {
     let name = format!("{}:servers", inner.config.names.prefix);
     let mut cmd = redis::cmd("EVAL");
-    let limiters = inner.presence.limiters.load(Ordering::Relaxed).max(1);
+    let limiters = inner.presence.limiters.load(Ordering::Relaxed);
     cmd.arg(ANNOUNCE).arg(1).arg(&name).arg(&inner.presence.member).arg(LAPSE.as_millis() as u64).arg(limiters);
     let Ok((conn, generation)) = inner.connection().await else { return };
     let slot = inner.config.origin.is_cluster().then(|| super::keys::slot(name.as_bytes()));
