@@ -4,6 +4,7 @@ mod batch;
 mod call;
 mod cluster;
 mod conn;
+mod heartbeat;
 mod keys;
 mod origin;
 mod pool;
@@ -12,9 +13,9 @@ mod script;
 mod security;
 mod sentinel;
 mod slots;
+mod store_trait;
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,13 +25,9 @@ use self::call::{Config, Inner};
 use self::conn::Link;
 use self::origin::{parse_url, Origin};
 use self::pool::Timeouts;
-use super::{Check, Outcome, Refund, Store};
-use crate::algorithm::Algorithm;
 #[cfg(feature = "test-util")]
 use crate::clock::SharedClock;
-use crate::decision::Decision;
 use crate::error::{BuildError, StoreError};
-use crate::key::Key;
 
 /// The default key prefix.
 const DEFAULT_PREFIX: &str = "tollgate";
@@ -381,100 +378,6 @@ impl RedisStore {
             Value::Okay => Ok(()),
             other => Err(StoreError::Backend(format!("unexpected answer to PING: {other:?}"))),
         }
-    }
-}
-
-impl RedisStore {
-    async fn check_one_now(&self, check: &Check) -> Result<Outcome, StoreError> {
-        // On the runtime that polls the check (where its flush task is spawned).
-        match batch::Queue::runtime_for(&self.inner, check) {
-            Some(rt) => self.queue.check(&self.inner, check, rt).await,
-            None => self.inner.check_one(check).await,
-        }
-    }
-
-    /// After the first check of a store a limiter counts servers on: starts the heartbeat
-    /// if the limiter was built outside a runtime, and counts the servers again (see
-    /// `presence.rs`), in a task of its own. After the check, not with it: the other
-    /// servers, started with this one, have had one round trip more to announce
-    /// themselves; and the answer waits for nothing.
-    fn recount(&self) {
-        if self.inner.presence.recount_now() {
-            presence::recount(&self.inner);
-        }
-    }
-}
-
-impl Store for RedisStore {
-    async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
-        let outcome = self.check_one_now(check).await;
-        self.recount();
-        outcome
-    }
-
-    async fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
-        let outcomes = self.inner.check(checks).await;
-        self.recount();
-        outcomes
-    }
-
-    /// The servers that announced themselves on this store in the last 3 s, as last
-    /// counted (every second, and with this store's first check).
-    fn servers(&self) -> Option<u64> {
-        self.inner.presence.servers()
-    }
-
-    fn announce(&self) -> super::Announced {
-        presence::announce_limiter(&self.inner)
-    }
-
-    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.refund(refunds)
-    }
-
-    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.charge(charges)
-    }
-
-    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.inner.peek(check)
-    }
-
-    fn reset(
-        &self,
-        rule: &str,
-        key: &Key,
-        algorithm: Algorithm,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.reset(rule, key, algorithm)
-    }
-
-    fn block(&self, check: &Check, duration: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.block(check, duration)
-    }
-
-    /// On a cluster, [`StoreError::NodeUnavailable`] while calls about other slots
-    /// succeed: the deadline cut off a call to one failing node.
-    fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
-        let slot = checks.first().and_then(|c| self.inner.slot_of(&c.key));
-        self.inner.on_node(slot, StoreError::Timeout(deadline))
-    }
-
-    /// The store as built by `from_url`, `new`, `cluster` or `cluster_pool`, and its key
-    /// prefix: a reconfigured copy (`response_timeout`, `with_clock`, …) counts into the
-    /// same keys and keeps the identity; another prefix is another identity. Two stores
-    /// built separately have two identities even on one server — as several servers do,
-    /// or one process playing several in a test.
-    fn identity(&self) -> Option<usize> {
-        use std::hash::{Hash, Hasher};
-        let config = &self.inner.config;
-        // Fixed keys: the same inputs give the same identity in the whole process.
-        let mut h = std::hash::DefaultHasher::new();
-        config.identity.hash(&mut h);
-        config.names.prefix.hash(&mut h);
-        config.names.hashes_keys().hash(&mut h);
-        #[allow(clippy::cast_possible_truncation, reason = "an identity, not a number")]
-        Some(h.finish() as usize)
     }
 }
 

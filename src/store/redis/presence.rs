@@ -15,23 +15,17 @@
 //! whatever was sent meanwhile.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, Value};
-
-use super::call::Inner;
-use super::script::SCRIPTS;
-
 /// How often a server announces itself and counts.
-const HEARTBEAT: Duration = Duration::from_secs(1);
+pub(super) const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How long an announcement counts: a server that stopped is no longer counted after
 /// this.
-const LAPSE: Duration = Duration::from_secs(3);
+pub(super) const LAPSE: Duration = Duration::from_secs(3);
 
 /// Adds this server's `ARGV[3]` limiters (`ARGV[1]:<i>`) until `ARGV[2]` ms from the
 /// server's now, drops the lapsed, and counts the rest.
-const ANNOUNCE: &str = "local t = redis.call('TIME')
+pub(super) const ANNOUNCE: &str = "local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 1, tonumber(ARGV[3]) do
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1] .. ':' .. i)
@@ -43,26 +37,26 @@ return redis.call('ZCARD', KEYS[1])";
 /// One store's part in the count.
 pub(super) struct Presence {
     /// The servers counted last; 0 before the first count.
-    count: AtomicU64,
+    pub(super) count: AtomicU64,
     /// Whether a limiter asked for the count ([`Store::announce`](crate::store::Store::announce)):
     /// a store used on its own announces nothing.
-    wanted: AtomicBool,
+    pub(super) wanted: AtomicBool,
     /// How many limiters were built over the store: each has a fallback of its own, so
     /// each counts as a server (two layers of one process that share a count take two
     /// shares of it, not two whole quotas).
-    limiters: AtomicU64,
+    pub(super) limiters: AtomicU64,
     /// Whether the heartbeat task runs.
-    started: AtomicBool,
+    pub(super) started: AtomicBool,
     /// Whether the first check counted again.
-    recounted: AtomicBool,
+    pub(super) recounted: AtomicBool,
     /// This server's name in the set: random, never another's.
-    member: String,
+    pub(super) member: String,
     /// The connection on which the charge and refund scripts were loaded last (0: none).
-    loaded: AtomicU64,
+    pub(super) loaded: AtomicU64,
     /// When the first count came back.
-    first: std::sync::OnceLock<std::time::Instant>,
+    pub(super) first: std::sync::OnceLock<std::time::Instant>,
     /// When `count` last rose or was confirmed (ms after `first`).
-    high_at: AtomicU64,
+    pub(super) high_at: AtomicU64,
 }
 
 impl Presence {
@@ -95,7 +89,7 @@ impl Presence {
     /// A count came back: taken at once when it is higher, and only once the higher one
     /// has held for [`LAPSE`] when it is lower (after a restart of Redis, the set fills
     /// again one announcement at a time).
-    fn counted(&self, n: u64) {
+    pub(super) fn counted(&self, n: u64) {
         let first = *self.first.get_or_init(std::time::Instant::now);
         let now = u64::try_from(first.elapsed().as_millis()).unwrap_or(u64::MAX);
         let held = now.saturating_sub(self.high_at.load(Ordering::Relaxed));
@@ -111,81 +105,5 @@ impl Presence {
         !self.recounted.load(Ordering::Relaxed)
             && self.wanted.load(Ordering::Relaxed)
             && !self.recounted.swap(true, Ordering::AcqRel)
-    }
-}
-
-/// One more limiter over `inner`'s store counts on it: its heartbeat starts. Dropping
-/// what this returns (with the limiter) withdraws it.
-pub(super) fn announce_limiter(inner: &Arc<Inner>) -> crate::store::Announced {
-    inner.presence.limiters.fetch_add(1, Ordering::Relaxed);
-    inner.presence.wanted.store(true, Ordering::Relaxed);
-    start(inner);
-    crate::store::Announced::new(Withdraw(Arc::downgrade(inner)))
-}
-
-/// One limiter's announcement: withdrawn when dropped (its members lapse).
-struct Withdraw(Weak<Inner>);
-
-impl Drop for Withdraw {
-    fn drop(&mut self) {
-        if let Some(inner) = self.0.upgrade() {
-            inner.presence.limiters.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Starts the heartbeat of `inner`'s store, once, when a runtime is running (else the
-/// first check starts it). It ends when the store is dropped.
-pub(super) fn start(inner: &Arc<Inner>) {
-    let presence = &inner.presence;
-    if presence.started.load(Ordering::Relaxed) || presence.started.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        presence.started.store(false, Ordering::Release);
-        return;
-    };
-    let weak: Weak<Inner> = Arc::downgrade(inner);
-    drop(runtime.spawn(async move {
-        loop {
-            let Some(inner) = weak.upgrade() else { return };
-            announce(&inner).await;
-            drop(inner);
-            tokio::time::sleep(HEARTBEAT).await;
-        }
-    }));
-}
-
-/// Starts the heartbeat if it does not run yet, and counts once more at once, in a task of
-/// its own.
-pub(super) fn recount(inner: &Arc<Inner>) {
-    start(inner);
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-    let inner = Arc::clone(inner);
-    drop(runtime.spawn(async move { announce(&inner).await }));
-}
-
-/// Announces this server and counts: the count is kept when the store answers.
-pub(super) async fn announce(inner: &Inner) {
-    let name = format!("{}:servers", inner.config.names.prefix);
-    let mut cmd = redis::cmd("EVAL");
-    let limiters = inner.presence.limiters.load(Ordering::Relaxed);
-    cmd.arg(ANNOUNCE).arg(1).arg(&name).arg(&inner.presence.member).arg(LAPSE.as_millis() as u64).arg(limiters);
-    let Ok((conn, generation)) = inner.connection().await else { return };
-    let slot = inner.config.origin.is_cluster().then(|| super::keys::slot(name.as_bytes()));
-    if let Ok(Value::Int(n)) = inner.query(conn.clone(), generation, slot, &cmd, None).await {
-        inner.presence.counted(u64::try_from(n).unwrap_or(0));
-    }
-    let presence = &inner.presence;
-    if presence.loaded.load(Ordering::Relaxed) != generation {
-        let mut loaded = true;
-        for script in [&SCRIPTS.multi, &SCRIPTS.refund] {
-            let mut load = redis::cmd("SCRIPT");
-            load.arg("LOAD").arg(script.text);
-            loaded &= inner.query(conn.clone(), generation, None, &load, None).await.is_ok();
-        }
-        if loaded {
-            presence.loaded.store(generation, Ordering::Relaxed);
-        }
     }
 }

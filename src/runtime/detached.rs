@@ -1,0 +1,142 @@
+//! What outlives a request: a store call its deadline cut ([`Late`]), what store answers
+//! teach the process from a task of their own ([`Lessons`]), and what the fallback
+//! admitted that the store never saw ([`Unsent`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+
+use super::{ask, BlockedCache, Shares, StoreCopy, FALLBACK_KEYS, LATE_WAIT};
+use crate::error::StoreError;
+use crate::store::{Check, Outcomes, Store};
+
+/// What a store's answers teach this process: rejections for the blocked-key cache (when
+/// it is on), what remains for the fallback's shares; and where what the store never saw
+/// waits.
+pub(crate) struct Lessons {
+    pub(crate) cache: Option<Arc<BlockedCache>>,
+    pub(crate) shares: Arc<Shares>,
+    pub(crate) unsent: Arc<Unsent>,
+    pub(super) base: Instant,
+}
+
+impl Lessons {
+    /// Microseconds on the runtime's clock (see [`Runtime::mono_us`]).
+    pub(crate) fn mono_us(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+/// What the fallback admitted that the store never saw (the circuit was open, the
+/// connection down): charged to the store when it answers again, so that it counts what
+/// was admitted meanwhile. Entries with the store's copy of a unit are skipped if the unit
+/// was refunded meanwhile.
+#[derive(Default)]
+pub(crate) struct Unsent {
+    checks: Mutex<Vec<(Check, Option<Arc<StoreCopy>>)>>,
+    any: AtomicBool,
+}
+
+impl Unsent {
+    /// Keeps `checks` (admitted by the fallback; the store never saw them) to charge the
+    /// store with when it answers again. Bounded: past [`FALLBACK_KEYS`] checks, the rest
+    /// is not kept.
+    pub(crate) fn keep(&self, checks: impl IntoIterator<Item = Check>) {
+        let mut unsent = self.lock();
+        for c in checks {
+            if unsent.len() >= FALLBACK_KEYS {
+                crate::metrics::write_back("dropped", 1);
+                continue;
+            }
+            // The same key again (the common case: one busy key): one check of both costs.
+            let same =
+                unsent.iter_mut().rev().take(64).find(|(u, copy)| copy.is_none() && u.rule == c.rule && u.key == c.key);
+            match same {
+                Some((u, _)) => u.params.cost = u.params.cost.saturating_add(c.params.cost),
+                None => unsent.push((c, None)),
+            }
+            self.any.store(true, Ordering::Release);
+        }
+    }
+
+    /// Keeps one unit's `check`, with the store's copy of it (a refund before the
+    /// write-back keeps it out).
+    pub(crate) fn keep_unit(&self, check: Check, copy: Arc<StoreCopy>) {
+        if !copy.queue() {
+            return;
+        }
+        let mut unsent = self.lock();
+        if unsent.len() >= FALLBACK_KEYS {
+            crate::metrics::write_back("dropped", 1);
+            return;
+        }
+        unsent.push((check, Some(copy)));
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// What [`Unsent::keep`] kept, taken: to charge the store with (the refunded units
+    /// left out).
+    pub(crate) fn take(&self) -> Vec<Check> {
+        let taken = {
+            let mut unsent = self.lock();
+            self.any.store(false, Ordering::Release);
+            std::mem::take(&mut *unsent)
+        };
+        taken.into_iter().filter(|(_, copy)| copy.as_ref().is_none_or(|c| c.write())).map(|(c, _)| c).collect()
+    }
+
+    /// Whether anything waits to be charged to the store (no lock: asked after every
+    /// store answer).
+    pub(crate) fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Check, Option<Arc<StoreCopy>>)>> {
+        self.checks.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A store call cut by its deadline and still running: its answer, when it comes within
+/// [`LATE_WAIT`], is the store's decision.
+pub(crate) struct Late {
+    pub(super) asked: Asked,
+    pub(super) slot: LateSlot,
+}
+
+impl Late {
+    /// The store's answer, or its error: [`StoreError::Timeout`] after [`LATE_WAIT`].
+    pub(crate) async fn answer(self) -> Result<Outcomes, StoreError> {
+        let _slot = self.slot;
+        tokio::time::timeout(LATE_WAIT, self.asked).await.unwrap_or(Err(StoreError::Timeout(LATE_WAIT)))
+    }
+}
+
+type Asked = Pin<Box<dyn Future<Output = Result<Outcomes, StoreError>> + Send>>;
+
+/// One store call that owns what it needs, boxed: it can outlive its caller ([`Late`]).
+pub(super) fn owned_ask<St: Store>(store: &Arc<St>, checks: &[Check]) -> Asked {
+    let (store, checks) = (Arc::clone(store), smallvec::SmallVec::<[Check; 2]>::from(checks));
+    Box::pin(async move { ask(&*store, &checks).await })
+}
+
+/// Counts the late calls still running; `None` when the cap is reached.
+pub(crate) struct LateSlot(Arc<AtomicUsize>);
+
+impl LateSlot {
+    pub(super) fn enter(counter: &Arc<AtomicUsize>, cap: usize) -> Option<Self> {
+        if counter.fetch_add(1, Ordering::AcqRel) >= cap {
+            counter.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(Arc::clone(counter)))
+    }
+}
+
+impl Drop for LateSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
