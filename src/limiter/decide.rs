@@ -222,6 +222,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             if plan.set.rules[rule].count_if.is_none() {
                 now.push(check.clone());
             } else {
+                // Not kept yet: the verdict is still being made.
                 copy.pending(check);
             }
         }
@@ -270,9 +271,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 Err(err) if never_sent(&err) => {
                     for ((check, &rule), copy) in checks.iter().zip(&rules).zip(&copies) {
                         let Some(copy) = copy else { continue };
-                        if set.rules[rule].count_if.is_some() {
-                            copy.pending(check);
-                        } else {
+                        if set.rules[rule].count_if.is_none() || copy.pending(check) {
                             lessons.unsent.keep_unit(check.clone(), copy.clone());
                         }
                     }

@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 
 use super::held::{Copy, Held, Holder};
 use crate::error::StoreError;
-use crate::runtime::{BlockedCache, Runtime, Shares, Unsent};
+use crate::runtime::{BlockedCache, LateSlots, Runtime, Shares, Unsent};
 use crate::store::{Check, Refund, Store};
 
 /// The holders of one limiter's units.
@@ -29,6 +29,8 @@ pub(crate) struct Holders<St> {
     /// The fallback's shares, which a charge lowers, and the clock they are kept on.
     shares: Arc<Shares>,
     base: tokio::time::Instant,
+    /// The slots of store calls left running (a write-back takes one).
+    late: LateSlots,
 }
 
 /// The store's part of a refund or a charge.
@@ -38,7 +40,8 @@ impl<St> Holders<St> {
     /// The holders of a limiter over `store` with `runtime`'s fallback and cache.
     pub(crate) fn new(store: Arc<St>, runtime: &Runtime) -> Self {
         let (fallback, cache, unsent) = (runtime.fallback.clone(), runtime.cache.clone(), runtime.unsent.clone());
-        Self { store, fallback, cache, unsent, shares: runtime.shares.clone(), base: runtime.clock() }
+        let (shares, base, late) = (runtime.shares.clone(), runtime.clock(), runtime.late_slots());
+        Self { store, fallback, cache, unsent, shares, base, late }
     }
 }
 
@@ -207,9 +210,16 @@ impl<St: Store> Holders<St> {
         if checks.is_empty() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return self.unsent.keep(checks) };
+        // At most `max_in_flight` store calls left running: past that, the store's next
+        // answer takes them.
+        let (Ok(runtime), Some(slot)) = (tokio::runtime::Handle::try_current(), self.late.take()) else {
+            return self.unsent.keep(checks);
+        };
         let (store, unsent) = (self.store.clone(), self.unsent.clone());
-        drop(runtime.spawn(async move { write_back(&*store, &unsent, checks).await }));
+        drop(runtime.spawn(async move {
+            let _slot = slot;
+            write_back(&*store, &unsent, checks).await;
+        }));
     }
 
     /// The store has the units back: the rejections this process cached for their keys

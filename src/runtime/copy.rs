@@ -15,6 +15,8 @@ pub(crate) enum Copy {
     /// Not known yet (the late call runs).
     #[default]
     Unknown,
+    /// Kept for good, the store's copy not known yet (the late call runs).
+    Kept,
     /// The late call committed them: this refund gives them back.
     Taken(Refund),
     /// To be written back as this check once they are kept: a count-by-outcome rule's
@@ -45,19 +47,30 @@ impl StoreCopy {
         None
     }
 
-    /// The units wait for their outcome before they are written back as `check`.
-    pub(crate) fn pending(&self, check: &Check) {
+    /// The units wait for their outcome before they are written back as `check`: true
+    /// when they were kept already (to write back now).
+    pub(crate) fn pending(&self, check: &Check) -> bool {
         let mut s = self.state();
-        if !matches!(*s, Copy::Refunded) {
-            *s = Copy::Pending(check.clone());
+        match *s {
+            Copy::Refunded => false,
+            Copy::Kept => true,
+            _ => {
+                *s = Copy::Pending(check.clone());
+                false
+            }
         }
     }
 
-    /// The units are kept: the check to write back, when they were pending.
+    /// The units are kept: the check to write back, when they were pending (else, while
+    /// the late call runs, the copy remembers they were kept).
     pub(crate) fn kept(&self) -> Option<Check> {
         let mut s = self.state();
         match std::mem::replace(&mut *s, Copy::Queued) {
             Copy::Pending(check) => Some(check),
+            Copy::Unknown => {
+                *s = Copy::Kept;
+                None
+            }
             other => {
                 *s = other;
                 None

@@ -122,6 +122,17 @@ pub(super) fn owned_ask<St: Store>(store: &Arc<St>, checks: &[Check]) -> Asked {
     Box::pin(async move { ask(&*store, &checks).await })
 }
 
+/// The late calls' counter and its cap: a slot for each store call left running.
+#[derive(Clone)]
+pub(crate) struct LateSlots(pub(super) Arc<AtomicUsize>, pub(super) usize);
+
+impl LateSlots {
+    /// A slot, or `None` past the cap.
+    pub(crate) fn take(&self) -> Option<LateSlot> {
+        LateSlot::enter(&self.0, self.1)
+    }
+}
+
 /// Counts the late calls still running; `None` when the cap is reached.
 pub(crate) struct LateSlot(Arc<AtomicUsize>);
 

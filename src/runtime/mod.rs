@@ -21,7 +21,7 @@ pub(crate) use self::blocked::{BlockedCache, RuleId};
 use self::breaker::Breaker;
 pub(crate) use self::copy::{Copy, StoreCopy};
 use self::detached::owned_ask;
-pub(crate) use self::detached::{Late, LateSlot, Lessons, Unsent};
+pub(crate) use self::detached::{Late, LateSlot, LateSlots, Lessons, Unsent};
 pub(crate) use self::share::Shares;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -298,7 +298,13 @@ impl Runtime {
     /// A slot for a store call left running on its own (a late call, a charge of what the
     /// fallback admitted): `None` past `max_in_flight` of them.
     pub(crate) fn late_slot(&self) -> Option<LateSlot> {
-        LateSlot::enter(&self.late, self.settings.max_in_flight)
+        self.late_slots().take()
+    }
+
+    /// Where [`Runtime::late_slot`] takes its slots from, for a holder of refunds and
+    /// charges.
+    pub(crate) fn late_slots(&self) -> LateSlots {
+        LateSlots(Arc::clone(&self.late), self.settings.max_in_flight)
     }
 
     /// What a store's answers teach this process, for a call that outlives its caller

@@ -5,15 +5,15 @@
 
 use crate::support;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::fake::{settle, Mode, Remote, T0};
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
-use tollgate::store::{Check, Params, Store};
+use tollgate::store::{Check, Outcome, Params, Refund, Store};
 use tollgate::verdict::DecidedBy;
-use tollgate::{Algorithm, Limiter, MemoryStore, Quota, Rule};
+use tollgate::{Algorithm, Decision, Limiter, MemoryStore, Quota, Rule, StoreError};
 
 fn user(u: &str) -> Option<Key> {
     Some(Key::from(u))
@@ -409,4 +409,192 @@ async fn a_refund_before_the_write_back_keeps_the_unit_out_of_the_store() {
     settle().await; // what waits is written back: the kept unit, not the refunded one
     let left = remaining(&store, "login", "ada", q).await;
     assert_eq!(fresh - left, 1, "the store counts {} unit(s) for one kept", fresh - left);
+}
+
+/// What a [`Dropping`] store does with the next calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum M {
+    Up,
+    /// Answers nothing for this long, then the connection drops: `Unavailable`
+    /// (a Redis connection reset while the command sat in the socket buffer).
+    DropsAfter(Duration),
+}
+
+/// A remote-like store whose calls may hang and then fail with a connection error.
+#[derive(Clone)]
+struct Dropping {
+    inner: MemoryStore,
+    mode: Arc<Mutex<M>>,
+}
+
+impl Dropping {
+    fn new() -> Self {
+        Self { inner: MemoryStore::with_clock(ManualClock::new(T0)), mode: Arc::new(Mutex::new(M::Up)) }
+    }
+    fn set(&self, m: M) {
+        *self.mode.lock().unwrap() = m;
+    }
+    async fn gate(&self) -> Result<(), StoreError> {
+        let m = *self.mode.lock().unwrap();
+        match m {
+            M::Up => Ok(()),
+            M::DropsAfter(d) => {
+                tokio::time::sleep(d).await;
+                Err(StoreError::Unavailable("connection reset by peer".into()))
+            }
+        }
+    }
+}
+
+impl Store for Dropping {
+    async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
+        self.gate().await?;
+        Store::check_one(&self.inner, check).await
+    }
+    async fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
+        self.gate().await?;
+        Store::check(&self.inner, checks).await
+    }
+    async fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
+        Store::refund(&self.inner, refunds).await
+    }
+    async fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
+        self.gate().await?;
+        Store::charge(&self.inner, charges).await
+    }
+    async fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
+        Store::peek(&self.inner, check).await
+    }
+    async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
+        Store::reset(&self.inner, rule, key, algorithm).await
+    }
+}
+
+async fn remaining_of<S: Store>(store: &S, rule: &str, key: &str, quota: Quota) -> u64 {
+    let check =
+        Check { rule: rule.into(), key: key.into(), algorithm: Algorithm::default(), params: Params::new(quota) };
+    Store::peek(store, &check).await.unwrap().remaining
+}
+
+/// `check()` of a count_if rule, handed to its caller (kept), while the store's call is
+/// cut by the deadline and later fails with a connection error: the fallback's unit must
+/// be written back once the store answers again.
+#[tokio::test(start_paused = true)]
+async fn a_kept_count_if_unit_whose_late_call_fails_is_written_back() {
+    let q = Quota::per_hour(10);
+    let store = Dropping::new();
+    let limiter = Limiter::builder(store.clone())
+        .add_rule(Rule::new("login", q, user).count_if(|s| s.as_u16() == 401))
+        .servers(1)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let fresh = remaining_of(&store, "login", "ada", q).await;
+    store.set(M::DropsAfter(Duration::from_millis(100)));
+    let v = limiter.check("ada").await;
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+    // The verdict is kept (never refunded). The late call fails after 100 ms.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    settle().await;
+    store.set(M::Up);
+    assert_eq!(limiter.check("bob").await.decided_by(), Some(DecidedBy::Store));
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    settle().await;
+    let left = remaining_of(&store, "login", "ada", q).await;
+    assert_eq!(fresh - left, 1, "a kept count_if unit admitted by the fallback: the store counts {}", fresh - left);
+}
+
+/// The same through the layer: a 401 (counts) answered before the late call fails.
+#[tokio::test(start_paused = true)]
+async fn a_counted_response_whose_late_call_fails_is_written_back() {
+    use http::StatusCode;
+    use tollgate::{key, RateLimitLayer};
+    use tower::{Layer, ServiceExt};
+    let q = Quota::per_hour(10);
+    let store = Dropping::new();
+    let layer = RateLimitLayer::builder(store.clone())
+        .add_rule(Rule::new("login", q, key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED))
+        .servers(1)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let svc = layer.layer(crate::common::app(Default::default()));
+    let req =
+        |path: &str, k: &str| http::Request::get(path).header("x-key", k).body(axum::body::Body::empty()).unwrap();
+    let fresh = remaining_of(&store, "login", "ada", q).await;
+    store.set(M::DropsAfter(Duration::from_millis(100)));
+    for _ in 0..3 {
+        let res = svc.clone().oneshot(req("/fail", "ada")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    settle().await;
+    store.set(M::Up);
+    let res = svc.clone().oneshot(req("/", "bob")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    settle().await;
+    let left = remaining_of(&store, "login", "ada", q).await;
+    assert_eq!(fresh - left, 3, "3 failed logins (401) admitted by the fallback: the store counts {}", fresh - left);
+}
+
+/// The same for a plain rule.
+#[tokio::test(start_paused = true)]
+async fn a_plain_unit_whose_late_call_fails_is_written_back() {
+    let q = Quota::per_hour(10);
+    let store = Dropping::new();
+    let limiter = Limiter::builder(store.clone())
+        .add_rule(Rule::new("login", q, user))
+        .servers(1)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let fresh = remaining_of(&store, "login", "ada", q).await;
+    store.set(M::DropsAfter(Duration::from_millis(100)));
+    let v = limiter.check("ada").await;
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    settle().await;
+    store.set(M::Up);
+    assert_eq!(limiter.check("bob").await.decided_by(), Some(DecidedBy::Store));
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    settle().await;
+    let left = remaining_of(&store, "login", "ada", q).await;
+    assert_eq!(fresh - left, 1, "the store counts {}", fresh - left);
+}
+
+/// Charges after fallback-admitted work, while the store hangs with its circuit open:
+/// their write-backs take the slots of calls left running (at most `max_in_flight`); the
+/// rest waits for the store's next answer.
+#[tokio::test(start_paused = true)]
+async fn write_backs_of_the_fallbacks_charges_take_a_slot() {
+    use support::fake::{Mode, Remote};
+    let q = Quota::per_hour(1_000_000);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .add_rule(Rule::new("tokens", q, user).charged())
+        .servers(1)
+        .timeout(Duration::from_millis(50))
+        .max_in_flight(2)
+        .circuit_breaker(1, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    store.set(Mode::Hanging);
+    let v = limiter.check("ada").await; // times out: the circuit opens
+    assert_eq!(v.decided_by(), Some(DecidedBy::Fallback));
+    let before = store.checks();
+    for _ in 0..500 {
+        let v = limiter.check("ada").await;
+        assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+        limiter.charge(&v, 1).await.unwrap();
+    }
+    settle().await;
+    let calls = store.checks() - before;
+    assert!(calls <= 2, "{calls} store calls to a hanging store whose circuit is open (max_in_flight 2)");
 }

@@ -407,3 +407,40 @@ async fn a_write_back_of_many_keys_reaches_redis() {
     );
     assert_eq!(n, fallback, "the fallback admitted {fallback} keys while Redis was down; Redis counts {n} of them");
 }
+
+/// Redis stalls (SIGSTOP) and dies while three calls are in flight (cut by the 50 ms
+/// deadline, not yet by the connection's 100 ms timeout): the fallback admits three
+/// logins that count (`check`, a verdict kept). Restarted empty, Redis must be charged
+/// with them: 10 − 3 = 7 left, not 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_if_units_kept_before_a_connection_reset_reach_redis() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    let user = |u: &str| Some(tollgate::key::Key::from(u));
+    let limiter = tollgate::Limiter::<_, str>::builder(store.clone())
+        .add_rule(tollgate::Rule::new("login", Quota::per_hour(10), user).count_if(|s| s.as_u16() == 401))
+        .servers(1)
+        .build()
+        .unwrap();
+    assert!(limiter.check("warm").await.is_allowed());
+    server.pause();
+    let (a, b, c) = tokio::join!(limiter.check("ada"), limiter.check("ada"), limiter.check("ada"));
+    for v in [&a, &b, &c] {
+        assert!(v.is_allowed() && v.decided_by() == Some(tollgate::verdict::DecidedBy::Fallback), "{v:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    server.kill(); // the three late calls fail with a connection error (not a timeout)
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.restart();
+    let started = std::time::Instant::now();
+    while limiter.check("probe").await.decided_by() != Some(tollgate::verdict::DecidedBy::Store) {
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut after = 0;
+    for _ in 0..20 {
+        after += usize::from(limiter.check("ada").await.is_allowed());
+    }
+    assert!(after <= 7, "3 kept logins admitted by the fallback, then {after} more of L = 10 after the restart");
+}
