@@ -354,9 +354,12 @@ impl Teach<'_> {
         for ((check, &rule), o) in checks.iter().zip(rules).zip(outcomes.iter()) {
             let Some(Outcome { decision: d, .. }) = o else { continue };
             let id = set.id(rule);
-            let remaining = if d.allowed { d.remaining } else { 0 };
-            let whole_in = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
-            self.shares.record(id, &check.key, remaining, whole_in, self.servers, self.now, self.late);
+            // Only a rule that falls back has a share to bound.
+            if set.fail_mode_of(rule) == FailMode::Fallback {
+                let remaining = if d.allowed { d.remaining } else { 0 };
+                let whole_in = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
+                self.shares.record(id, &check.key, remaining, whole_in, self.servers, self.now, self.late);
+            }
             let r = &set.rules[rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.
             let Some(cache) = self.cache else { continue };

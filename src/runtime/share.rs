@@ -14,10 +14,21 @@ use crate::key::Key;
 /// Per (rule, key): this server's share of what the store said remains, until the quota
 /// is whole again.
 pub(crate) struct Shares {
-    shards: Box<[Mutex<HashTable<Entry>>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: hashbrown::DefaultHashBuilder,
     cap_per_shard: usize,
 }
+
+/// One shard: its entries, and when a full shard last dropped its lapsed ones (a full
+/// shard sweeps at most once per [`FULL_SWEEP_US`], not at each new key).
+#[derive(Default)]
+struct Shard {
+    table: HashTable<Entry>,
+    swept: u64,
+}
+
+/// How often a full shard drops its lapsed entries, µs.
+const FULL_SWEEP_US: u64 = 1_000_000;
 
 struct Entry {
     rule: RuleId,
@@ -34,13 +45,13 @@ const SHARDS: usize = 16;
 impl Shares {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: hashbrown::DefaultHashBuilder::default(),
             cap_per_shard: (capacity / SHARDS).max(1),
         }
     }
 
-    fn shard(&self, rule: RuleId, key: &Key) -> (u64, std::sync::MutexGuard<'_, HashTable<Entry>>) {
+    fn shard(&self, rule: RuleId, key: &Key) -> (u64, std::sync::MutexGuard<'_, Shard>) {
         let h = self.hasher.hash_one((rule, key));
         #[allow(clippy::cast_possible_truncation)]
         let i = ((h >> 32) as usize) % SHARDS;
@@ -66,7 +77,7 @@ impl Shares {
         let left = remaining / servers.max(1);
         let until = now.saturating_add(whole_in);
         let (h, mut shard) = self.shard(rule, key);
-        if let Some(e) = shard.find_mut(h, |e| e.rule == rule && e.key == *key) {
+        if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
             if late && e.until > now {
                 (e.left, e.until) = (left.min(e.left), until.max(e.until));
             } else {
@@ -74,15 +85,19 @@ impl Shares {
             }
             return;
         }
-        if shard.len() >= self.cap_per_shard {
-            shard.retain(|e| e.until > now);
-            if shard.len() >= self.cap_per_shard {
+        if shard.table.len() >= self.cap_per_shard {
+            if now.saturating_sub(shard.swept) < FULL_SWEEP_US {
                 return; // bounded: a key not recorded gets the fallback's fresh share
+            }
+            shard.swept = now;
+            shard.table.retain(|e| e.until > now);
+            if shard.table.len() >= self.cap_per_shard {
+                return;
             }
         }
         let entry = Entry { rule, key: key.clone(), left, until };
         let hasher = &self.hasher;
-        shard.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key)));
+        shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key)));
     }
 
     /// Whether `cost` units of (rule, key) fit in this server's share at `now`: `Err`
@@ -90,7 +105,7 @@ impl Shares {
     /// store said nothing about (or long enough ago) fits.
     pub(crate) fn fits(&self, rule: RuleId, key: &Key, cost: u64, now: u64) -> Result<(), u64> {
         let (h, shard) = self.shard(rule, key);
-        match shard.find(h, |e| e.rule == rule && e.key == *key) {
+        match shard.table.find(h, |e| e.rule == rule && e.key == *key) {
             Some(e) if e.until > now && e.left < cost => Err(e.until - now),
             _ => Ok(()),
         }
@@ -100,7 +115,7 @@ impl Shares {
     /// admitted.
     pub(crate) fn take(&self, rule: RuleId, key: &Key, cost: u64, now: u64) {
         let (h, mut shard) = self.shard(rule, key);
-        if let Some(e) = shard.find_mut(h, |e| e.rule == rule && e.key == *key) {
+        if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
             if e.until > now {
                 e.left = e.left.saturating_sub(cost);
             }
@@ -137,13 +152,32 @@ mod tests {
         assert_eq!(shares.fits((1, 0), &k, 4, 31), Err(49));
     }
 
+    /// A full shard drops its lapsed entries at most once a second, not at each new key (a
+    /// healthy store with many keys scanned a whole shard per request).
+    #[test]
+    fn a_full_shard_sweeps_once_a_second() {
+        let shares = Shares::new(SHARDS);
+        // One entry a shard, lapsing at 10 µs: every shard is full.
+        let mut i = 0;
+        while shares.shards.iter().any(|s| s.lock().unwrap().table.is_empty()) {
+            shares.record((1, 0), &Key::from(format!("k{i}")), 0, 10, 1, 0, false);
+            i += 1;
+        }
+        let x = Key::from("x");
+        // At 20 µs the entries have lapsed, but the shard swept less than a second ago.
+        shares.record((1, 0), &x, 0, 1_000_000, 1, 20, false);
+        assert_eq!(shares.fits((1, 0), &x, 1, 21), Ok(()), "full, no sweep within the second: not recorded");
+        shares.record((1, 0), &x, 0, 1_000_000, 1, 2_000_000, false);
+        assert!(shares.fits((1, 0), &x, 1, 2_000_001).is_err(), "the lapsed entries made room");
+    }
+
     #[test]
     fn shares_are_bounded() {
         let shares = Shares::new(SHARDS * 4);
         for i in 0..1_000 {
             shares.record((1, 0), &Key::from(format!("k{i}")), 0, u64::MAX / 2, 1, 0, false);
         }
-        let n: usize = shares.shards.iter().map(|s| s.lock().unwrap().len()).sum();
+        let n: usize = shares.shards.iter().map(|s| s.lock().unwrap().table.len()).sum();
         assert!(n <= SHARDS * 4, "{n} entries");
     }
 }

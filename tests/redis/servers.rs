@@ -167,3 +167,40 @@ async fn a_dropped_limiter_is_no_longer_counted() {
     server.resume();
     assert_eq!(counted, Some(1), "one live limiter in one process; admitted {admitted} of 100 while Redis was stalled");
 }
+
+/// A store and limiter used on one tokio runtime, then on another: the heartbeat, which
+/// ended with the first runtime, runs again (the server stays announced and counted).
+#[test]
+fn the_heartbeat_runs_again_on_a_new_runtime() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    let limiter = Limiter::<_, str>::builder(store).rule("r", Quota::per_hour(1000), user).build().unwrap();
+    let rt1 = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    rt1.block_on(async {
+        assert!(limiter.check("a").await.is_allowed());
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    });
+    drop(rt1);
+    let rt2 = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let members = rt2.block_on(async {
+        let mut allowed = 0;
+        for i in 0..50 {
+            if limiter.check(&format!("b{i}")).await.is_allowed()
+                && limiter.check(&format!("b{i}")).await.store_error().is_none()
+            {
+                allowed += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!("allowed without error on rt2: {allowed}/50");
+        server.cmd(&["ZRANGE", "tollgate:servers", "0", "-1"])
+    });
+    eprintln!(
+        "members after 5 s on rt2: {members:?}; servers(): {:?}",
+        tollgate::store::Store::servers(limiter.store())
+    );
+    assert!(
+        !members.trim().is_empty(),
+        "this server is no longer announced: the heartbeat died with the first runtime"
+    );
+}

@@ -31,8 +31,9 @@ impl Drop for Withdraw {
     }
 }
 
-/// Starts the heartbeat of `inner`'s store, once, when a runtime is running (else the
-/// first check starts it). It ends when the store is dropped.
+/// Starts the heartbeat of `inner`'s store when it does not run and a runtime is running
+/// (else a later check starts it). It ends when the store is dropped, or with its
+/// runtime: the next check on another starts it again.
 pub(super) fn start(inner: &Arc<Inner>) {
     let presence = &inner.presence;
     if presence.started.load(Ordering::Relaxed) || presence.started.swap(true, Ordering::AcqRel) {
@@ -43,7 +44,10 @@ pub(super) fn start(inner: &Arc<Inner>) {
         return;
     };
     let weak: Weak<Inner> = Arc::downgrade(inner);
+    // Dropped with the task, also when its runtime shuts down: not running any more.
+    let running = Running(weak.clone());
     drop(runtime.spawn(async move {
+        let _running = running;
         loop {
             let Some(inner) = weak.upgrade() else { return };
             announce(&inner).await;
@@ -51,6 +55,17 @@ pub(super) fn start(inner: &Arc<Inner>) {
             tokio::time::sleep(HEARTBEAT).await;
         }
     }));
+}
+
+/// Marks the heartbeat of a store stopped when its task ends.
+struct Running(Weak<Inner>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.presence.started.store(false, Ordering::Release);
+        }
+    }
 }
 
 /// Starts the heartbeat if it does not run yet, and counts once more at once, in a task of

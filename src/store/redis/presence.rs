@@ -99,6 +99,12 @@ impl Presence {
         }
     }
 
+    /// Whether a limiter counts on this store and its heartbeat does not run (its runtime
+    /// shut down): two loads, on every check.
+    pub(super) fn stopped(&self) -> bool {
+        self.wanted.load(Ordering::Relaxed) && !self.started.load(Ordering::Relaxed)
+    }
+
     /// Whether the first check has yet to count again: true once, for a store a limiter
     /// asked to count.
     pub(super) fn recount_now(&self) -> bool {

@@ -27,8 +27,12 @@ impl RedisStore {
     /// servers, started with this one, have had one round trip more to announce
     /// themselves; and the answer waits for nothing.
     fn recount(&self) {
-        if self.inner.presence.recount_now() {
+        let presence = &self.inner.presence;
+        if presence.recount_now() {
             heartbeat::recount(&self.inner);
+        } else if presence.stopped() {
+            // Its runtime went away: this one runs it again.
+            heartbeat::start(&self.inner);
         }
     }
 }
