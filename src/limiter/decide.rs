@@ -9,7 +9,7 @@ use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
 use super::held::{Exit, Held, Holder, Probe, StoreCopy, Unit};
-use super::holders::{never_sent, write_back};
+use super::holders::never_sent;
 use super::{Limiter, Plan, RuleSet};
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -226,7 +226,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 copy.pending(check);
             }
         }
-        self.charge_store(now);
+        self.holders.write_back_detached(now);
     }
 
     /// Lets a call cut by its deadline finish, in a task of its own: its answer (the
@@ -241,7 +241,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         drop(runtime.spawn(async move {
             match late.answer().await {
                 Ok(outcomes) => {
-                    let now = lessons.mono_us();
+                    let now = lessons.clock.us();
                     let cache = lessons.cache.as_deref();
                     let teach = Teach { cache, shares: &lessons.shares, now, epoch, servers, late: true };
                     teach.learn(&set, &checks, &rules[..enforced], &outcomes);
@@ -284,27 +284,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Charges the store what the fallback admitted while the store never saw it and
     /// could not be reached, now that it answers.
     fn write_back(&self) {
-        self.charge_store(self.runtime.unsent.take());
-    }
-
-    /// Charges the store `checks`, admitted by the fallback, in a task of its own: the
-    /// charge queues behind the calls the store has yet to answer (the circuit is open on
-    /// a stalled store, too many calls are in flight), so the store counts these units
-    /// before it decides what comes next. What fails unsent is kept for the store's next
-    /// answer; past the cap on calls left running, it is kept at once.
-    fn charge_store(&self, checks: Vec<Check>) {
-        if checks.is_empty() {
-            return;
-        }
-        let rt = &self.runtime;
-        let (Ok(runtime), Some(slot)) = (tokio::runtime::Handle::try_current(), rt.late_slot()) else {
-            return rt.unsent.keep(checks);
-        };
-        let (holders, unsent) = (self.holders.clone(), rt.unsent.clone());
-        drop(runtime.spawn(async move {
-            let _slot = slot;
-            write_back(&holders.store, &unsent, checks).await;
-        }));
+        self.holders.write_back_detached(self.runtime.unsent.take());
     }
 
     /// A rejection from the blocked-key cache, when one of the enforced keys is blocked.

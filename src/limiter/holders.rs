@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 
 use super::held::{Copy, Held, Holder};
 use crate::error::StoreError;
-use crate::runtime::{BlockedCache, LateSlots, Runtime, Shares, Unsent};
+use crate::runtime::{BlockedCache, LateSlots, Mono, Runtime, Shares, Unsent};
 use crate::store::{Check, Refund, Store};
 
 /// The holders of one limiter's units.
@@ -28,7 +28,7 @@ pub(crate) struct Holders<St> {
     pub(crate) unsent: Arc<Unsent>,
     /// The fallback's shares, which a charge lowers, and the clock they are kept on.
     shares: Arc<Shares>,
-    base: tokio::time::Instant,
+    clock: Mono,
     /// The slots of store calls left running (a write-back takes one).
     late: LateSlots,
 }
@@ -40,8 +40,8 @@ impl<St> Holders<St> {
     /// The holders of a limiter over `store` with `runtime`'s fallback and cache.
     pub(crate) fn new(store: Arc<St>, runtime: &Runtime) -> Self {
         let (fallback, cache, unsent) = (runtime.fallback.clone(), runtime.cache.clone(), runtime.unsent.clone());
-        let (shares, base, late) = (runtime.shares.clone(), runtime.clock(), runtime.late_slots());
-        Self { store, fallback, cache, unsent, shares, base, late }
+        let (shares, clock, late) = (runtime.shares.clone(), runtime.clock(), runtime.late_slots());
+        Self { store, fallback, cache, unsent, shares, clock, late }
     }
 }
 
@@ -166,7 +166,7 @@ impl<St: Store> Holders<St> {
     #[allow(clippy::type_complexity, reason = "a private helper's pair")]
     fn charge_fallback(&self, held: &Held, units: u64) -> (ToStore<Check>, Result<(), (StoreError, ToStore<Check>)>) {
         let (mut to_store, mut local, mut written) = (ToStore::new(), ToStore::new(), Vec::new());
-        let now = u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let now = self.clock.us();
         for p in &held.probes {
             let mut check = p.check.clone();
             check.params.cost = units;
@@ -204,9 +204,11 @@ impl<St: Store> Holders<St> {
         }
     }
 
-    /// Writes `checks` back to the store in a task of its own (kept for its next answer
-    /// when there is no runtime).
-    fn write_back_detached(&self, checks: Vec<Check>) {
+    /// Writes `checks` (admitted by the fallback) back to the store in a task of its own:
+    /// the charge queues behind the calls the store has yet to answer, so the store counts
+    /// these units before it decides what comes next. Kept for the store's next answer when
+    /// there is no runtime or no slot for a call left running.
+    pub(crate) fn write_back_detached(&self, checks: Vec<Check>) {
         if checks.is_empty() {
             return;
         }

@@ -7,9 +7,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::time::Instant;
-
-use super::{ask, BlockedCache, Shares, StoreCopy, FALLBACK_KEYS, LATE_WAIT};
+use super::{ask, BlockedCache, Mono, Shares, StoreCopy, FALLBACK_KEYS, LATE_WAIT};
 use crate::error::StoreError;
 use crate::store::{Check, Outcomes, Store};
 
@@ -20,14 +18,8 @@ pub(crate) struct Lessons {
     pub(crate) cache: Option<Arc<BlockedCache>>,
     pub(crate) shares: Arc<Shares>,
     pub(crate) unsent: Arc<Unsent>,
-    pub(super) base: Instant,
-}
-
-impl Lessons {
-    /// Microseconds on the runtime's clock (see [`Runtime::mono_us`]).
-    pub(crate) fn mono_us(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
+    /// The runtime's clock.
+    pub(crate) clock: Mono,
 }
 
 /// What the fallback admitted that the store never saw (the circuit was open, the

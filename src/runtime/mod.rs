@@ -106,7 +106,7 @@ pub(crate) struct Runtime {
     pub(crate) announced: crate::store::Announced,
     /// Timeouts in a row not held against the store because this process stalled.
     stalls: AtomicU32,
-    base: Instant,
+    base: Mono,
 }
 
 impl fmt::Debug for Runtime {
@@ -136,13 +136,13 @@ impl Runtime {
             suppressed: AtomicU64::new(0),
             stalls: AtomicU32::new(0),
             announced: crate::store::Announced::none(),
-            base: Instant::now(),
+            base: Mono(Instant::now()),
         }
     }
 
     /// Microseconds on this runtime's monotonic clock (tokio's, so paused-time tests work).
     pub(crate) fn mono_us(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
+        self.base.us()
     }
 
     /// One call to a remote store, guarded: refused at once while the circuit is open or
@@ -289,20 +289,13 @@ impl Runtime {
         Some((outcomes, local))
     }
 
-    /// Microseconds on this runtime's clock, as [`Runtime::mono_us`] reads them, from
-    /// anywhere.
-    pub(crate) fn clock(&self) -> Instant {
+    /// This runtime's clock ([`Runtime::mono_us`]), to read from anywhere.
+    pub(crate) fn clock(&self) -> Mono {
         self.base
     }
 
-    /// A slot for a store call left running on its own (a late call, a charge of what the
-    /// fallback admitted): `None` past `max_in_flight` of them.
-    pub(crate) fn late_slot(&self) -> Option<LateSlot> {
-        self.late_slots().take()
-    }
-
-    /// Where [`Runtime::late_slot`] takes its slots from, for a holder of refunds and
-    /// charges.
+    /// The slots of store calls left running on their own (a late call, a write-back of
+    /// what the fallback admitted): at most `max_in_flight` of them.
     pub(crate) fn late_slots(&self) -> LateSlots {
         LateSlots(Arc::clone(&self.late), self.settings.max_in_flight)
     }
@@ -314,7 +307,7 @@ impl Runtime {
             cache: self.settings.cache_enabled.then(|| Arc::clone(&self.cache)),
             shares: Arc::clone(&self.shares),
             unsent: Arc::clone(&self.unsent),
-            base: self.base,
+            clock: self.base,
         }
     }
 
@@ -335,6 +328,18 @@ impl Runtime {
 }
 
 static FALLBACK: crate::notice::Once = crate::notice::Once::new();
+
+/// A runtime's monotonic clock: microseconds since the runtime was made, on tokio's clock
+/// (so that paused-time tests move it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mono(Instant);
+
+impl Mono {
+    /// Microseconds since the runtime was made.
+    pub(crate) fn us(self) -> u64 {
+        u64::try_from(self.0.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+}
 
 /// `check` as the fallback limiter sees it: its share of the quota.
 fn local_check(check: &Check, instances: u64) -> Check {

@@ -20,7 +20,7 @@ fn user(u: &str) -> Option<Key> {
 }
 
 /// What the store says remains of (rule, key) under `quota` (GCRA).
-async fn remaining(store: &Remote, rule: &str, key: &str, quota: Quota) -> u64 {
+async fn remaining<S: Store>(store: &S, rule: &str, key: &str, quota: Quota) -> u64 {
     let check =
         Check { rule: rule.into(), key: key.into(), algorithm: Algorithm::default(), params: Params::new(quota) };
     Store::peek(store, &check).await.unwrap().remaining
@@ -290,6 +290,13 @@ async fn a_shadow_rule_in_trial_does_not_lift_the_enforced_limit() {
         .circuit_breaker(1_000, Duration::from_secs(1))
         .build()
         .unwrap();
+    let (admitted, slow) = slow_then_fast(&limiter, &store).await;
+    assert!(admitted <= 11, "{admitted} admitted ({slow} while slow) for a limit of 10 an hour on one server");
+}
+
+/// 30 checks of one key while `store` answers after 100 ms (200 ms apart), then 30 while it
+/// answers at once: how many were admitted, and how many of them while it was slow.
+async fn slow_then_fast(limiter: &Limiter<Remote, str>, store: &Remote) -> (usize, usize) {
     let mut admitted = 0;
     store.set(Mode::Relayed(Duration::from_millis(100)));
     for _ in 0..30 {
@@ -301,7 +308,7 @@ async fn a_shadow_rule_in_trial_does_not_lift_the_enforced_limit() {
     for _ in 0..30 {
         admitted += usize::from(limiter.check("k").await.is_allowed());
     }
-    assert!(admitted <= 11, "{admitted} admitted ({slow} while slow) for a limit of 10 an hour on one server");
+    (admitted, slow)
 }
 
 /// The same without the shadow rule: a slow store's late answers keep one server within
@@ -316,17 +323,7 @@ async fn a_slow_store_keeps_one_server_within_its_limit() {
         .circuit_breaker(1_000, Duration::from_secs(1))
         .build()
         .unwrap();
-    let mut admitted = 0;
-    store.set(Mode::Relayed(Duration::from_millis(100)));
-    for _ in 0..30 {
-        admitted += usize::from(limiter.check("k").await.is_allowed());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let slow = admitted;
-    store.set(Mode::Up);
-    for _ in 0..30 {
-        admitted += usize::from(limiter.check("k").await.is_allowed());
-    }
+    let (admitted, slow) = slow_then_fast(&limiter, &store).await;
     assert!(admitted <= 11, "{admitted} admitted ({slow} while slow) for a limit of 10 an hour on one server");
 }
 
@@ -470,27 +467,19 @@ impl Store for Dropping {
     }
 }
 
-async fn remaining_of<S: Store>(store: &S, rule: &str, key: &str, quota: Quota) -> u64 {
-    let check =
-        Check { rule: rule.into(), key: key.into(), algorithm: Algorithm::default(), params: Params::new(quota) };
-    Store::peek(store, &check).await.unwrap().remaining
-}
-
-/// `check()` of a count_if rule, handed to its caller (kept), while the store's call is
-/// cut by the deadline and later fails with a connection error: the fallback's unit must
-/// be written back once the store answers again.
-#[tokio::test(start_paused = true)]
-async fn a_kept_count_if_unit_whose_late_call_fails_is_written_back() {
-    let q = Quota::per_hour(10);
+/// Units a verdict of `rule` (limit `q`, key "ada") kept, admitted by the fallback while
+/// the store's call was cut by the deadline and later failed with a connection error, as
+/// the store counts them once it answers again.
+async fn written_back_after_a_dropped_late_call(rule: Rule<str>, q: Quota) -> u64 {
     let store = Dropping::new();
     let limiter = Limiter::builder(store.clone())
-        .add_rule(Rule::new("login", q, user).count_if(|s| s.as_u16() == 401))
+        .add_rule(rule)
         .servers(1)
         .timeout(Duration::from_millis(50))
         .circuit_breaker(1_000, Duration::from_secs(1))
         .build()
         .unwrap();
-    let fresh = remaining_of(&store, "login", "ada", q).await;
+    let fresh = remaining(&store, "login", "ada", q).await;
     store.set(M::DropsAfter(Duration::from_millis(100)));
     let v = limiter.check("ada").await;
     assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
@@ -502,8 +491,18 @@ async fn a_kept_count_if_unit_whose_late_call_fails_is_written_back() {
     settle().await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     settle().await;
-    let left = remaining_of(&store, "login", "ada", q).await;
-    assert_eq!(fresh - left, 1, "a kept count_if unit admitted by the fallback: the store counts {}", fresh - left);
+    fresh - remaining(&store, "login", "ada", q).await
+}
+
+/// `check()` of a count_if rule, handed to its caller (kept), while the store's call is
+/// cut by the deadline and later fails with a connection error: the fallback's unit must
+/// be written back once the store answers again.
+#[tokio::test(start_paused = true)]
+async fn a_kept_count_if_unit_whose_late_call_fails_is_written_back() {
+    let q = Quota::per_hour(10);
+    let counted =
+        written_back_after_a_dropped_late_call(Rule::new("login", q, user).count_if(|s| s.as_u16() == 401), q).await;
+    assert_eq!(counted, 1, "a kept count_if unit admitted by the fallback: the store counts {counted}");
 }
 
 /// The same through the layer: a 401 (counts) answered before the late call fails.
@@ -524,7 +523,7 @@ async fn a_counted_response_whose_late_call_fails_is_written_back() {
     let svc = layer.layer(crate::common::app(Default::default()));
     let req =
         |path: &str, k: &str| http::Request::get(path).header("x-key", k).body(axum::body::Body::empty()).unwrap();
-    let fresh = remaining_of(&store, "login", "ada", q).await;
+    let fresh = remaining(&store, "login", "ada", q).await;
     store.set(M::DropsAfter(Duration::from_millis(100)));
     for _ in 0..3 {
         let res = svc.clone().oneshot(req("/fail", "ada")).await.unwrap();
@@ -538,7 +537,7 @@ async fn a_counted_response_whose_late_call_fails_is_written_back() {
     settle().await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     settle().await;
-    let left = remaining_of(&store, "login", "ada", q).await;
+    let left = remaining(&store, "login", "ada", q).await;
     assert_eq!(fresh - left, 3, "3 failed logins (401) admitted by the fallback: the store counts {}", fresh - left);
 }
 
@@ -546,27 +545,8 @@ async fn a_counted_response_whose_late_call_fails_is_written_back() {
 #[tokio::test(start_paused = true)]
 async fn a_plain_unit_whose_late_call_fails_is_written_back() {
     let q = Quota::per_hour(10);
-    let store = Dropping::new();
-    let limiter = Limiter::builder(store.clone())
-        .add_rule(Rule::new("login", q, user))
-        .servers(1)
-        .timeout(Duration::from_millis(50))
-        .circuit_breaker(1_000, Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let fresh = remaining_of(&store, "login", "ada", q).await;
-    store.set(M::DropsAfter(Duration::from_millis(100)));
-    let v = limiter.check("ada").await;
-    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    settle().await;
-    store.set(M::Up);
-    assert_eq!(limiter.check("bob").await.decided_by(), Some(DecidedBy::Store));
-    settle().await;
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    settle().await;
-    let left = remaining_of(&store, "login", "ada", q).await;
-    assert_eq!(fresh - left, 1, "the store counts {}", fresh - left);
+    let counted = written_back_after_a_dropped_late_call(Rule::new("login", q, user), q).await;
+    assert_eq!(counted, 1, "the store counts {counted}");
 }
 
 /// Charges after fallback-admitted work, while the store hangs with its circuit open:

@@ -386,11 +386,7 @@ async fn a_write_back_of_many_keys_reaches_redis() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     server.restart();
-    let started = std::time::Instant::now();
-    while !limiter.check("probe").await.decided_by().is_some_and(|d| d == tollgate::verdict::DecidedBy::Store) {
-        assert!(started.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_the_store_decides(&limiter).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let mut busy_up = 0;
     for _ in 0..20 {
@@ -432,15 +428,20 @@ async fn count_if_units_kept_before_a_connection_reset_reach_redis() {
     server.kill(); // the three late calls fail with a connection error (not a timeout)
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.restart();
-    let started = std::time::Instant::now();
-    while limiter.check("probe").await.decided_by() != Some(tollgate::verdict::DecidedBy::Store) {
-        assert!(started.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_the_store_decides(&limiter).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut after = 0;
     for _ in 0..20 {
         after += usize::from(limiter.check("ada").await.is_allowed());
     }
     assert!(after <= 7, "3 kept logins admitted by the fallback, then {after} more of L = 10 after the restart");
+}
+
+/// Checks a key of its own every 50 ms until the store decides (within 10 s of a restart).
+async fn until_the_store_decides(limiter: &tollgate::Limiter<RedisStore, str>) {
+    let started = std::time::Instant::now();
+    while limiter.check("probe").await.decided_by() != Some(tollgate::verdict::DecidedBy::Store) {
+        assert!(started.elapsed() < Duration::from_secs(10), "the store never decided again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
