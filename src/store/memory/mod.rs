@@ -1,7 +1,6 @@
 //! [`MemoryStore`]: in-process state, sharded, with idle keys dropped automatically.
 
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -134,7 +133,7 @@ impl MemoryStore {
     }
 
     fn hash(&self, rule: &str, algorithm: Algorithm, key: &Key) -> u64 {
-        self.inner.hasher.hash_one((rule, algorithm, key))
+        self.inner.hash(rule, algorithm, key)
     }
 
     /// The time-based sweep: one shard per `SWEEP_PERIOD / shards` of time that has
