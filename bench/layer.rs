@@ -5,6 +5,8 @@
 //! ```text
 //! cargo bench -p tollgate-bench --bench layer
 //! cargo bench -p tollgate-bench --bench layer -- --warm-up-time 1 --measurement-time 3 'allowed'
+//! # one configuration, 100,000 requests and no criterion, for a profiler (callgrind):
+//! PROFILE=allowed/tollgate/gcra valgrind --tool=callgrind target/release/deps/layer-<hash> --bench
 //! ```
 //!
 //! Each iteration builds a request carrying one of 10,000 `x-api-key` values (round
@@ -55,6 +57,14 @@ where
     S::Error: std::fmt::Debug,
 {
     let keys = keys();
+    if let Ok(only) = std::env::var("PROFILE") {
+        if only == format!("{group}/{name}") {
+            for i in 0..100_000 {
+                black_box(once(&mut svc, &keys, i));
+            }
+        }
+        return;
+    }
     let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Elements(1));
     let mut i = 0;

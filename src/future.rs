@@ -1,47 +1,138 @@
-//! [`ResponseFuture`], the future of [`RateLimit`](crate::RateLimit).
+//! [`ResponseFuture`], the future of [`RateLimit`](crate::RateLimit): a state machine with
+//! no allocation on the in-process path.
+//!
+//! A refusal decided in `call` is [`Kind::Ready`]. An admitted request (or one no rule
+//! applies to) waits, [`Kind::Unpolled`], holding its [`Lease`]: dropped there, the lease
+//! gives its units back. Its first poll forwards it: the inner service is called and the
+//! lease becomes [`Forwarded`], which lives beside the inner future ([`Kind::Running`])
+//! until the response settles it. A remote store's decision, and the rare wait for a leaky
+//! bucket's slot, run in a boxed future ([`Kind::Boxed`]).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
-/// The response future of [`RateLimit`](crate::RateLimit): the store's decision, then
-/// (unless rejected) the inner service's response with rate-limit headers added.
-pub struct ResponseFuture<T> {
-    inner: Inner<T>,
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::charge::Charge;
+use crate::limiter::{Forwarded, Lease};
+use crate::response::{OnRejected, OnUnavailable};
+use crate::service::Report;
+use crate::store::Store;
+
+/// The boxed future of the paths that wait (a remote store, a leaky bucket's slot).
+pub(crate) type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, B, St, R, U>
+    where
+        S: Service<Request<B>>,
+        St: Store,
+    {
+        #[pin]
+        kind: Kind<S, B, St>,
+        // What the response's headers say (none when no rule applied).
+        report: Option<Report<St, R, U>>,
+    }
 }
 
-enum Inner<T> {
-    /// Answered in `call` (a refusal decided by an in-process store); `None` once taken.
-    Ready(Option<T>),
-    Boxed(Pin<Box<dyn Future<Output = T> + Send>>),
+pin_project! {
+    #[project = KindProj]
+    enum Kind<S, B, St>
+    where
+        S: Service<Request<B>>,
+        St: Store,
+    {
+        Ready { output: Option<Result<S::Response, S::Error>> },
+        Boxed { future: Boxed<Result<S::Response, S::Error>> },
+        // The inner service (made ready by `poll_ready`) and the request, not yet
+        // forwarded; `None` once taken by the first poll.
+        Unpolled { forward: Option<(S, Request<B>, Option<Lease<St>>)> },
+        // The inner service's future, and what the request holds until its response.
+        Running { #[pin] future: S::Future, forwarded: Option<Forwarded<St>> },
+    }
 }
 
-// The output is only ever moved, never pinned: the future is `Unpin` whatever `T` is.
-impl<T> Unpin for ResponseFuture<T> {}
-
-impl<T> ResponseFuture<T> {
-    pub(crate) fn new(inner: Pin<Box<dyn Future<Output = T> + Send>>) -> Self {
-        Self { inner: Inner::Boxed(inner) }
+impl<S, B, St, R, U> ResponseFuture<S, B, St, R, U>
+where
+    S: Service<Request<B>>,
+    St: Store,
+{
+    pub(crate) fn ready(output: Result<S::Response, S::Error>) -> Self {
+        Self { kind: Kind::Ready { output: Some(output) }, report: None }
     }
 
-    pub(crate) fn ready(output: T) -> Self {
-        Self { inner: Inner::Ready(Some(output)) }
+    pub(crate) fn boxed(future: Boxed<Result<S::Response, S::Error>>) -> Self {
+        Self { kind: Kind::Boxed { future }, report: None }
+    }
+
+    /// `req` for `inner` at the first poll, holding `lease` until then, its response
+    /// answered with the headers of `report`.
+    pub(crate) fn unpolled(
+        inner: S,
+        req: Request<B>,
+        lease: Option<Lease<St>>,
+        report: Option<Report<St, R, U>>,
+    ) -> Self {
+        Self { kind: Kind::Unpolled { forward: Some((inner, req, lease)) }, report }
     }
 }
 
-impl<T> Future for ResponseFuture<T> {
-    type Output = T;
+impl<S, B, St, R, U, ResBody> Future for ResponseFuture<S, B, St, R, U>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    St: Store,
+    R: OnRejected<ResBody>,
+    U: OnUnavailable<ResBody>,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        match &mut self.get_mut().inner {
-            Inner::Ready(output) => Poll::Ready(output.take().expect("ResponseFuture polled after completion")),
-            Inner::Boxed(fut) => fut.as_mut().poll(cx),
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.kind.as_mut().project() {
+                KindProj::Ready { output } => {
+                    return Poll::Ready(output.take().expect("ResponseFuture polled after completion"))
+                }
+                KindProj::Boxed { future } => return future.as_mut().poll(cx),
+                KindProj::Unpolled { forward } => {
+                    let (mut inner, mut req, lease) = forward.take().expect("ResponseFuture polled after completion");
+                    if let Some(most) = this.report.as_ref().and_then(Report::most_restrictive) {
+                        req.extensions_mut().insert(most.clone());
+                    }
+                    let forwarded = lease.map(Lease::forward);
+                    let future = inner.call(req);
+                    this.kind.set(Kind::Running { future, forwarded });
+                }
+                KindProj::Running { future, forwarded } => {
+                    let res = ready!(future.poll(cx));
+                    let forwarded = forwarded.take();
+                    // An error gives back what is forwarded: as for a response never given.
+                    let mut res = res?;
+                    if let Some(report) = this.report.take() {
+                        report.headers(&mut res);
+                    }
+                    if let Some(forwarded) = forwarded {
+                        // Units the handler reports it used are taken after the response.
+                        let charge = res.extensions().get::<Charge>().map(|&Charge(units)| units);
+                        forwarded.settle(res.status(), charge);
+                    }
+                    return Poll::Ready(Ok(res));
+                }
+            }
         }
     }
 }
 
-impl<T> fmt::Debug for ResponseFuture<T> {
+impl<S, B, St, R, U> fmt::Debug for ResponseFuture<S, B, St, R, U>
+where
+    S: Service<Request<B>>,
+    St: Store,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::str::FromStr;
 use std::sync::LazyLock;
+use std::thread::LocalKey;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -96,20 +97,22 @@ pub(crate) fn number(n: u64) -> HeaderValue {
     HeaderValue::from_static(&DIGITS[from..to])
 }
 
-/// A Unix time in seconds as a header value (`X-RateLimit-Reset`). Consecutive responses
-/// mostly send the same second: the last value made on this thread is kept and shared
-/// (a reference count), not formatted and allocated again.
-fn unix_secs(n: u64) -> HeaderValue {
-    thread_local! {
-        static LAST: RefCell<(u64, HeaderValue)> = const { RefCell::new((0, HeaderValue::from_static("0"))) };
-    }
-    LAST.with_borrow_mut(|(last, value)| {
+/// `n` as a header value, for a value that mostly repeats from one response to the next
+/// on a thread (`X-RateLimit-Reset`'s second, `X-RateLimit-Limit`): the last value made on
+/// this thread in `slot` is shared (a reference count), not formatted and allocated again.
+fn repeated(slot: &'static LocalKey<RefCell<(u64, HeaderValue)>>, n: u64) -> HeaderValue {
+    slot.with_borrow_mut(|(last, value)| {
         if *last != n {
             *value = number(n);
             *last = n;
         }
         value.clone()
     })
+}
+
+thread_local! {
+    static LAST_RESET: RefCell<(u64, HeaderValue)> = const { RefCell::new((0, HeaderValue::from_static("0"))) };
+    static LAST_LIMIT: RefCell<(u64, HeaderValue)> = const { RefCell::new((0, HeaderValue::from_static("0"))) };
 }
 
 /// `Retry-After` in delta seconds, rounded up, at least 1.
@@ -174,14 +177,16 @@ pub(crate) fn apply(
         if !(inner_refused || inner.is_some_and(|left| left <= d.remaining)) {
             // The wall clock as the crate's clock reads it: a counter read, no system call.
             let now = SystemClock.now_micros() / 1_000_000;
-            headers.insert(X_RATELIMIT_LIMIT, number(d.limit));
+            headers.insert(X_RATELIMIT_LIMIT, repeated(&LAST_LIMIT, d.limit));
             headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
-            headers.insert(X_RATELIMIT_RESET, unix_secs(now + d.reset_secs()));
-            // Over an inner layer's headers, say whose these are.
+            headers.insert(X_RATELIMIT_RESET, repeated(&LAST_RESET, now + d.reset_secs()));
+            // Over an inner layer's headers, say whose these are (the inner layer's name,
+            // if it gave one, goes with them).
             let rule = (name_rule || inner.is_some()).then_some(most.rule).filter(|r| !r.is_empty());
             match rule.and_then(|r| HeaderValue::from_str(r).ok()) {
                 Some(v) => drop(headers.insert(X_RATELIMIT_RULE, v)),
-                None => drop(headers.remove(X_RATELIMIT_RULE)),
+                None if inner.is_some() => drop(headers.remove(X_RATELIMIT_RULE)),
+                None => {}
             }
         }
     }
@@ -306,12 +311,15 @@ mod tests {
         assert!(h.get(RATELIMIT).is_none());
     }
 
-    /// The reset value is cached per thread: a new second gets a new value, and going back
-    /// to an earlier one is no stale hit either.
+    /// Repeated values are cached per thread, one slot per header: a new value gets a new
+    /// header value, going back to an earlier one is no stale hit, and one header's value
+    /// never shows in the other's.
     #[test]
-    fn unix_seconds_are_cached_but_never_stale() {
+    fn repeated_values_are_cached_but_never_stale() {
         for n in [1_700_000_000, 1_700_000_000, 1_700_000_001, 1_700_000_000, 5, 5, 12_345] {
-            assert_eq!(unix_secs(n), n.to_string().as_str());
+            assert_eq!(repeated(&LAST_RESET, n), n.to_string().as_str());
+            let limit = n / 3 + 1;
+            assert_eq!(repeated(&LAST_LIMIT, limit), limit.to_string().as_str());
         }
     }
 

@@ -16,7 +16,7 @@ use crate::limiter::LimiterBuilder;
 use crate::quota::Quota;
 use crate::response::{DefaultRejection, DefaultUnavailable, Rejection, Responder, Unavailable};
 use crate::rule::Rule;
-use crate::service::{RateLimit, RequestHead};
+use crate::service::{RateLimit, RequestHead, Shared};
 use crate::store::Store;
 
 /// A [`tower_layer::Layer`] that limits requests by key, through a shared store.
@@ -53,29 +53,34 @@ use crate::store::Store;
 /// # let _ = layer;
 /// ```
 pub struct RateLimitLayer<St, R = DefaultRejection, U = DefaultUnavailable> {
-    limiter: Arc<Limiter<St, RequestHead>>,
-    style: HeaderStyle,
-    on_rejected: Arc<R>,
-    on_unavailable: Arc<U>,
+    // What every service of the layer shares, made once: a service (axum makes one per
+    // request for a route's layer) costs one reference count.
+    shared: Arc<Shared<St, R, U>>,
 }
 
 impl<St, R, U> Clone for RateLimitLayer<St, R, U> {
     fn clone(&self) -> Self {
-        Self {
-            limiter: self.limiter.clone(),
-            style: self.style,
-            on_rejected: self.on_rejected.clone(),
-            on_unavailable: self.on_unavailable.clone(),
-        }
+        Self { shared: self.shared.clone() }
     }
 }
 
 impl<St: fmt::Debug, R, U> fmt::Debug for RateLimitLayer<St, R, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("limiter", &self.limiter)
-            .field("headers", &self.style)
+            .field("limiter", &self.shared.limiter)
+            .field("headers", &self.shared.responder.style)
             .finish_non_exhaustive()
+    }
+}
+
+impl<St, R, U> RateLimitLayer<St, R, U> {
+    fn assemble(
+        limiter: Arc<Limiter<St, RequestHead>>,
+        style: HeaderStyle,
+        on_rejected: Arc<R>,
+        on_unavailable: Arc<U>,
+    ) -> Self {
+        Self { shared: Arc::new(Shared { limiter, responder: Responder { style, on_rejected, on_unavailable } }) }
     }
 }
 
@@ -114,21 +119,17 @@ impl<St> RateLimitLayer<St> {
     /// but the HTTP ones ([`RateLimitLayer::headers`], [`RateLimitLayer::on_rejected`],
     /// [`RateLimitLayer::on_unavailable`]), set on the layer.
     pub fn from_limiter(limiter: Limiter<St, RequestHead>) -> Self {
-        Self {
-            style: limiter.headers.unwrap_or_default(),
-            limiter: Arc::new(limiter),
-            on_rejected: Arc::new(DefaultRejection),
-            on_unavailable: Arc::new(DefaultUnavailable),
-        }
+        let style = limiter.headers.unwrap_or_default();
+        Self::assemble(Arc::new(limiter), style, Arc::new(DefaultRejection), Arc::new(DefaultUnavailable))
     }
 }
 
 impl<St, R, U> RateLimitLayer<St, R, U> {
     /// Which rate-limit headers responses carry (default: legacy `X-RateLimit-*`).
     #[must_use]
-    pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.style = style;
-        self
+    pub fn headers(self, style: HeaderStyle) -> Self {
+        let Shared { limiter, responder } = &*self.shared;
+        Self::assemble(limiter.clone(), style, responder.on_rejected.clone(), responder.on_unavailable.clone())
     }
 
     /// Builds rejections with `f` (status, body…) from the [`Rejection`]: the rule, its
@@ -165,12 +166,8 @@ impl<St, R, U> RateLimitLayer<St, R, U> {
     /// Builds rejections with any [`OnRejected`](crate::response::OnRejected) (a type of your own,
     /// rather than a closure).
     pub fn on_rejected_with<R2>(self, handler: R2) -> RateLimitLayer<St, R2, U> {
-        RateLimitLayer {
-            limiter: self.limiter,
-            style: self.style,
-            on_rejected: Arc::new(handler),
-            on_unavailable: self.on_unavailable,
-        }
+        let Shared { limiter, responder } = &*self.shared;
+        RateLimitLayer::assemble(limiter.clone(), responder.style, Arc::new(handler), responder.on_unavailable.clone())
     }
 
     /// Builds the `503` of a request refused because the store could not decide under
@@ -180,12 +177,8 @@ impl<St, R, U> RateLimitLayer<St, R, U> {
     where
         F: Fn(&Unavailable<'_>) -> http::Response<ResBody> + Send + Sync + 'static,
     {
-        RateLimitLayer {
-            limiter: self.limiter,
-            style: self.style,
-            on_rejected: self.on_rejected,
-            on_unavailable: Arc::new(f),
-        }
+        let Shared { limiter, responder } = &*self.shared;
+        RateLimitLayer::assemble(limiter.clone(), responder.style, responder.on_rejected.clone(), Arc::new(f))
     }
 
     /// A handle that changes the layer's rules while it serves: a quota with
@@ -209,19 +202,19 @@ impl<St, R, U> RateLimitLayer<St, R, U> {
     /// [`LimiterHandle::set_quota`]: crate::LimiterHandle::set_quota
     #[must_use]
     pub fn handle(&self) -> crate::limiter::LimiterHandle<RequestHead> {
-        self.limiter.handle()
+        self.shared.limiter.handle()
     }
 
     /// The layer's rules.
     #[must_use]
     pub fn rules(&self) -> Arc<[Rule<RequestHead>]> {
-        self.limiter.rules()
+        self.shared.limiter.rules()
     }
 
     /// The store.
     #[must_use]
     pub fn store(&self) -> &St {
-        self.limiter.store()
+        self.shared.limiter.store()
     }
 
     /// The limiter every service of this layer shares: a job loop, a WebSocket handler
@@ -229,7 +222,7 @@ impl<St, R, U> RateLimitLayer<St, R, U> {
     /// uses up the same counts as the layer's requests.
     #[must_use]
     pub fn limiter(&self) -> &Arc<Limiter<St, RequestHead>> {
-        &self.limiter
+        &self.shared.limiter
     }
 }
 
@@ -243,7 +236,7 @@ impl<St: Store, R, U> RateLimitLayer<St, R, U> {
     ///
     /// The store's error (no deadline or circuit breaker applies here).
     pub async fn peek(&self, rule: &str, key: impl Into<Key>) -> Result<Option<Decision>, StoreError> {
-        self.limiter.peek(rule, key).await
+        self.shared.limiter.peek(rule, key).await
     }
 
     /// [`Limiter::peek_with`]: [`RateLimitLayer::peek`] under `quota` (e.g. the key's tier).
@@ -257,7 +250,7 @@ impl<St: Store, R, U> RateLimitLayer<St, R, U> {
         key: impl Into<Key>,
         quota: Quota,
     ) -> Result<Option<Decision>, StoreError> {
-        self.limiter.peek_with(rule, key, quota).await
+        self.shared.limiter.peek_with(rule, key, quota).await
     }
 
     /// [`Limiter::reset`]: forgets the state of `key` under rule `rule`.
@@ -266,7 +259,7 @@ impl<St: Store, R, U> RateLimitLayer<St, R, U> {
     ///
     /// The store's error.
     pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<bool, StoreError> {
-        self.limiter.reset(rule, key).await
+        self.shared.limiter.reset(rule, key).await
     }
 
     /// [`Limiter::block`]: refuses `key` under rule `rule` for `duration`, on every server
@@ -276,7 +269,7 @@ impl<St: Store, R, U> RateLimitLayer<St, R, U> {
     ///
     /// As [`Limiter::block`].
     pub async fn block(&self, rule: &str, key: impl Into<Key>, duration: Duration) -> Result<bool, StoreError> {
-        self.limiter.block(rule, key, duration).await
+        self.shared.limiter.block(rule, key, duration).await
     }
 }
 
@@ -284,12 +277,7 @@ impl<S, St, R, U> Layer<S> for RateLimitLayer<St, R, U> {
     type Service = RateLimit<S, St, R, U>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let responder = Responder {
-            style: self.style,
-            on_rejected: self.on_rejected.clone(),
-            on_unavailable: self.on_unavailable.clone(),
-        };
-        RateLimit::new(inner, self.limiter.clone(), responder)
+        RateLimit::new(inner, self.shared.clone())
     }
 }
 

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::charge::Charge;
+use crate::decision::Decision;
 use crate::future::ResponseFuture;
 use crate::limiter::Limiter;
 use crate::limiter::{Lease, Now, RuleSet};
@@ -38,9 +39,9 @@ pub struct RateLimit<S, St, R, U = DefaultUnavailable> {
 
 /// What every clone of the service and every request's future share: one reference
 /// count to move per clone (servers clone the service per request, on every thread).
-struct Shared<St, R, U> {
-    limiter: Arc<Limiter<St, RequestHead>>,
-    responder: Responder<R, U>,
+pub(crate) struct Shared<St, R, U> {
+    pub(crate) limiter: Arc<Limiter<St, RequestHead>>,
+    pub(crate) responder: Responder<R, U>,
 }
 
 impl<S: Clone, St, R, U> Clone for RateLimit<S, St, R, U> {
@@ -59,8 +60,8 @@ impl<S: fmt::Debug, St: fmt::Debug, R, U> fmt::Debug for RateLimit<S, St, R, U> 
 }
 
 impl<S, St, R, U> RateLimit<S, St, R, U> {
-    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, RequestHead>>, responder: Responder<R, U>) -> Self {
-        Self { inner, shared: Arc::new(Shared { limiter, responder }) }
+    pub(crate) fn new(inner: S, shared: Arc<Shared<St, R, U>>) -> Self {
+        Self { inner, shared }
     }
 
     /// The inner service.
@@ -97,7 +98,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<Result<Response<ResBody>, S::Error>>;
+    type Future = ResponseFuture<S, B, St, R, U>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -106,7 +107,7 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         // Take the instance poll_ready made ready; leave a clone in its place.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let inner = std::mem::replace(&mut self.inner, clone);
         let limiter = &self.shared.limiter;
         // The rules see the head; the body waits beside it until the request is forwarded.
         let (parts, body) = req.into_parts();
@@ -114,19 +115,21 @@ where
         let plan = limiter.plan(&head);
         if plan.is_empty() {
             // No rule applies: forwarded too, when the future is first polled.
-            let req = with_body(head, body);
-            return ResponseFuture::new(Box::pin(async move { inner.call(req).await }));
+            return ResponseFuture::unpolled(inner, with_body(head, body), None, None);
         }
         // One path: decide (at once in process, else in the future), then answer a
         // refusal or run the admitted request. A refusal decided here needs no future.
         match limiter.decide_now(plan) {
             Now::Decided(verdict, set) => match Step::of(&self.shared, verdict, set, &head) {
                 Step::Refused(res) => ResponseFuture::ready(Ok(res)),
-                Step::Admitted(admitted) => ResponseFuture::new(Box::pin(admitted.run(inner, head, body))),
+                Step::Admitted(Admitted { report, lease, slot: None }) => {
+                    ResponseFuture::unpolled(inner, with_body(head, body), Some(lease), Some(report))
+                }
+                Step::Admitted(admitted) => ResponseFuture::boxed(Box::pin(admitted.run(inner, head, body))),
             },
             Now::Later(plan) => {
                 let shared = self.shared.clone();
-                ResponseFuture::new(Box::pin(async move {
+                ResponseFuture::boxed(Box::pin(async move {
                     // The request is answered under the rules it was decided by, whatever
                     // a swap does.
                     let set = plan.set.clone();
@@ -141,14 +144,9 @@ where
     }
 }
 
-/// What a decided request comes to.
 #[allow(clippy::large_enum_variant, reason = "made once per request and matched at once: boxing would allocate")]
 enum Step<St: Store, R, U, ResBody> {
-    /// `429` (gRPC: `RESOURCE_EXHAUSTED`), or the fail mode's `503` when the store failed
-    /// and a rule fails closed.
     Refused(Response<ResBody>),
-    /// Forward it (allowed, or failed open — with no rate-limit headers, nothing being
-    /// known).
     Admitted(Admitted<St, R, U>),
 }
 
@@ -174,37 +172,47 @@ where
                 let slot = (!delay.is_zero()).then(|| Instant::now() + delay);
                 let held = std::mem::take(&mut verdict.held);
                 let lease = shared.limiter.lease(held, "a request dropped before it was forwarded");
-                Step::Admitted(Admitted { shared: shared.clone(), verdict, set, lease, slot })
+                Step::Admitted(Admitted { report: Report { shared: shared.clone(), verdict, set }, lease, slot })
             }
         }
     }
 }
 
-/// An admitted request, until it is forwarded: its lease gives back everything it took if
-/// it is dropped first (its response future dropped unpolled, or while it waits for a
-/// leaky bucket's slot), as a request that never happened.
-struct Admitted<St: Store, R, U> {
+/// What an admitted request's response says: the rate-limit headers of its verdict.
+pub(crate) struct Report<St, R, U> {
     shared: Arc<Shared<St, R, U>>,
     verdict: Verdict,
     set: Arc<RuleSet<RequestHead>>,
+}
+
+impl<St, R, U> Report<St, R, U> {
+    /// The decision handlers find in the request's extensions.
+    pub(crate) fn most_restrictive(&self) -> Option<&Decision> {
+        self.verdict.most_restrictive().map(|most| most.decision)
+    }
+
+    /// The rate-limit headers, on `res` (an inner layer's own refusal keeps its own).
+    pub(crate) fn headers<ResBody>(self, res: &mut Response<ResBody>)
+    where
+        R: OnRejected<ResBody>,
+        U: OnUnavailable<ResBody>,
+    {
+        let refused = crate::response::is_refusal(res);
+        self.shared.responder.allowed(refused, res.headers_mut(), &self.verdict, &names(&self.set));
+    }
+}
+
+/// An admitted request, before it is forwarded.
+struct Admitted<St: Store, R, U> {
+    report: Report<St, R, U>,
     lease: Lease<St>,
-    /// A leaky bucket's slot, to wait for first.
     slot: Option<Instant>,
 }
 
 impl<St: Store, R, U> Admitted<St, R, U> {
-    /// Waits for a leaky bucket's slot, if any; forwards the request — the decision into
-    /// its extensions, the inner service called — then adds the rate-limit headers to its
-    /// response and settles the lease with the response's status and `Charge`.
-    ///
-    /// Built as a plain function returning an `async` block: the block holds each value
-    /// once, where an `async fn` keeps its arguments and their moved copies side by side,
-    /// and the request's future is that much smaller to allocate and move.
-    ///
-    /// Until its first poll the request has not reached the inner service (not even its
-    /// `call`, which may start work): dropped then, the lease gives back all it took. From
-    /// there on it counts; dropped before the handler answers, it gives back the units of
-    /// its count-by-outcome rules (it has no status to be counted by).
+    /// The request's life in one future: the paths that wait anyway (a remote store, a
+    /// leaky bucket's slot). An in-process decision's request takes the unboxed
+    /// [`ResponseFuture`] instead.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see above)")]
     fn run<S, B, ResBody>(
         self,
@@ -218,19 +226,18 @@ impl<St: Store, R, U> Admitted<St, R, U> {
         U: OnUnavailable<ResBody>,
     {
         async move {
-            let Admitted { shared, verdict, set, lease, slot } = self;
+            let Admitted { report, lease, slot } = self;
             if let Some(slot) = slot {
                 // Leaky bucket (rare): boxed, so the common request's future stays small.
                 inner = Box::pin(wait_for_slot(inner, slot)).await?;
             }
             let forwarded = lease.forward();
             let mut req = with_body(head, body);
-            if let Some(most) = verdict.most_restrictive() {
-                req.extensions_mut().insert(most.decision.clone());
+            if let Some(most) = report.most_restrictive() {
+                req.extensions_mut().insert(most.clone());
             }
             let mut res = inner.call(req).await?;
-            let refused = crate::response::is_refusal(&res);
-            shared.responder.allowed(refused, res.headers_mut(), &verdict, &names(&set));
+            report.headers(&mut res);
             // Units the handler reports it used are taken after the response.
             let charge = res.extensions().get::<Charge>().map(|&Charge(units)| units);
             forwarded.settle(res.status(), charge);
@@ -239,7 +246,6 @@ impl<St: Store, R, U> Admitted<St, R, U> {
     }
 }
 
-/// What responses say of the rules of `set`.
 fn names(set: &RuleSet<RequestHead>) -> Names<'_> {
     Names { public: &set.names, style: set.headers }
 }

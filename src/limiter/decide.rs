@@ -409,7 +409,7 @@ fn probes<I: ?Sized>(
     as_held: &[Check],
     rules: &[usize],
     holder: Holder,
-) -> SmallVec<[Probe; 1]> {
+) -> Vec<Probe> {
     let charged = checks.iter().zip(as_held).zip(rules).filter(|&(_, &rule)| set.rules[rule].charged);
     charged
         .map(|((c, held), &rule)| Probe {

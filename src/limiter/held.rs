@@ -77,7 +77,9 @@ pub(crate) struct Probe {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Held {
     pub(crate) units: SmallVec<[Unit; 1]>,
-    pub(crate) probes: SmallVec<[Probe; 1]>,
+    /// Only charged rules have probes: a `Vec`, empty without allocating, keeps what a
+    /// request moves around small (a probe inline is 272 bytes).
+    pub(crate) probes: Vec<Probe>,
     /// The generation of the rule set the input was decided under (rule indexes are into
     /// it; the blocked-key cache names rules by it).
     pub(crate) generation: u64,

@@ -456,17 +456,17 @@ async fn a_request_dropped_while_its_enforced_call_is_in_flight_gives_back_its_s
 /// next one.
 #[test]
 fn an_unpolled_requests_units_are_back_with_no_runtime() {
-    fn poll_now<F: Future + Unpin>(f: &mut F) -> F::Output {
-        match std::pin::Pin::new(f).poll(&mut Context::from_waker(std::task::Waker::noop())) {
+    fn poll_now<F: Future>(f: F) -> F::Output {
+        match std::pin::pin!(f).poll(&mut Context::from_waker(std::task::Waker::noop())) {
             Poll::Ready(out) => out,
             Poll::Pending => panic!("not ready at once"),
         }
     }
     let layer = RateLimitLayer::new(Quota::per_minute(1), key::header("x-key"), MemoryStore::new());
     let mut svc = layer.layer(inner());
-    poll_now(&mut std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
+    poll_now(std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
     drop(svc.call(get("/", "a")));
-    poll_now(&mut std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
-    let res = poll_now(&mut svc.call(get("/", "a"))).unwrap();
+    poll_now(std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
+    let res = poll_now(svc.call(get("/", "a"))).unwrap();
     assert_eq!(res.status(), StatusCode::OK, "the dropped request's unit was not refunded");
 }
