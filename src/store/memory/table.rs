@@ -98,6 +98,11 @@ impl Entry {
     /// a rejection that starts a block stores it (the one change a rejection makes).
     pub(super) fn decide(&mut self, check: &Check, now: u64, write: bool) -> Decision {
         let d = self.state.decide(&check.params, now);
+        if self.blocked_until <= now && (d.allowed || check.params.block_us == 0) {
+            // Nothing to block, nor blocked (the common case): the decision is not moved
+            // through `blocking`.
+            return d;
+        }
         let (d, block) = crate::algorithm::blocking(d, self.blocked_until, &check.params, now);
         if let (Some(until), true) = (block, write) {
             self.blocked_until = until;
