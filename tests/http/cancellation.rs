@@ -172,6 +172,23 @@ async fn dropped_during_the_inner_call_keeps_what_a_forwarded_request_took_but_c
     assert_eq!(layer.peek("login", "a").await.unwrap().unwrap().remaining, 1);
 }
 
+/// An inner service that answers with an error (no response, so no status to count): the
+/// request counts, as forwarded; its count-by-outcome unit is given back, as for a
+/// response never given, and the error reaches the caller unchanged.
+#[tokio::test(start_paused = true)]
+async fn an_inner_error_keeps_what_a_forwarded_request_took_but_count_if_units() {
+    let layer = count_and_login();
+    let failing = tower::service_fn(|_: Request<Body>| async { Err::<Response<Body>, _>("the handler failed") });
+    let svc = layer.clone().layer(failing);
+    let err = svc.clone().oneshot(get("/", "a")).await.unwrap_err();
+    assert_eq!(err, "the handler failed");
+    settle().await;
+    // What one more request would leave: 1 of 3 for `count` (this one counted), 2 for
+    // `login` (its unit back).
+    assert_eq!(layer.peek("count", "a").await.unwrap().unwrap().remaining, 1);
+    assert_eq!(layer.peek("login", "a").await.unwrap().unwrap().remaining, 2);
+}
+
 /// An in-process store decides within `call`, before the response future exists: a
 /// future dropped before its first poll never reached the handler, and refunds all it
 /// took — each rule's unit exactly once (the count-by-outcome rule's too, not twice).
