@@ -15,17 +15,59 @@
 //!
 //! `ONLY` keeps the cells whose name holds it; `PASSES` sets the passes a cell.
 //!
+//! After the table: the heap bytes a key takes at 100,000 keys (one GCRA decision each, a
+//! counting allocator around the system's), tollgate's and governor's; and, with
+//! `PLOT=docs/img/memory.svg`, GCRA checks/s against live keys (1,000 to 100,000, W1's
+//! workload otherwise) on 1 and 2 threads, both crates, medians of `RUNS`, drawn to that
+//! file and printed as a table.
+//!
 //! tollgate decides a `(rule, key)` check through `LocalStore::check_one` (the path the
 //! layer takes: the store's clock, a full `Decision`); governor answers a `bool` from
 //! `check_key`. Each run measures every cell once, tollgate and governor back to back; the
 //! table gives min–median–max over the runs of checks/s and of the ratio within a run.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use governor::{DefaultKeyedRateLimiter, Quota as GovQuota, RateLimiter};
 use tollgate::key::Key;
 use tollgate::store::{Check, LocalStore, Params};
 use tollgate::{Algorithm, MemoryStore, Quota};
+
+/// The system allocator, counting the bytes it holds: what a table of keys takes.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded to `System` with the same arguments; the counter is only
+// bookkeeping.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            LIVE.fetch_add(new_size, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
 
 const W1_KEYS: u64 = 10_000;
 const W1_DECISIONS: usize = 200_000;
@@ -45,7 +87,7 @@ enum Workload {
 impl Workload {
     fn keys(self) -> Vec<u64> {
         match self {
-            Workload::W1 => (0..W1_DECISIONS as u64).map(|i| splitmix(i ^ 0x5eed) % W1_KEYS).collect(),
+            Workload::W1 => w1_keys(W1_KEYS),
             Workload::W2 => vec![7; W2_DECISIONS],
         }
     }
@@ -56,6 +98,11 @@ impl Workload {
             Workload::W2 => (Quota::per_minute(1_000), 1_000),
         }
     }
+}
+
+/// W1's decisions over `n` keys (fixed seed).
+fn w1_keys(n: u64) -> Vec<u64> {
+    (0..W1_DECISIONS as u64).map(|i| splitmix(i ^ 0x5eed) % n).collect()
 }
 
 fn splitmix(x: u64) -> u64 {
@@ -77,15 +124,16 @@ impl Workload {
 }
 
 /// Checks per second of `PASSES` passes, each over a fresh limiter from `fresh`, whose
-/// `decide` is run on `threads` threads over their share of the workload's decisions; and
+/// `decide` is run on `threads` threads over their share of the decisions `keys`; and
 /// how many a pass allowed.
-fn rate<L: Sync>(
+fn rate_over<L: Sync>(
+    keys: &[u64],
     workload: Workload,
     threads: usize,
     fresh: impl Fn() -> L,
     decide: impl Fn(&L, u64) -> bool + Sync,
 ) -> (f64, usize) {
-    let keys = workload.keys();
+    let keys = keys.to_vec();
     let shares: Vec<Vec<u64>> = (0..threads).map(|t| workload.share(&keys, threads, t)).collect();
     let total: usize = shares.iter().map(Vec::len).sum();
     let mut spent = 0.0;
@@ -109,20 +157,118 @@ fn rate<L: Sync>(
 }
 
 fn tollgate(workload: Workload, algorithm: Algorithm, threads: usize) -> (f64, usize) {
+    tollgate_over(&workload.keys(), workload, algorithm, threads)
+}
+
+fn tollgate_over(keys: &[u64], workload: Workload, algorithm: Algorithm, threads: usize) -> (f64, usize) {
     let (quota, _) = workload.quota();
     let rule: std::sync::Arc<str> = "api".into();
     let params = Params::new(quota);
-    rate(workload, threads, MemoryStore::new, |store, k| {
+    rate_over(keys, workload, threads, MemoryStore::new, |store, k| {
         let check = Check { rule: rule.clone(), key: Key::from(k), algorithm, params };
         store.check_one(&check).is_ok_and(|o| o.decision.allowed)
     })
 }
 
 fn governor(workload: Workload, threads: usize) -> (f64, usize) {
+    governor_over(&workload.keys(), workload, threads)
+}
+
+fn governor_limiter(workload: Workload) -> DefaultKeyedRateLimiter<u64> {
     let (_, per_minute) = workload.quota();
     let n = std::num::NonZeroU32::new(per_minute).expect("a positive quota");
-    let fresh = || -> DefaultKeyedRateLimiter<u64> { RateLimiter::keyed(GovQuota::per_minute(n).allow_burst(n)) };
-    rate(workload, threads, fresh, |limiter, k| limiter.check_key(&k).is_ok())
+    RateLimiter::keyed(GovQuota::per_minute(n).allow_burst(n))
+}
+
+fn governor_over(keys: &[u64], workload: Workload, threads: usize) -> (f64, usize) {
+    rate_over(keys, workload, threads, || governor_limiter(workload), |limiter, k| limiter.check_key(&k).is_ok())
+}
+
+/// Heap bytes a key takes: each of `n` keys decided once (GCRA, W1's quota), tollgate's
+/// `MemoryStore` then governor's keyed limiter.
+fn bytes_per_key(n: u64) -> (f64, f64) {
+    let per_key = |held: usize| held as f64 / n as f64;
+    let before = LIVE.load(Ordering::Relaxed);
+    let store = MemoryStore::new();
+    let params = Params::new(Workload::W1.quota().0);
+    let rule: std::sync::Arc<str> = "api".into();
+    for k in 0..n {
+        let check = Check { rule: rule.clone(), key: Key::from(k), algorithm: Algorithm::Gcra, params };
+        assert!(store.check_one(&check).is_ok_and(|o| o.decision.allowed));
+    }
+    let ours = per_key(LIVE.load(Ordering::Relaxed) - before);
+    drop(store);
+    let before = LIVE.load(Ordering::Relaxed);
+    let limiter = governor_limiter(Workload::W1);
+    for k in 0..n {
+        assert!(limiter.check_key(&k).is_ok());
+    }
+    let theirs = per_key(LIVE.load(Ordering::Relaxed) - before);
+    (ours, theirs)
+}
+
+/// GCRA checks/s against live keys, 1 and 2 threads, both crates: medians of `runs`,
+/// printed and drawn to `path`.
+fn plot(path: &str, runs: usize) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    const KEYS: [u64; 5] = [1_000, 3_000, 10_000, 30_000, 100_000];
+    let median = |mut xs: Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
+    /// One line of the figure: label, colour, dashed (2 threads), points.
+    type Line = (String, RGBColor, bool, Vec<(f64, f64)>);
+    let mut lines: Vec<Line> = Vec::new();
+    println!("\n| keys | threads | tollgate, M checks/s | governor, M checks/s | ratio |\n|---:|---:|---:|---:|---:|");
+    for threads in [1, 2] {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for n in KEYS {
+            let keys = w1_keys(n);
+            let (mut t, mut g) = (Vec::new(), Vec::new());
+            for _ in 0..runs {
+                t.push(tollgate_over(&keys, Workload::W1, Algorithm::Gcra, threads).0 / 1e6);
+                g.push(governor_over(&keys, Workload::W1, threads).0 / 1e6);
+            }
+            let (t, g) = (median(t), median(g));
+            println!("| {n} | {threads} | {t:.2} | {g:.2} | {:.2} |", t / g);
+            ours.push((n as f64, t));
+            theirs.push((n as f64, g));
+        }
+        lines.push((format!("tollgate, {threads} thread(s)"), RGBColor(31, 119, 180), threads == 2, ours));
+        lines.push((format!("governor, {threads} thread(s)"), RGBColor(214, 39, 40), threads == 2, theirs));
+    }
+    let top = lines.iter().flat_map(|l| l.3.iter().map(|p| p.1)).fold(1.0, f64::max) * 1.1;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "GCRA in process: checks/s against live keys (W1: 200,000 decisions a pass, fresh store), medians",
+            ("sans-serif", 16),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d((1_000f64..100_000f64).log_scale(), 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("live keys")
+        .y_desc("million checks/s")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .light_line_style(WHITE)
+        .draw()?;
+    for (label, colour, dashed, points) in lines {
+        let style = ShapeStyle::from(&colour).stroke_width(2);
+        let series = if dashed {
+            chart.draw_series(DashedLineSeries::new(points, 6, 4, style))?
+        } else {
+            chart.draw_series(LineSeries::new(points, style))?
+        };
+        series.label(label).legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+    }
+    chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw()?;
+    root.present()?;
+    println!("\nDrawn to {path}.");
+    Ok(())
 }
 
 /// min–median–max of `xs`.
@@ -173,4 +319,15 @@ fn main() {
         );
     }
     println!("\nmin–median–max of {runs} runs; `cargo run --release -p tollgate-bench --example table`.");
+    let (ours, theirs) = bytes_per_key(100_000);
+    println!(
+        "\nHeap bytes a key at 100,000 keys (GCRA, one decision each): tollgate {ours:.0}, governor {theirs:.0} ({:.2}×).",
+        ours / theirs
+    );
+    if let Ok(path) = std::env::var("PLOT") {
+        if let Err(e) = plot(&path, runs) {
+            eprintln!("the plot failed: {e}");
+            std::process::exit(1);
+        }
+    }
 }

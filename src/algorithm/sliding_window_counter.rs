@@ -134,23 +134,8 @@ fn retry(prev: u64, curr: u64, c: u64, l: u64, period: u64, e: u64) -> u64 {
 /// Starts from the exact rational answer and steps to where the double predicate flips.
 fn first_fit(prev: u64, curr: u64, c: u64, l: u64, period: u64, from: u64) -> u64 {
     let fits_at = |e: u64| fits(prev, curr, e, period, c, l);
-    let room = l - curr - c;
-    // Exact: W - e' <= room·W/prev; in 64 bits when the product fits (a 128-bit division
-    // is a library call, on the allowed path of every decision).
-    let mut e = if prev == 0 {
-        from
-    } else {
-        let left = match room.checked_mul(period) {
-            Some(product) => (product / prev).min(period),
-            None => {
-                let max_left = (u128::from(room) * u128::from(period) / u128::from(prev)).min(u128::from(period));
-                #[allow(clippy::cast_possible_truncation)]
-                let left = max_left as u64;
-                left
-            }
-        };
-        (period - left).max(from)
-    };
+    // Exact: W - e' <= room·W/prev.
+    let mut e = if prev == 0 { from } else { (period - most_left(l - curr - c, period, prev)).max(from) };
     while e < period && !fits_at(e) {
         e += 1;
     }
@@ -158,4 +143,16 @@ fn first_fit(prev: u64, curr: u64, c: u64, l: u64, period: u64, from: u64) -> u6
         e -= 1;
     }
     period - e
+}
+
+/// `min(room·period/prev, period)`, in 64 bits when the product fits (a 128-bit division is
+/// a library call, on the allowed path of every decision). `prev` is not 0.
+fn most_left(room: u64, period: u64, prev: u64) -> u64 {
+    match room.checked_mul(period) {
+        Some(product) => (product / prev).min(period),
+        None => {
+            let left = (u128::from(room) * u128::from(period) / u128::from(prev)).min(u128::from(period));
+            u64::try_from(left).unwrap_or(period)
+        }
+    }
 }
