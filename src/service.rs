@@ -1,9 +1,10 @@
 //! [`RateLimit`]: the service. `poll_ready` only forwards; `call` asks the
 //! [`Limiter`], then answers or forwards, on one path ([`Step`]): an in-process store
-//! decides within `call`, and a refusal is then answered with no future allocated; a
-//! remote store decides in the response future. An admitted request holds a
-//! [`Lease`] on its units until it is forwarded, then its `Forwarded` stage until its
-//! response settles it; the inner service is called only when the future is polled.
+//! decides within `call`, and the [`ResponseFuture`] is then a refusal ready at once, or
+//! the admitted request, with no allocation; a remote store decides in a boxed response
+//! future. An admitted request holds a [`Lease`] on its units until it is forwarded, then
+//! its `Forwarded` stage until its response settles it; the inner service is called only
+//! when the future is first polled.
 
 use std::fmt;
 use std::future::Future;
