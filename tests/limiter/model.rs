@@ -53,7 +53,7 @@ use tollgate::clock::{Clock, ManualClock};
 use tollgate::key::{self, Key};
 use tollgate::response::Rejection;
 use tollgate::store::{Check, Store};
-use tollgate::store::{LocalStore, Outcome, Refund};
+use tollgate::store::{LocalStore, Outcome, Params, Refund};
 use tollgate::verdict::DecidedBy;
 use tollgate::RequestHead;
 use tollgate::{Algorithm, Decision, FailMode, MemoryStore, Quota, RateLimitLayer, RedisStore, Rule, StoreError};
@@ -73,6 +73,7 @@ enum Mode {
 enum Event {
     /// A check the store answered at `now`.
     /// `seq`: when the call started, among calls (one connection runs them in that order).
+    /// `now` and `seq` are the store's: see [`Core::recorded`].
     Check { now: u64, seq: usize, checks: Vec<Check>, outcomes: Vec<Option<Outcome>> },
     /// A refund the store was asked for at `now`.
     Refund { now: u64, refunds: Vec<Refund> },
@@ -103,6 +104,11 @@ struct Core<S> {
     mode: Arc<Mutex<Mode>>,
     attempts: Arc<AtomicUsize>,
     seq: Arc<AtomicUsize>,
+    /// Held while a call reads the time, takes its sequence number and starts the inner
+    /// store's call (where `RedisStore` reads its clock and queues the script on its one
+    /// connection), and while the store's clock moves (`run_case`'s `advance`): so that
+    /// the time and order logged are those of the store's decisions.
+    order: Arc<Mutex<()>>,
     log: Arc<Mutex<Vec<Event>>>,
     /// In-process: decides with no future (`LocalStore`), as `MemoryStore` does, so the
     /// layer decides inside `call`. It fails, but never hangs.
@@ -117,6 +123,7 @@ impl<S: Store + Clone> Recorder<S> {
             mode: Arc::new(Mutex::new(Mode::Up)),
             attempts: Arc::default(),
             seq: Arc::default(),
+            order: Arc::default(),
             log: Arc::default(),
             local: false,
         };
@@ -146,6 +153,14 @@ impl<S: Store + Clone> Core<S> {
     /// Calls the inner store as the mode says (failing, hanging, up), and logs `event` of
     /// what it answered, with the store time and sequence number taken as the call starts
     /// (one connection runs calls in that order).
+    ///
+    /// Taken under `order`, with the inner call's first poll, where a remote store reads
+    /// its clock and queues its command: else a call that took its number and time, then
+    /// was held up (its thread descheduled) while another call went to the store, or the
+    /// clock moved on, would be logged out of the store's order, or earlier than the store
+    /// decided it — a charge logged before an admission that the store decided first, a
+    /// commit seconds before the time it was made at — and the reference would see
+    /// over-admission the store never did.
     fn recorded<T, Fut>(
         &self,
         call: impl FnOnce(S) -> Fut + Send + 'static,
@@ -157,15 +172,26 @@ impl<S: Store + Clone> Core<S> {
     {
         let mode = self.mode();
         let (inner, clock, log, seq) = (self.inner.clone(), self.clock.clone(), self.log.clone(), self.seq.clone());
+        let order = self.order.clone();
         async move {
             match mode {
                 Mode::Failing => return Err(StoreError::Unavailable("down".into())),
                 Mode::Hanging => std::future::pending::<()>().await,
                 Mode::Up => {}
             }
-            let now = clock.now_micros();
-            let seq = seq.fetch_add(1, Ordering::SeqCst);
-            let answer = call(inner).await?;
+            // Unconstrained: tokio's budget would leave the command unqueued in its first poll.
+            let mut call = std::pin::pin!(tokio::task::unconstrained(call(inner)));
+            let mut started = None;
+            let answer = std::future::poll_fn(|cx| match started {
+                Some(_) => call.as_mut().poll(cx),
+                None => {
+                    let _order = order.lock().unwrap();
+                    started = Some((clock.now_micros(), seq.fetch_add(1, Ordering::SeqCst)));
+                    call.as_mut().poll(cx)
+                }
+            })
+            .await?;
+            let (now, seq) = started.expect("polled");
             log.lock().unwrap().push(event(now, seq, &answer));
             Ok(answer)
         }
@@ -396,10 +422,18 @@ async fn run_case<S: Store + Clone>(
     cache: bool,
     manual: Option<&ManualClock>,
 ) -> (Vec<Event>, Seen) {
-    let advance = |d: Duration| async move {
-        match manual {
-            Some(clock) => clock.advance(d),
-            None => tokio::time::sleep(d).await,
+    let order = store.order.clone();
+    let advance = |d: Duration| {
+        let order = order.clone();
+        async move {
+            match manual {
+                // Not while a call starts (see `Core::recorded`).
+                Some(clock) => {
+                    let _order = order.lock().unwrap();
+                    clock.advance(d);
+                }
+                None => tokio::time::sleep(d).await,
+            }
         }
     };
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -778,6 +812,29 @@ fn redis() -> &'static RedisServer {
     SERVER.get_or_init(RedisServer::start)
 }
 
+/// Has the server load the scripts of the calls a case makes (a check of several rules,
+/// a charge, a refund) before the case: a script it does not know yet is sent again
+/// (`EVAL` after `NOSCRIPT`), at a later time and behind the calls queued meanwhile, out
+/// of the order and time the recording store logged (see `Core::recorded`).
+async fn load_scripts(redis: &RedisStore) {
+    let check = |rule: &str| Check {
+        rule: rule.into(),
+        key: "scripts".into(),
+        algorithm: Algorithm::Gcra,
+        params: Params::new(Quota::per_minute(5)),
+    };
+    let checks = [check("load1"), check("load2")];
+    let outcomes = redis.check(&checks).await.unwrap();
+    redis.charge(&checks).await.unwrap();
+    let refunds: Vec<Refund> = checks
+        .iter()
+        .zip(&outcomes)
+        .filter_map(|(c, o)| Some(Refund { check: c.clone(), taken: o.as_ref()?.taken? }))
+        .collect();
+    assert_eq!(refunds.len(), 2, "{outcomes:?}");
+    redis.refund(&refunds).await.unwrap();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(100), failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -796,6 +853,7 @@ proptest! {
                 .response_timeout(Duration::from_secs(1))
                 .with_clock(manual.clone());
             redis.ping().await.unwrap();
+            load_scripts(&redis).await;
             let store = Recorder::new(redis, clock);
             // Redis runs on real time: no cache (its entries would time out in real time
             // while the store's clock jumps), a short cool-down.
