@@ -180,13 +180,12 @@ pub(crate) fn apply(
             headers.insert(X_RATELIMIT_LIMIT, repeated(&LAST_LIMIT, d.limit));
             headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
             headers.insert(X_RATELIMIT_RESET, repeated(&LAST_RESET, now + d.reset_secs()));
-            // Over an inner layer's headers, say whose these are (the inner layer's name,
-            // if it gave one, goes with them).
+            // Over an inner layer's headers, say whose these are; and no other rule's name
+            // (an inner layer's, an upstream's) is left over these numbers.
             let rule = (name_rule || inner.is_some()).then_some(most.rule).filter(|r| !r.is_empty());
             match rule.and_then(|r| HeaderValue::from_str(r).ok()) {
                 Some(v) => drop(headers.insert(X_RATELIMIT_RULE, v)),
-                None if inner.is_some() => drop(headers.remove(X_RATELIMIT_RULE)),
-                None => {}
+                None => drop(headers.remove(X_RATELIMIT_RULE)),
             }
         }
     }

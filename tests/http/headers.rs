@@ -4,6 +4,7 @@
 use crate::common::{app, get};
 use crate::support;
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use support::fake::{Remote, T0};
 use support::sf_params;
 use tokio::sync::Notify;
 use tollgate::clock::ManualClock;
+use tollgate::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RULE};
 use tollgate::key;
 use tollgate::{Algorithm, HeaderStyle, MemoryStore, Quota, RateLimitLayer, Rule};
 use tower::{Layer, ServiceExt};
@@ -242,4 +244,48 @@ async fn the_last_header_style_set_on_a_layer_wins() {
     let legacy = no_style.replace("[[rule]]", "headers = \"legacy\"\n[[rule]]");
     layer.handle().reload(&tollgate::LayerConfig::from_toml(&legacy).unwrap()).unwrap();
     assert_eq!(answer(layer).await, (true, false), "a reload naming one overrides it");
+}
+
+/// A request with `x-key: key`.
+fn keyed(key: &str) -> Request<Body> {
+    Request::get("/").header("x-key", key).body(Body::empty()).unwrap()
+}
+
+/// Two layers with different limits of 10,000 and more, interleaved on one thread: each
+/// response says its own limit (the per-thread cache never shows another layer's).
+#[tokio::test]
+async fn interleaved_layers_each_say_their_own_limit() {
+    let ok = || tower::service_fn(|_: Request<Body>| async { Ok::<_, Infallible>(http::Response::new(Body::empty())) });
+    let layer = |n| RateLimitLayer::new(Quota::per_minute(n), key::header("x-key"), MemoryStore::new());
+    let (a, b, c) = (layer(10_000).layer(ok()), layer(25_000).layer(ok()), layer(7).layer(ok()));
+    for i in 0..5u64 {
+        for (svc, limit) in [(&a, 10_000u64), (&b, 25_000), (&a, 10_000), (&c, 7), (&c, 7), (&b, 25_000)] {
+            let res = svc.clone().oneshot(keyed("k")).await.unwrap();
+            assert_eq!(res.headers()[X_RATELIMIT_LIMIT], limit.to_string().as_str(), "round {i}");
+        }
+    }
+    let res = b.clone().oneshot(keyed("k")).await.unwrap();
+    assert_eq!(res.headers()[X_RATELIMIT_REMAINING], "24989");
+}
+
+/// A response that already carries an `X-RateLimit-Rule` of its own (a proxied upstream's,
+/// whose `X-RateLimit-Remaining` is not a number this crate reads) under a one-rule layer:
+/// the layer writes its own limit, remaining and reset; a rule name left there says they
+/// are that other rule's. The layer removes it (a change that kept it was caught in review).
+#[tokio::test]
+async fn a_foreign_rule_name_is_not_left_over_the_layers_headers() {
+    let upstream = tower::service_fn(|_: Request<Body>| async {
+        let res = http::Response::builder()
+            .header("x-ratelimit-rule", "upstream-daily")
+            .header("x-ratelimit-remaining", "unlimited")
+            .body(Body::empty())
+            .unwrap();
+        Ok::<_, Infallible>(res)
+    });
+    let svc = RateLimitLayer::new(Quota::per_minute(10), key::header("x-key"), MemoryStore::new()).layer(upstream);
+    let res = svc.oneshot(keyed("k")).await.unwrap();
+    let h = res.headers();
+    assert_eq!(h[X_RATELIMIT_LIMIT], "10");
+    assert_eq!(h[X_RATELIMIT_REMAINING], "9");
+    assert_eq!(h.get(X_RATELIMIT_RULE), None, "the layer's numbers under another rule's name: {h:?}");
 }

@@ -19,5 +19,6 @@ mod outage;
 mod production;
 mod proxies;
 mod refunds;
+mod response_future;
 mod rules;
 mod setup;

@@ -1,0 +1,112 @@
+//! The response future's states (unpolled, running the inner call, answered) with
+//! count-by-outcome, charged and leaky-bucket rules side by side: what each state holds,
+//! gives back and charges, whether it is dropped, the handler fails, panics or answers.
+
+use crate::support;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use support::fake::{settle, TokioClock};
+use tollgate::{key, Algorithm, Charge, Decision, MemoryStore, Quota, RateLimitLayer, Rule};
+use tower::{Layer, Service, ServiceExt};
+
+fn get(path: &str, key: &str) -> Request<Body> {
+    Request::get(path).header("x-key", key).body(Body::empty()).unwrap()
+}
+
+/// `/hang` never answers, `/fail` is 401, `/panic` panics in its future, `/charge` charges
+/// 5, `/err` is an error; each response says whether the handler saw a `Decision`.
+fn inner() -> impl Service<Request<Body>, Response = Response<Body>, Error = &'static str, Future: Send> + Clone {
+    tower::service_fn(|req: Request<Body>| async move {
+        let seen = req.extensions().get::<Decision>().map(|d| d.remaining.to_string()).unwrap_or_default();
+        let mut res = Response::builder().header("x-seen", seen).body(Body::empty()).unwrap();
+        match req.uri().path() {
+            "/hang" => std::future::pending().await,
+            "/fail" => *res.status_mut() = StatusCode::UNAUTHORIZED,
+            "/panic" => panic!("the handler panicked"),
+            "/charge" => drop(res.extensions_mut().insert(Charge(5))),
+            "/err" => return Err("the handler failed"),
+            _ => {}
+        }
+        Ok(res)
+    })
+}
+
+/// `count` (3/min), `login` (3/min, 401s only), `tokens` (100/min, charged).
+fn three_rules() -> RateLimitLayer<MemoryStore> {
+    RateLimitLayer::builder(MemoryStore::with_clock(TokioClock::new()))
+        .rule("count", Quota::per_minute(3), key::header("x-key"))
+        .add_rule(
+            Rule::new("login", Quota::per_minute(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-key")).charged())
+        .build()
+        .unwrap()
+}
+
+async fn left(layer: &RateLimitLayer<MemoryStore>, key: &str) -> (u64, u64, u64) {
+    let r = |rule| async move { layer.peek(rule, key).await.unwrap().unwrap().remaining };
+    (r("count").await, r("login").await, r("tokens").await)
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_state_of_the_future_with_count_if_and_charged_rules() {
+    let layer = three_rules();
+    let mut svc = layer.clone().layer(inner());
+    // Nothing yet: a peek's own unit leaves 2, 2, 99.
+    assert_eq!(left(&layer, "a").await, (2, 2, 99));
+    // Dropped before its first poll: nothing taken.
+    std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    drop(svc.call(get("/charge", "a")));
+    settle().await;
+    assert_eq!(left(&layer, "a").await, (2, 2, 99), "dropped unpolled");
+    // Dropped during the inner call: counts, login's unit back, no charge.
+    let r = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/hang", "a"))).await;
+    assert!(r.is_err());
+    settle().await;
+    assert_eq!(left(&layer, "a").await, (1, 2, 99), "dropped in the inner call");
+    // An error: counts, login's unit back.
+    assert_eq!(svc.clone().oneshot(get("/err", "a")).await.unwrap_err(), "the handler failed");
+    settle().await;
+    assert_eq!(left(&layer, "a").await, (0, 2, 99), "an inner error");
+
+    // Another key: a panic in the handler's future.
+    let panicked = tokio::spawn(svc.clone().oneshot(get("/panic", "b"))).await;
+    assert!(panicked.unwrap_err().is_panic());
+    settle().await;
+    assert_eq!(left(&layer, "b").await, (1, 2, 99), "a panic in the handler");
+    // A charge of 5, a 401 kept by login.
+    let res = svc.clone().oneshot(get("/charge", "c")).await.unwrap();
+    assert_eq!(res.headers()["x-seen"], "2");
+    settle().await;
+    assert_eq!(left(&layer, "c").await, (1, 2, 94), "a charge");
+    let res = svc.clone().oneshot(get("/fail", "c")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    settle().await;
+    assert_eq!(left(&layer, "c").await, (0, 1, 94), "a 401");
+}
+
+/// A leaky bucket (the boxed path) next to in-process rules, count_if included.
+#[tokio::test(start_paused = true)]
+async fn a_leaky_bucket_beside_count_if_rules() {
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(TokioClock::new()))
+        .add_rule(Rule::new("shape", Quota::per_second(5).burst(4), key::Global).algorithm(Algorithm::LeakyBucket))
+        .add_rule(
+            Rule::new("login", Quota::per_minute(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap();
+    let svc = layer.clone().layer(inner());
+    assert_eq!(svc.clone().oneshot(get("/fail", "a")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    // Waits 200 ms for its slot, then hangs in the handler: dropped at 300 ms.
+    let r = tokio::time::timeout(Duration::from_millis(300), svc.clone().oneshot(get("/hang", "a"))).await;
+    assert!(r.is_err());
+    settle().await;
+    assert_eq!(layer.peek("login", "a").await.unwrap().unwrap().remaining, 1);
+    let res = svc.clone().oneshot(get("/fail", "a")).await.unwrap();
+    assert_eq!(res.headers()["x-seen"], "1");
+    settle().await;
+    assert_eq!(layer.peek("login", "a").await.unwrap().unwrap().remaining, 0);
+}
