@@ -19,8 +19,8 @@ use tower_service::Service;
 
 use crate::charge::Charge;
 use crate::limiter::{Forwarded, Lease};
+use crate::report::Report;
 use crate::response::{OnRejected, OnUnavailable};
-use crate::service::Report;
 use crate::store::Store;
 
 /// The boxed future of the paths that wait (a remote store, a leaky bucket's slot).

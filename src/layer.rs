@@ -9,14 +9,16 @@ use tower_layer::Layer;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
+use crate::head::RequestHead;
 use crate::headers::HeaderStyle;
 use crate::key::{Key, KeyExtractor};
 use crate::limiter::Limiter;
 use crate::limiter::LimiterBuilder;
 use crate::quota::Quota;
+use crate::report::Shared;
 use crate::response::{DefaultRejection, DefaultUnavailable, Rejection, Responder, Unavailable};
 use crate::rule::Rule;
-use crate::service::{RateLimit, RequestHead, Shared};
+use crate::service::RateLimit;
 use crate::store::Store;
 
 /// A [`tower_layer::Layer`] that limits requests by key, through a shared store.

@@ -105,6 +105,7 @@ pub mod config;
 mod decision;
 mod error;
 mod future;
+mod head;
 pub mod headers;
 pub mod key;
 mod layer;
@@ -112,6 +113,7 @@ mod limiter;
 mod metrics;
 mod notice;
 mod quota;
+mod report;
 pub mod response;
 mod rule;
 mod runtime;
@@ -126,6 +128,7 @@ pub use config::LayerConfig;
 pub use decision::Decision;
 pub use error::{BuildError, StoreError};
 pub use future::ResponseFuture;
+pub use head::RequestHead;
 pub use headers::HeaderStyle;
 /// The `http` crate, re-exported: its `Request`, `Response` and header types are this
 /// crate's (`tollgate::http::Request` in a key extractor of an app that does not name
@@ -135,7 +138,7 @@ pub use layer::RateLimitLayer;
 pub use limiter::{Limiter, LimiterBuilder, LimiterHandle};
 pub use quota::Quota;
 pub use rule::{FailMode, Rule};
-pub use service::{RateLimit, RequestHead};
+pub use service::RateLimit;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;

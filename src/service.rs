@@ -16,33 +16,21 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::charge::Charge;
-use crate::decision::Decision;
 use crate::future::ResponseFuture;
+use crate::head::RequestHead;
 use crate::limiter::Limiter;
 use crate::limiter::{Lease, Now, RuleSet};
-use crate::response::{DefaultUnavailable, Names, OnRejected, OnUnavailable, Responder};
+use crate::report::{names, Report, Shared};
+use crate::response::{DefaultUnavailable, OnRejected, OnUnavailable};
 use crate::store::Store;
 use crate::verdict::Ruling;
 use crate::verdict::Verdict;
-
-/// What the rules of an HTTP layer see of a request: its head (method, URI, version,
-/// headers, extensions) without the body, whatever the body type, so that neither rules
-/// nor layers carry it. Key extractors and closures take `&RequestHead`
-/// (`req.headers()`, `req.extensions()`, as on any `http::Request`).
-pub type RequestHead = http::Request<()>;
 
 /// The service built by [`RateLimitLayer`](crate::RateLimitLayer). Clones share one
 /// [`Limiter`].
 pub struct RateLimit<S, St, R, U = DefaultUnavailable> {
     inner: S,
     shared: Arc<Shared<St, R, U>>,
-}
-
-/// What every clone of the service and every request's future share: one reference
-/// count to move per clone (servers clone the service per request, on every thread).
-pub(crate) struct Shared<St, R, U> {
-    pub(crate) limiter: Arc<Limiter<St, RequestHead>>,
-    pub(crate) responder: Responder<R, U>,
 }
 
 impl<S: Clone, St, R, U> Clone for RateLimit<S, St, R, U> {
@@ -173,33 +161,9 @@ where
                 let slot = (!delay.is_zero()).then(|| Instant::now() + delay);
                 let held = std::mem::take(&mut verdict.held);
                 let lease = shared.limiter.lease(held, "a request dropped before it was forwarded");
-                Step::Admitted(Admitted { report: Report { shared: shared.clone(), verdict, set }, lease, slot })
+                Step::Admitted(Admitted { report: Report::new(shared.clone(), verdict, set), lease, slot })
             }
         }
-    }
-}
-
-/// What an admitted request's response says: the rate-limit headers of its verdict.
-pub(crate) struct Report<St, R, U> {
-    shared: Arc<Shared<St, R, U>>,
-    verdict: Verdict,
-    set: Arc<RuleSet<RequestHead>>,
-}
-
-impl<St, R, U> Report<St, R, U> {
-    /// The decision handlers find in the request's extensions.
-    pub(crate) fn most_restrictive(&self) -> Option<&Decision> {
-        self.verdict.most_restrictive().map(|most| most.decision)
-    }
-
-    /// The rate-limit headers, on `res` (an inner layer's own refusal keeps its own).
-    pub(crate) fn headers<ResBody>(self, res: &mut Response<ResBody>)
-    where
-        R: OnRejected<ResBody>,
-        U: OnUnavailable<ResBody>,
-    {
-        let refused = crate::response::is_refusal(res);
-        self.shared.responder.allowed(refused, res.headers_mut(), &self.verdict, &names(&self.set));
     }
 }
 
@@ -245,10 +209,6 @@ impl<St: Store, R, U> Admitted<St, R, U> {
             Ok(res)
         }
     }
-}
-
-fn names(set: &RuleSet<RequestHead>) -> Names<'_> {
-    Names { public: &set.names, style: set.headers }
 }
 
 /// The request again, from its head and its body.

@@ -84,6 +84,7 @@ use toml::{Table, Value};
 pub use self::key_spec::KeySpec;
 use crate::algorithm::Algorithm;
 use crate::error::BuildError;
+use crate::head::RequestHead;
 use crate::headers::HeaderStyle;
 use crate::layer::RateLimitLayer;
 use crate::limiter::LimiterBuilder;
@@ -91,7 +92,6 @@ use crate::quota::unit_micros;
 use crate::quota::Quota;
 use crate::rule::check_rule_name;
 use crate::rule::{FailMode, Rule};
-use crate::service::RequestHead;
 
 /// The rules of one layer and its layer-wide settings, read and checked from a
 /// configuration file. See the [module docs](self) for the format.

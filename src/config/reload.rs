@@ -2,9 +2,9 @@
 //! [`LimiterHandle`], so that the limiter never names the configuration.
 
 use crate::error::BuildError;
+use crate::head::RequestHead;
 use crate::limiter::LimiterHandle;
 use crate::rule::Rule;
-use crate::service::RequestHead;
 
 use super::LayerConfig;
 
