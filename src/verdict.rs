@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::limiter::held::Held;
+use crate::limiter::Held;
 use crate::quota::Quota;
 use crate::store::{Check, Taken};
 
@@ -84,7 +84,7 @@ pub struct RuleDecision<'a> {
 }
 
 impl Verdict {
-    /// A verdict of `state` with no decisions (allowed: no rule applied; or failed).
+    /// A verdict with no decisions (allowed: no rule applied; or failed).
     pub(crate) fn empty(ruling: Ruling, held: Held) -> Self {
         Self { ruling, decided: SmallVec::new(), source: None, held }
     }
@@ -131,7 +131,7 @@ impl Verdict {
         (0..self.decided.len()).map(|i| self.at(i))
     }
 
-    /// The index (in `checks`) of the rejecting rule that makes the caller wait longest
+    /// The index (in `decided`) of the rejecting rule that makes the caller wait longest
     /// (a rule that can never accept counts as longest).
     pub(crate) fn worst(&self) -> Option<usize> {
         self.decided
@@ -155,7 +155,7 @@ impl Verdict {
             rule: &d.check.rule,
             quota: d.check.params.quota,
             decision: &d.decision,
-            taken: self.held.taken_by(d.rule),
+            taken: self.held.units.iter().find(|u| u.rule == d.rule).map(|u| u.refund.taken),
         }
     }
 

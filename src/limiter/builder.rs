@@ -24,16 +24,14 @@ use crate::store::Store;
 /// [`LimiterHandle`](crate::LimiterHandle)'s rule swaps.
 pub struct LimiterBuilder<St, I: ?Sized, Out = Limiter<St, I>> {
     store: St,
-    rules: Vec<Rule<I>>,
-    algorithm: Algorithm,
-    fail_mode: FailMode,
-    deadline: Duration,
+    /// The rules and their settings (no header style: a layer's is `headers`).
+    draft: Draft<I>,
     cost: Option<Shared<I, u64>>,
     settings: Settings,
     /// How this builder is reached, for [`BuildError::RuleInUse`]'s hint.
     on_clash: OnClash,
     /// The layer's header style (a layer's builder only).
-    headers: Option<HeaderStyle>,
+    pub(crate) headers: Option<HeaderStyle>,
     out: PhantomData<fn() -> Out>,
 }
 
@@ -41,46 +39,38 @@ impl<St: fmt::Debug, I: ?Sized, Out> fmt::Debug for LimiterBuilder<St, I, Out> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LimiterBuilder")
             .field("store", &self.store)
-            .field("rules", &self.rules)
-            .field("algorithm", &self.algorithm)
-            .field("fail_mode", &self.fail_mode)
-            .field("deadline", &self.deadline)
+            .field("rules", &self.draft.rules)
+            .field("algorithm", &self.draft.algorithm)
+            .field("fail_mode", &self.draft.fail_mode)
+            .field("deadline", &self.draft.deadline)
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
 
 impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
-    pub(crate) fn new(store: St) -> Self {
+    /// `hint`, for [`BuildError::RuleInUse`], names the builder the user called.
+    pub(crate) fn new(store: St, hint: &'static str) -> Self {
         Self {
             store,
-            rules: Vec::new(),
-            algorithm: Algorithm::default(),
-            fail_mode: FailMode::default(),
-            deadline: Duration::from_millis(50),
+            draft: Draft {
+                rules: Vec::new(),
+                algorithm: Algorithm::default(),
+                fail_mode: FailMode::default(),
+                deadline: Duration::from_millis(50),
+                headers: None,
+            },
             cost: None,
             settings: Settings::default(),
-            on_clash: OnClash::Refuse("e.g. Limiter::builder(store).rule(\"search\", quota, key)"),
+            on_clash: OnClash::Refuse(hint),
             headers: None,
             out: PhantomData,
         }
     }
 
-    /// Sets the header style of a layer's builder (see `RateLimitLayer`'s impl).
-    pub(crate) fn with_headers(mut self, style: HeaderStyle) -> Self {
-        self.headers = Some(style);
-        self
-    }
-
     /// `RateLimitLayer::new`'s builder: its rule shares a count it cannot claim.
     pub(crate) fn sharing(mut self) -> Self {
         self.on_clash = OnClash::Share;
-        self
-    }
-
-    /// The builder of a layer: errors name the layer's builder.
-    pub(crate) fn for_layer(mut self) -> Self {
-        self.on_clash = OnClash::Refuse("e.g. RateLimitLayer::builder(store).rule(\"search\", quota, key)");
         self
     }
 
@@ -93,7 +83,7 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
     /// Adds a configured [`Rule`].
     #[must_use]
     pub fn add_rule(mut self, rule: Rule<I>) -> Self {
-        self.rules.push(rule);
+        self.draft.rules.push(rule);
         self
     }
 
@@ -101,7 +91,7 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
     /// (default: [`Algorithm::SlidingWindowCounter`]).
     #[must_use]
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
-        self.algorithm = algorithm;
+        self.draft.algorithm = algorithm;
         self
     }
 
@@ -109,7 +99,7 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
     /// (default: [`FailMode::Open`]).
     #[must_use]
     pub fn fail_mode(mut self, mode: FailMode) -> Self {
-        self.fail_mode = mode;
+        self.draft.fail_mode = mode;
         self
     }
 
@@ -124,7 +114,7 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
     /// then is an error, handled by the fail mode.
     #[must_use]
     pub fn timeout(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
+        self.draft.deadline = deadline;
         self
     }
 
@@ -203,15 +193,8 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
     {
         crate::runtime::check_near_limit(self.settings.near_limit)?;
         let identity = self.store.identity();
-        let draft = Draft {
-            rules: self.rules,
-            algorithm: self.algorithm,
-            fail_mode: self.fail_mode,
-            deadline: self.deadline,
-            headers: None,
-        };
         let owner = super::registry::new_owner();
-        let set = draft.check(identity, owner, self.cost.as_ref(), self.on_clash)?;
+        let set = self.draft.check(identity, owner, self.cost.as_ref(), self.on_clash)?;
         let mut runtime = Runtime::new(self.settings);
         // A remote store counts the limiters sharing it from now on (the fallback's share),
         // until this one is dropped.

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
-use super::held::{Exit, Held, Holder, Probe, StoreCopy, Unit};
-use super::holders::never_sent;
+use super::holders::{lost, never_sent};
+use super::lease::{Exit, Held, Holder, Probe, Unit};
 use super::{Limiter, Plan, RuleSet};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::rule::FailMode;
-use crate::runtime::{BlockedCache, Late, RuleId, Shares};
+use crate::runtime::{BlockedCache, Late, RuleId, Shares, StoreCopy};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
 use crate::verdict::Verdict;
 use crate::verdict::{Decided, DecidedBy, Ruling};
@@ -70,7 +70,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// events, the blocked-key cache, and what the input holds.
     fn conclude(&self, plan: Plan<I>, answer: Answer, started: Option<Instant>) -> (Verdict, Arc<RuleSet<I>>) {
         let Plan { checks, rules, enforced, set } = plan;
-        let mut held = Held { generation: set.generation(), deadline: set.deadline, ..Held::default() };
+        let mut held = set.held();
         let answered = match answer {
             Ok(answered) => answered,
             Err(error) => {
@@ -160,8 +160,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 let cache = rt.settings.cache_enabled.then_some(&*rt.cache);
                 let teach = Teach { cache, shares: &rt.shares, now: rt.mono_us(), epoch, servers, late: false };
                 teach.learn(&plan.set, &plan.checks, &plan.rules[..plan.enforced], &outcomes);
+                // What the fallback admitted while the store could not be reached, now that it answers.
                 if rt.unsent.any() {
-                    self.write_back();
+                    self.holders.write_back_detached(rt.unsent.take());
                 }
                 return Ok(Answered { outcomes, by: DecidedBy::Store, fallback: None, copies: SmallVec::new() });
             }
@@ -259,10 +260,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     }
                     if !refunds.is_empty() {
                         if let Err(err) = holders.store.refund(&refunds).await {
-                            for r in &refunds {
-                                crate::metrics::refund_failed(&r.check.rule);
-                            }
-                            tracing::warn!(error = %err, "tollgate: could not refund a call answered after its deadline");
+                            lost(&refunds, "a call answered after its deadline", &err);
                         }
                     }
                 }
@@ -281,12 +279,6 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }));
     }
 
-    /// Charges the store what the fallback admitted while the store never saw it and
-    /// could not be reached, now that it answers.
-    fn write_back(&self) {
-        self.holders.write_back_detached(self.runtime.unsent.take());
-    }
-
     /// A rejection from the blocked-key cache, when one of the enforced keys is blocked.
     fn blocked(&self, plan: &Plan<I>) -> Option<Verdict> {
         let now = self.runtime.mono_us();
@@ -300,7 +292,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             if let Some(decision) = self.runtime.cache.blocked(set.id(rule), &check.key, check.params.cost, quota, now)
             {
                 crate::metrics::decision(&check.rule, "local_rejected");
-                let held = Held { generation: set.generation(), deadline: set.deadline, ..Held::default() };
+                let held = set.held();
                 let mut verdict = Verdict::empty(Ruling::Rejected, held);
                 verdict.source = Some(DecidedBy::LocalCache);
                 verdict.decided.push(Decided { check: check.clone(), rule, decision });

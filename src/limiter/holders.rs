@@ -15,9 +15,9 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 
-use super::held::{Copy, Held, Holder};
+use super::lease::{Held, Holder, Unit};
 use crate::error::StoreError;
-use crate::runtime::{BlockedCache, LateSlot, LateSlots, Mono, Runtime, Shares, Unsent};
+use crate::runtime::{BlockedCache, Copy, LateSlot, LateSlots, Mono, Runtime, Shares, Unsent};
 use crate::store::{Check, Refund, Store};
 
 /// The holders of one limiter's units.
@@ -38,7 +38,6 @@ pub(crate) struct Holders<St> {
 type ToStore<T> = SmallVec<[T; 1]>;
 
 impl<St> Holders<St> {
-    /// The holders of a limiter over `store` with `runtime`'s fallback and cache.
     pub(crate) fn new(store: Arc<St>, runtime: &Runtime) -> Self {
         let (fallback, cache, unsent) = (runtime.fallback.clone(), runtime.cache.clone(), runtime.unsent.clone());
         let (shares, clock, late) = (runtime.shares.clone(), runtime.clock(), runtime.late_slots());
@@ -194,10 +193,9 @@ impl<St: Store> Holders<St> {
         (to_store, Ok(()))
     }
 
-    /// `units` are kept for good (a response whose status counts, a verdict handed to its
-    /// caller): those of the fallback that waited for it go to the list of what is written
-    /// back to the store.
-    pub(crate) fn kept(&self, units: &[super::held::Unit]) {
+    /// `units` are kept for good (a response whose status counts, a verdict handed over):
+    /// the fallback's that waited for it go to the write-back list.
+    pub(crate) fn kept(&self, units: &[Unit]) {
         for u in units {
             if let Some(check) = u.copy.as_ref().and_then(|c| c.kept()) {
                 self.unsent.keep_unit(check, u.copy.clone().expect("a copy"));
@@ -213,10 +211,8 @@ impl<St: Store> Holders<St> {
         if checks.is_empty() {
             return;
         }
-        // At most `max_in_flight` store calls left running: past that, the store's next
-        // answer takes them. A slot a call: with more free, up to `WRITE_BACK_IN_FLIGHT`
-        // calls run at once (one at a time, 20,000 keys took about 4 s to write back, while
-        // the keys' new requests were decided without them).
+        // One slot of `max_in_flight` a call, up to `WRITE_BACK_IN_FLIGHT` calls at once;
+        // with no slot free, the store's next answer takes them.
         let (Ok(runtime), Some(slot)) = (tokio::runtime::Handle::try_current(), self.late.take()) else {
             return self.unsent.keep(checks);
         };
@@ -239,8 +235,7 @@ impl<St: Store> Holders<St> {
     }
 }
 
-/// A refund the runtime dropped before it finished (shutting down): the rules of its
-/// units.
+/// A refund the runtime dropped unfinished (shutting down): the rules of its units.
 struct Unfinished {
     rules: ToStore<Arc<str>>,
     what: &'static str,
@@ -257,7 +252,7 @@ impl Drop for Unfinished {
 }
 
 /// Units not refunded: logged, and counted per rule.
-fn lost(refunds: &[Refund], what: &str, err: &dyn std::fmt::Display) {
+pub(super) fn lost(refunds: &[Refund], what: &str, err: &dyn std::fmt::Display) {
     for r in refunds {
         crate::metrics::refund_failed(&r.check.rule);
     }
@@ -326,8 +321,7 @@ pub(crate) async fn write_back<St: Store>(store: &St, unsent: &Unsent, checks: V
     }
 }
 
-/// The most write-back calls one write-back runs at once (each holds a slot of
-/// `max_in_flight`).
+/// The most calls one write-back runs at once (each holds a slot of `max_in_flight`).
 const WRITE_BACK_IN_FLIGHT: usize = 64;
 
 /// How long a write-back of what the fallback admitted may take.

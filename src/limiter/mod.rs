@@ -1,10 +1,8 @@
 //! [`Limiter`]: rules, a store and the runtime protections — everything that decides, and
 //! nothing about HTTP. [`RateLimitLayer`](crate::RateLimitLayer) is its HTTP adapter.
 
-mod admin;
 mod builder;
 mod decide;
-pub(crate) mod held;
 mod holders;
 mod lease;
 mod plan;
@@ -20,15 +18,16 @@ use tokio::time::Instant;
 
 pub use self::builder::LimiterBuilder;
 pub(crate) use self::decide::Now;
-pub(crate) use self::held::Held;
 pub(crate) use self::holders::Holders;
-pub(crate) use self::lease::{Forwarded, Lease};
+pub(crate) use self::lease::{Forwarded, Held, Lease};
 pub(crate) use self::plan::Plan;
 pub use self::rules::LimiterHandle;
 pub(crate) use self::rules::{Draft, RuleSet, Rules};
+use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::headers::HeaderStyle;
 use crate::key::Key;
+use crate::quota::Quota;
 use crate::rule::Rule;
 use crate::runtime::Runtime;
 use crate::store::Store;
@@ -69,14 +68,12 @@ use crate::verdict::Verdict;
 /// # Ok(()) }
 /// ```
 pub struct Limiter<St, I: ?Sized> {
-    /// The store, and whatever else holds units (the fallback): the one router of
-    /// refunds and charges.
+    /// The store and the fallback: the one router of refunds and charges.
     holders: Arc<Holders<St>>,
     /// The rules, with the algorithm, fail mode and deadline: swappable at run time.
     rules: Arc<Rules<I>>,
     pub(crate) runtime: Runtime,
-    /// The header style set on a layer's builder: the layer's own, which a later
-    /// `RateLimitLayer::headers` replaces and a reloaded configuration's overrides.
+    /// The header style set on a layer's builder (see `LimiterBuilder::headers`).
     pub(crate) headers: Option<HeaderStyle>,
 }
 
@@ -97,7 +94,7 @@ impl<St: fmt::Debug, I: ?Sized> fmt::Debug for Limiter<St, I> {
 impl<St, I: ?Sized + 'static> Limiter<St, I> {
     /// A builder: add rules, then [`LimiterBuilder::build`].
     pub fn builder(store: St) -> LimiterBuilder<St, I> {
-        LimiterBuilder::new(store)
+        LimiterBuilder::new(store, "e.g. Limiter::builder(store).rule(\"search\", quota, key)")
     }
 
     /// The rules in force (a [`LimiterHandle`] may swap them).
@@ -128,14 +125,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Never fails: a store that cannot decide within the deadline gives a verdict with
     /// [`Verdict::store_error`], allowed or not by the fail mode.
     pub fn check(&self, input: &I) -> impl Future<Output = Verdict> + Send + '_ {
-        let plan = self.plan(input);
-        self.handed(plan)
+        self.handed(self.plan(input))
     }
 
-    /// [`Limiter::decide`] for a caller of the limiter's API: the verdict is handed over,
-    /// and what it holds is kept unless refunded (what the fallback admitted for a
-    /// count-by-outcome rule goes to the write-back list; a layer's units wait for the
-    /// response's status instead).
+    /// [`Limiter::decide`] for a caller of the limiter's API: what the verdict holds is
+    /// kept unless refunded (a layer's units wait for the response's status instead).
     async fn handed(&self, plan: Plan<I>) -> Verdict {
         let verdict = self.decide(plan).await;
         self.holders.kept(&verdict.held.units);
@@ -192,7 +186,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// # Ok(()) }
     /// ```
     pub fn check_key(&self, rule: &str, key: impl Into<Key>, cost: u64) -> impl Future<Output = Verdict> + Send + '_ {
-        let plan = self.plan_key(rule, key.into(), cost).map_err(|set| unknown_rule(rule, &set));
+        let plan = self.plan_key(rule, key.into(), cost);
         async move {
             match plan {
                 Ok(plan) => self.handed(plan).await,
@@ -211,7 +205,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         cost: u64,
         max_wait: Duration,
     ) -> impl Future<Output = Verdict> + Send + '_ {
-        let plan = self.plan_key(rule, key.into(), cost).map_err(|set| unknown_rule(rule, &set));
+        let plan = self.plan_key(rule, key.into(), cost);
         async move {
             match plan {
                 Ok(plan) => self.wait_plan(plan, max_wait).await,
@@ -230,29 +224,18 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     tokio::time::sleep(retry).await;
                 }
                 (Ruling::Allowed, _) => {
-                    self.wait_for_slot(&mut verdict).await;
+                    let delay = verdict.delay();
+                    if !delay.is_zero() {
+                        // Dropped during the sleep, the lease gives back everything the verdict took.
+                        let lease = self.lease(std::mem::take(&mut verdict.held), "an input dropped before its slot");
+                        tokio::time::sleep(delay).await;
+                        verdict.held = lease.keep();
+                    }
                     return verdict;
                 }
                 _ => return verdict,
             }
         }
-    }
-
-    /// Sleeps for an allowed verdict's leaky-bucket delay; dropped during the sleep, gives
-    /// back everything the verdict took.
-    pub(crate) async fn wait_for_slot(&self, verdict: &mut Verdict) {
-        let delay = verdict.delay();
-        if delay.is_zero() {
-            return;
-        }
-        let lease = self.lease(std::mem::take(&mut verdict.held), "an input dropped before its slot");
-        tokio::time::sleep(delay).await;
-        verdict.held = lease.keep();
-    }
-
-    /// A lease on what an admitted input holds: dropped, it gives everything back.
-    pub(crate) fn lease(&self, held: Held, what: &'static str) -> Lease<St> {
-        Lease::new(held, self.holders.clone(), what)
     }
 
     /// Gives back the units an allowed verdict took (work that was not done after all):
@@ -348,13 +331,99 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         self.holders.charge_now(&verdict.held, units).await
     }
-}
 
-/// The verdict of a check by key under a rule the limiter does not have: refused, and
-/// said once per call.
-fn unknown_rule<I: ?Sized>(rule: &str, set: &RuleSet<I>) -> Verdict {
-    tracing::warn!(rule, "tollgate: check by key under a rule this limiter does not have");
-    let error = StoreError::Invalid(format!("this limiter has no rule named {rule:?}"));
-    let held = Held { generation: set.generation(), deadline: set.deadline, ..Held::default() };
-    Verdict::empty(Ruling::Failed { error, closed: true }, held)
+    /// Blocks `key` under rule `rule` for `duration` from now, on every server that
+    /// shares the store: until then the key is refused outright, with the rest of the
+    /// block as its `Retry-After`, as a [`Rule::block_for`](crate::Rule::block_for) penalty refuses it. A block
+    /// replaces the key's earlier one (a penalty's too); `Duration::ZERO` lifts it, and so
+    /// does [`Limiter::reset`]. `Ok(false)` when there is no such rule.
+    ///
+    /// The rule must be able to block: built with [`Rule::blockable`](crate::Rule::blockable) or
+    /// [`Rule::block_for`](crate::Rule::block_for) (on Redis, its checks then read the key's block).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tollgate::{Limiter, MemoryStore, Quota, Rule};
+    ///
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .add_rule(Rule::new("api", Quota::per_minute(100), |user: &str| Some(user.to_owned())).blockable())
+    ///     .build()?;
+    /// limiter.block("api", "mallory", Duration::from_secs(24 * 3600)).await?; // a day
+    /// let verdict = limiter.check("mallory").await;
+    /// assert!(verdict.is_rejected());
+    /// assert!(verdict.retry_after() > Some(Duration::from_secs(23 * 3600)));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Invalid`] for a rule that cannot block (neither
+    /// [`Rule::blockable`](crate::Rule::blockable) nor [`Rule::block_for`](crate::Rule::block_for)), or the store's error (no deadline or
+    /// circuit breaker applies here).
+    pub async fn block(&self, rule: &str, key: impl Into<Key>, duration: Duration) -> Result<bool, StoreError> {
+        let set = self.rules.load();
+        let Some((i, r)) = set.find(rule) else { return Ok(false) };
+        let (check, id) = (set.check(r, key.into(), r.quota, 1), set.id(i));
+        drop(set);
+        if !check.params.reads_block() {
+            return Err(StoreError::Invalid(format!(
+                "rule {rule:?} cannot be blocked by hand: build it with Rule::blockable() (or Rule::block_for)"
+            )));
+        }
+        self.holders.store.block(&check, duration).await?;
+        // A rejection this process cached for the key may end before a new block, or
+        // after a lifted one.
+        self.runtime.cache.forget(id, &check.key);
+        Ok(true)
+    }
+
+    /// What rule `rule` would decide now for one unit of `key`, without consuming
+    /// anything ("why is this customer limited?"): `remaining` counts what would be left
+    /// after that unit. `Ok(None)` when there is no such rule. Uses the quota given to
+    /// [`Rule::new`](crate::Rule::new): for a rule whose quota is chosen per input ([`Rule::quota_fn`](crate::Rule::quota_fn)), use
+    /// [`Limiter::peek_with`].
+    ///
+    /// # Errors
+    ///
+    /// The store's error (no deadline or circuit breaker applies here).
+    pub async fn peek(&self, rule: &str, key: impl Into<Key>) -> Result<Option<Decision>, StoreError> {
+        let Some(quota) = self.rules.load().find(rule).map(|(_, r)| r.quota) else { return Ok(None) };
+        self.peek_with(rule, key, quota).await
+    }
+
+    /// [`Limiter::peek`] under `quota` (e.g. the key's tier).
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn peek_with(
+        &self,
+        rule: &str,
+        key: impl Into<Key>,
+        quota: Quota,
+    ) -> Result<Option<Decision>, StoreError> {
+        let set = self.rules.load();
+        let Some((_, r)) = set.find(rule) else { return Ok(None) };
+        let check = set.check(r, key.into(), quota, 1);
+        drop(set);
+        self.holders.store.peek(&check).await.map(Some)
+    }
+
+    /// Forgets the state of `key` under rule `rule`, in the store and in this process's
+    /// blocked-key cache: the key starts afresh. `Ok(false)` when there is no such rule.
+    /// Other servers' blocked-key caches may still reject the key until their entry runs
+    /// out (at most its `Retry-After`).
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<bool, StoreError> {
+        let set = self.rules.load();
+        let Some((i, r)) = set.find(rule) else { return Ok(false) };
+        let key = key.into();
+        self.holders.store.reset(rule, &key, r.algorithm_or(set.algorithm)).await?;
+        self.runtime.cache.forget(set.id(i), &key);
+        Ok(true)
+    }
 }

@@ -5,8 +5,10 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{Limiter, RuleSet};
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::Check;
+use crate::verdict::{Ruling, Verdict};
 
 /// What one input asks of the store, in one call: each rule that applies, enforced rules
 /// first, then shadow ones (each check carries its role, `Params::shadow`). Two checks fit
@@ -58,19 +60,19 @@ impl<I: ?Sized> Plan<I> {
 }
 
 impl<St, I: ?Sized + 'static> Limiter<St, I> {
-    /// The one check of `cost` units of `key` under rule `rule` (its base quota), or the
-    /// rule set back when there is no such rule.
-    pub(crate) fn plan_key(&self, rule: &str, key: Key, cost: u64) -> Result<Plan<I>, Arc<RuleSet<I>>> {
+    /// The one check of `cost` units of `key` under rule `rule` (its base quota), or, with
+    /// no such rule, a refused verdict, said once per call.
+    #[allow(clippy::result_large_err, reason = "made once per check by key and matched at once")]
+    pub(crate) fn plan_key(&self, rule: &str, key: Key, cost: u64) -> Result<Plan<I>, Verdict> {
         let set = self.rules.load();
-        let Some((i, r)) = set.find(rule) else { return Err(set) };
-        let check = Check {
-            rule: r.name.clone(),
-            key,
-            algorithm: r.algorithm_or(set.algorithm),
-            params: r.params(r.quota, cost),
+        let Some((i, r)) = set.find(rule) else {
+            tracing::warn!(rule, "tollgate: check by key under a rule this limiter does not have");
+            let error = StoreError::Invalid(format!("this limiter has no rule named {rule:?}"));
+            let held = set.held();
+            return Err(Verdict::empty(Ruling::Failed { error, closed: true }, held));
         };
         let mut plan = Plan::new(set.clone());
-        plan.push(check, i);
+        plan.push(set.check(r, key, r.quota, cost), i);
         Ok(plan)
     }
 
@@ -92,13 +94,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
             };
             // A charged rule's check is a probe: within the quota? It takes nothing.
             let cost = if rule.charged { 0 } else { rule.cost.as_ref().map_or(1, |f| f(input).max(1)) };
-            let check = Check {
-                rule: rule.name.clone(),
-                key,
-                algorithm: rule.algorithm_or(set.algorithm),
-                params: rule.params(quota, cost),
-            };
-            plan.push(check, i);
+            plan.push(set.check(rule, key, quota, cost), i);
         }
         plan
     }

@@ -74,8 +74,14 @@ pub(crate) fn claim<'a>(
                 if let Some((by, _)) = reg.get_mut(k) {
                     by.push(owner);
                 }
-                if !SHARED.tell(false, || shared_name_notice(&k.1)) {
-                    tracing::warn!("{}", shared_name_notice(&k.1));
+                let notice = format!(
+                    "tollgate: RateLimitLayer::new over a store where another live limiter or layer has a rule \
+                     named {:?}: the two share one count. Name the rules to count apart: \
+                     RateLimitLayer::builder(store).rule(\"search\", quota, key).build()",
+                    k.1
+                );
+                if !SHARED.tell(false, || notice.clone()) {
+                    tracing::warn!("{notice}");
                 }
             }
         }
@@ -95,15 +101,6 @@ pub(crate) fn claim<'a>(
 
 /// Said once per process; later joins go to `tracing` only (see `notice`).
 static SHARED: Once = Once::new();
-
-/// What `RateLimitLayer::new` says when its rule name is in use on its store.
-fn shared_name_notice(name: &str) -> String {
-    format!(
-        "tollgate: RateLimitLayer::new over a store where another live limiter or layer has a rule named \
-         {name:?}: the two share one count. Name the rules to count apart: \
-         RateLimitLayer::builder(store).rule(\"search\", quota, key).build()"
-    )
-}
 
 impl Drop for Claim {
     fn drop(&mut self) {

@@ -13,13 +13,16 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::registry::{self, Claim, OnClash, Owner};
+use super::Held;
 use crate::algorithm::Algorithm;
 use crate::error::BuildError;
 use crate::headers::HeaderStyle;
+use crate::key::Key;
 use crate::quota::Quota;
 use crate::rule::{check_rule_name, Shared};
 use crate::rule::{FailMode, Rule};
 use crate::runtime::RuleId;
+use crate::store::Check;
 
 /// One generation of a limiter's rules and the settings that go with them.
 pub(crate) struct RuleSet<I: ?Sized> {
@@ -47,8 +50,9 @@ impl<I: ?Sized> RuleSet<I> {
         (self.generation, index)
     }
 
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation
+    /// What an input decided under this set holds before its store call.
+    pub(crate) fn held(&self) -> Held {
+        Held { generation: self.generation, deadline: self.deadline, ..Held::default() }
     }
 
     pub(crate) fn fail_mode_of(&self, rule: usize) -> FailMode {
@@ -57,6 +61,16 @@ impl<I: ?Sized> RuleSet<I> {
 
     pub(crate) fn find(&self, name: &str) -> Option<(usize, &Rule<I>)> {
         self.rules.iter().enumerate().find(|(_, r)| &*r.name == name)
+    }
+
+    /// The check of `cost` units of `key` under `rule`, one of this set's, with `quota`.
+    pub(crate) fn check(&self, rule: &Rule<I>, key: Key, quota: Quota, cost: u64) -> Check {
+        Check {
+            rule: rule.name.clone(),
+            key,
+            algorithm: rule.algorithm_or(self.algorithm),
+            params: rule.params(quota, cost),
+        }
     }
 }
 
@@ -70,16 +84,6 @@ pub(crate) struct Draft<I: ?Sized> {
 }
 
 impl<I: ?Sized> Draft<I> {
-    fn of(set: &RuleSet<I>) -> Self {
-        Self {
-            rules: set.rules.to_vec(),
-            algorithm: set.algorithm,
-            fail_mode: set.fail_mode,
-            deadline: set.deadline,
-            headers: set.headers,
-        }
-    }
-
     /// Checks the rules (at least one, valid unique names) and claims their names for
     /// `owner` on the store `store` (see `Store::identity`).
     pub(crate) fn check(
@@ -111,18 +115,14 @@ impl<I: ?Sized> Draft<I> {
             }
             None => None,
         };
-        Ok(self.into_set(cost, claim))
-    }
-
-    /// The set, with a new generation: `cost` for the rules that have none.
-    fn into_set(self, cost: Option<&Shared<I, u64>>, claim: Option<Arc<Claim>>) -> RuleSet<I> {
+        // A new generation; `cost` for the rules that have none.
         let mut rules = self.rules;
         if let Some(cost) = cost {
             for r in &mut rules {
                 r.cost.get_or_insert_with(|| cost.clone());
             }
         }
-        RuleSet {
+        Ok(RuleSet {
             names: rules.iter().map(Rule::public_name_or_name).collect(),
             rules: rules.into(),
             algorithm: self.algorithm,
@@ -131,7 +131,7 @@ impl<I: ?Sized> Draft<I> {
             headers: self.headers,
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
             claim,
-        }
+        })
     }
 }
 
@@ -162,7 +162,13 @@ impl<I: ?Sized> Rules<I> {
     fn swap(&self, f: impl FnOnce(&mut Draft<I>) -> Result<(), BuildError>) -> Result<(), BuildError> {
         let _one_at_a_time = self.swap.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let set = self.load();
-        let mut draft = Draft::of(&set);
+        let mut draft = Draft {
+            rules: set.rules.to_vec(),
+            algorithm: set.algorithm,
+            fail_mode: set.fail_mode,
+            deadline: set.deadline,
+            headers: set.headers,
+        };
         f(&mut draft)?;
         let hint = OnClash::Refuse("in the rules given to LimiterHandle");
         let next = draft.check(self.store, self.owner, self.cost.as_ref(), hint)?;
