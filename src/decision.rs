@@ -76,12 +76,10 @@ impl Decision {
     /// assert!(!d(21).is_near_limit(0.8));
     /// ```
     #[must_use]
+    #[allow(clippy::cast_precision_loss)]
     pub fn is_near_limit(&self, share: f64) -> bool {
-        #[allow(clippy::cast_precision_loss)]
         let used = self.limit.saturating_sub(self.remaining) as f64;
-        #[allow(clippy::cast_precision_loss)]
-        let limit = self.limit as f64;
-        self.allowed && self.limit > 0 && used >= share * limit
+        self.allowed && self.limit > 0 && used >= share * self.limit as f64
     }
 
     pub(crate) fn allow(limit: u64, remaining: u64, reset_after_us: u64, refill_after_us: u64) -> Self {

@@ -144,19 +144,16 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// Adds the headers of `style` describing `most` (the most restrictive rule) and, for the
-/// IETF policy, every rule in `all`. `name_rule`: say which rule the legacy headers
-/// describe (the layer has several rules).
+/// IETF policy, every rule in `all`; `name_rule`: the layer has several rules, say which
+/// one the legacy headers describe. The IETF `t` and `X-RateLimit-Reset` both name
+/// [`Decision::reset_secs`](crate::Decision::reset_secs).
 ///
-/// One moment, [`Decision::reset_secs`], is named by the IETF `t` and by
-/// `X-RateLimit-Reset`: on a rejection when the same request is next admitted (what
-/// `Retry-After` says too), else when more quota is available.
-///
-/// Nested layers (a `route_layer` inside a `layer`): `headers` may already hold an inner
-/// layer's headers, describing its own most restrictive rule. They are merged, never
-/// overwritten blindly: the legacy headers describe the more restrictive of the two (the
-/// inner one when it refused the request — `inner_refused`: the response is a 429 — or
-/// has no more left), then naming their rule; `RateLimit-Policy` lists every policy of both; `RateLimit` lists
-/// both, the more restrictive first. So an outer layer never contradicts an inner 429.
+/// Nested layers (a `route_layer` inside a `layer`): an inner layer's headers already in
+/// `headers` are merged, never overwritten blindly: the legacy headers describe the more
+/// restrictive of the two (the inner one when it refused — `inner_refused` — or has no
+/// more left), naming their rule; `RateLimit-Policy` lists both layers' policies;
+/// `RateLimit` lists both, the more restrictive first. An outer layer never contradicts
+/// an inner 429.
 pub(crate) fn apply(
     headers: &mut HeaderMap,
     style: HeaderStyle,

@@ -75,17 +75,6 @@ impl<St: fmt::Debug, R, U> fmt::Debug for RateLimitLayer<St, R, U> {
     }
 }
 
-impl<St, R, U> RateLimitLayer<St, R, U> {
-    fn assemble(
-        limiter: Arc<Limiter<St, RequestHead>>,
-        style: HeaderStyle,
-        on_rejected: Arc<R>,
-        on_unavailable: Arc<U>,
-    ) -> Self {
-        Self { shared: Arc::new(Shared { limiter, responder: Responder { style, on_rejected, on_unavailable } }) }
-    }
-}
-
 impl<St: Store> RateLimitLayer<St> {
     /// One rule, named `"default"`: each key may use `quota`, counted with the default
     /// algorithm ([`Algorithm::SlidingWindowCounter`](crate::Algorithm)); any other
@@ -95,17 +84,14 @@ impl<St: Store> RateLimitLayer<St> {
     /// `"default"`, so they share one count: `/upload`'s requests use up `/search`'s
     /// limit; the name stays theirs while either lives, and any other name stays its
     /// layer's own. This is said once per process on stderr, and as a `tracing` warning
-    /// each time. Name the rules to
-    /// count apart — `RateLimitLayer::builder(store).rule("search", quota, key).build()`,
-    /// which refuses a name in use with [`BuildError::RuleInUse`](crate::BuildError::RuleInUse) — as rule names are what
-    /// servers sharing a Redis agree on. Clones of one layer share one limiter and are
-    /// fine.
+    /// each time. Name the rules to count apart —
+    /// `RateLimitLayer::builder(store).rule("search", quota, key).build()`, which refuses a
+    /// name in use with [`BuildError::RuleInUse`](crate::BuildError::RuleInUse) — as rule
+    /// names are what servers sharing a Redis agree on. Clones of one layer share one
+    /// limiter and are fine.
     pub fn new(quota: Quota, key: impl KeyExtractor<RequestHead>, store: St) -> Self {
         let builder = Self::builder(store).sharing().rule("default", quota, key);
-        match builder.build() {
-            Ok(layer) => layer,
-            Err(err) => unreachable!("one valid rule, sharing its name on a clash: {err}"),
-        }
+        builder.build().unwrap_or_else(|err| unreachable!("one valid rule, sharing its name on a clash: {err}"))
     }
 }
 
@@ -114,7 +100,7 @@ impl<St> RateLimitLayer<St> {
     /// mode, deadline, breaker, fallback…): the same [`LimiterBuilder`] as
     /// [`Limiter::builder`]'s, whose `build` makes the layer.
     pub fn builder(store: St) -> LimiterBuilder<St, RequestHead, Self> {
-        LimiterBuilder::new(store).for_layer()
+        LimiterBuilder::new(store, "e.g. RateLimitLayer::builder(store).rule(\"search\", quota, key)")
     }
 
     /// The layer of a limiter built with [`Limiter::builder`], which holds every setting
@@ -127,6 +113,15 @@ impl<St> RateLimitLayer<St> {
 }
 
 impl<St, R, U> RateLimitLayer<St, R, U> {
+    fn assemble(
+        limiter: Arc<Limiter<St, RequestHead>>,
+        style: HeaderStyle,
+        on_rejected: Arc<R>,
+        on_unavailable: Arc<U>,
+    ) -> Self {
+        Self { shared: Arc::new(Shared { limiter, responder: Responder { style, on_rejected, on_unavailable } }) }
+    }
+
     /// Which rate-limit headers responses carry (default: legacy `X-RateLimit-*`).
     #[must_use]
     pub fn headers(self, style: HeaderStyle) -> Self {
@@ -289,8 +284,9 @@ impl<St> LimiterBuilder<St, RequestHead, RateLimitLayer<St>> {
     /// layer's style, which a later [`RateLimitLayer::headers`] replaces and a reloaded
     /// configuration that names `headers` overrides.
     #[must_use]
-    pub fn headers(self, style: HeaderStyle) -> Self {
-        self.with_headers(style)
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.headers = Some(style);
+        self
     }
 }
 

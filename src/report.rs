@@ -9,7 +9,7 @@ use http::Response;
 use crate::decision::Decision;
 use crate::head::RequestHead;
 use crate::limiter::{Limiter, RuleSet};
-use crate::response::{Names, OnRejected, OnUnavailable, Responder};
+use crate::response::{Names, Responder};
 use crate::verdict::Verdict;
 
 /// What every clone of the service and every request's future share: one reference
@@ -36,14 +36,13 @@ impl<St, R, U> Report<St, R, U> {
         self.verdict.most_restrictive().map(|most| most.decision)
     }
 
-    /// The rate-limit headers, on `res` (an inner layer's own refusal keeps its own).
-    pub(crate) fn headers<ResBody>(self, res: &mut Response<ResBody>)
-    where
-        R: OnRejected<ResBody>,
-        U: OnUnavailable<ResBody>,
-    {
-        let refused = crate::response::is_refusal(res);
-        self.shared.responder.allowed(refused, res.headers_mut(), &self.verdict, &names(&self.set));
+    /// The rate-limit headers of the most restrictive rule, on `res` (an inner layer's own
+    /// refusal keeps its own).
+    pub(crate) fn headers<ResBody>(self, res: &mut Response<ResBody>) {
+        if let Some(most) = self.verdict.most() {
+            let refused = crate::response::is_refusal(res);
+            self.shared.responder.add_headers(res.headers_mut(), &self.verdict, &names(&self.set), most, refused);
+        }
     }
 }
 

@@ -202,7 +202,6 @@ pub(crate) struct Responder<R, U> {
     pub(crate) on_unavailable: Arc<U>,
 }
 
-/// Whether a request is a gRPC call (`content-type: application/grpc*`).
 /// Marks a refusal this crate made, in its response's extensions (see [`is_refusal`]).
 #[derive(Debug, Clone, Copy)]
 struct Refused;
@@ -216,6 +215,7 @@ pub(crate) fn is_refusal<ResBody>(res: &Response<ResBody>) -> bool {
         || res.headers().contains_key(http::header::RETRY_AFTER)
 }
 
+/// Whether a request is a gRPC call (`content-type: application/grpc*`).
 fn is_grpc<B>(req: &Request<B>) -> bool {
     req.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
@@ -272,16 +272,17 @@ impl<R, U> Responder<R, U> {
         res
     }
 
-    /// The rate-limit headers of an allowed request's response, describing the most
-    /// restrictive rule — of this layer's and of an inner layer's whose headers it already
-    /// carries (`refused`: that layer, or the handler, refused it; see [`is_refusal`]).
-    pub(crate) fn allowed(&self, refused: bool, headers: &mut HeaderMap, verdict: &Verdict, names: &Names<'_>) {
-        if let Some(most) = verdict.most() {
-            self.add_headers(headers, verdict, names, most, refused);
-        }
-    }
-
-    fn add_headers(&self, h: &mut HeaderMap, verdict: &Verdict, names: &Names<'_>, most: usize, inner_refused: bool) {
+    /// The rate-limit headers describing rule `most` of `verdict` — merged with those of an
+    /// inner layer the response already carries (`inner_refused`: that layer, or the
+    /// handler, refused it; see [`is_refusal`]).
+    pub(crate) fn add_headers(
+        &self,
+        h: &mut HeaderMap,
+        verdict: &Verdict,
+        names: &Names<'_>,
+        most: usize,
+        inner_refused: bool,
+    ) {
         // A reloaded configuration may name the style.
         let style = names.style.unwrap_or(self.style);
         if style == HeaderStyle::None {
