@@ -15,8 +15,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::headers::{self, HeaderStyle};
 use crate::key::Key;
-use crate::verdict::Verdict;
-use crate::verdict::{DecidedBy, RuleDecision};
+use crate::verdict::{DecidedBy, RuleDecision, Verdict};
 
 /// A rejected request, for [`RateLimitLayer::on_rejected`](crate::RateLimitLayer::on_rejected):
 /// the rule that rejected, its decision, and the request's head (for content negotiation).

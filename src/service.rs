@@ -1,10 +1,7 @@
-//! [`RateLimit`]: the service. `poll_ready` only forwards; `call` asks the
-//! [`Limiter`], then answers or forwards, on one path ([`Step`]): an in-process store
-//! decides within `call`, and the [`ResponseFuture`] is then a refusal ready at once, or
-//! the admitted request, with no allocation; a remote store decides in a boxed response
-//! future. An admitted request holds a [`Lease`] on its units until it is forwarded, then
-//! its `Forwarded` stage until its response settles it; the inner service is called only
-//! when the future is first polled.
+//! [`RateLimit`]: the service. `poll_ready` only forwards; `call` asks the [`Limiter`],
+//! then answers or forwards, on one path ([`Step`]): an in-process store decides within
+//! `call` (the [`ResponseFuture`]'s stages, with no allocation, are in `future.rs`), a
+//! remote store in a boxed response future.
 
 use std::fmt;
 use std::future::Future;
@@ -18,13 +15,11 @@ use tower_service::Service;
 use crate::charge::Charge;
 use crate::future::ResponseFuture;
 use crate::head::RequestHead;
-use crate::limiter::Limiter;
-use crate::limiter::{Lease, Now, RuleSet};
+use crate::limiter::{Lease, Limiter, Now, RuleSet};
 use crate::report::{names, Report, Shared};
 use crate::response::{DefaultUnavailable, OnRejected, OnUnavailable};
 use crate::store::Store;
-use crate::verdict::Ruling;
-use crate::verdict::Verdict;
+use crate::verdict::{Ruling, Verdict};
 
 /// The service built by [`RateLimitLayer`](crate::RateLimitLayer). Clones share one
 /// [`Limiter`].

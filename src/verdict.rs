@@ -37,8 +37,7 @@ pub struct Verdict {
     pub(crate) held: Held,
 }
 
-/// One enforced rule's decision: its check (as planned), its rule index in the rule set
-/// the input was decided under, and what was decided.
+/// One enforced rule's decision, with its check (as planned) and its rule's index.
 #[derive(Debug)]
 pub(crate) struct Decided {
     pub(crate) check: Check,

@@ -12,8 +12,7 @@ use crate::error::BuildError;
 use crate::headers::HeaderStyle;
 use crate::key::KeyExtractor;
 use crate::quota::Quota;
-use crate::rule::Shared;
-use crate::rule::{FailMode, Rule};
+use crate::rule::{FailMode, Rule, Shared};
 use crate::runtime::{Runtime, Settings};
 use crate::store::Store;
 

@@ -16,8 +16,7 @@ use crate::error::StoreError;
 use crate::rule::FailMode;
 use crate::runtime::{BlockedCache, Late, RuleId, Shares, StoreCopy};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
-use crate::verdict::Verdict;
-use crate::verdict::{Decided, DecidedBy, Ruling};
+use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
 
 /// What [`Limiter::decide_now`] gives.
 #[allow(clippy::large_enum_variant, reason = "returned once per input and matched at once: boxing would allocate")]

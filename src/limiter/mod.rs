@@ -31,8 +31,7 @@ use crate::quota::Quota;
 use crate::rule::Rule;
 use crate::runtime::Runtime;
 use crate::store::Store;
-use crate::verdict::Ruling;
-use crate::verdict::Verdict;
+use crate::verdict::{Ruling, Verdict};
 
 /// Decides whether inputs of type `I` are within their limits: the rules, the store, and
 /// the protections that keep a failing store from failing the caller (a deadline and an
@@ -107,7 +106,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
     /// set (from a configuration, with feature `config`).
     #[must_use]
     pub fn handle(&self) -> LimiterHandle<I> {
-        LimiterHandle::new(self.rules.clone())
+        LimiterHandle { rules: self.rules.clone() }
     }
 
     /// The store.

@@ -143,22 +143,11 @@ mod tests {
     }
 
     #[test]
-    fn a_name_is_held_while_its_claim_lives() {
-        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        let first = claim(1, 101, [&a, &b].into_iter(), REFUSE).unwrap();
-        assert_eq!(&*claim(1, 103, [&b].into_iter(), REFUSE).unwrap_err(), "b");
-        let other_store = claim(2, 102, [&a].into_iter(), REFUSE).unwrap();
-        drop(first);
-        let again = claim(1, 101, [&a, &b].into_iter(), REFUSE).unwrap();
-        drop((again, other_store));
-        assert!(registry().keys().all(|(s, _)| *s != 1 && *s != 2));
-    }
-
-    #[test]
     fn a_swap_takes_over_its_own_names_and_releases_the_dropped_ones() {
         let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("sa".into(), "sb".into(), "sc".into());
         let (me, other_owner) = (new_owner(), new_owner());
         let first = claim(3, me, [&a, &b].into_iter(), REFUSE).unwrap();
+        let elsewhere = claim(2, other_owner, [&a].into_iter(), REFUSE).unwrap(); // another store's own
         let other = claim(3, other_owner, [&c].into_iter(), REFUSE).unwrap();
         assert_eq!(&*claim(3, me, [&a, &c].into_iter(), REFUSE).unwrap_err(), "sc", "another limiter's name");
         // A set without "sb", then one with it again while the first is still alive (an
@@ -170,6 +159,7 @@ mod tests {
         // "sb" is free once no set of the owner holds it; "sa" is still held by the second.
         let again = claim(3, other_owner, [&b].into_iter(), REFUSE).unwrap();
         assert_eq!(&*claim(3, other_owner, [&a].into_iter(), REFUSE).unwrap_err(), "sa");
-        drop((second, other, again));
+        drop((second, other, again, elsewhere));
+        assert!(registry().keys().all(|(s, _)| *s != 2 && *s != 3), "nothing is left once every claim is dropped");
     }
 }

@@ -19,8 +19,7 @@ use crate::error::BuildError;
 use crate::headers::HeaderStyle;
 use crate::key::Key;
 use crate::quota::Quota;
-use crate::rule::{check_rule_name, Shared};
-use crate::rule::{FailMode, Rule};
+use crate::rule::{check_rule_name, FailMode, Rule, Shared};
 use crate::runtime::RuleId;
 use crate::store::Check;
 
@@ -106,15 +105,13 @@ impl<I: ?Sized> Draft<I> {
                 return Err(BuildError::DuplicateRule(r.name.to_string()));
             }
         }
-        let claim = match store {
-            Some(id) => {
-                Some(registry::claim(id, owner, self.rules.iter().map(|r| &r.name), on_clash).map_err(|n| {
-                    let hint = if let OnClash::Refuse(hint) = on_clash { hint } else { "" };
-                    BuildError::RuleInUse { rule: n.to_string(), hint }
-                })?)
-            }
-            None => None,
-        };
+        let claim = store
+            .map(|id| registry::claim(id, owner, self.rules.iter().map(|r| &r.name), on_clash))
+            .transpose()
+            .map_err(|n| {
+                let hint = if let OnClash::Refuse(hint) = on_clash { hint } else { "" };
+                BuildError::RuleInUse { rule: n.to_string(), hint }
+            })?;
         // A new generation; `cost` for the rules that have none.
         let mut rules = self.rules;
         if let Some(cost) = cost {
@@ -213,7 +210,7 @@ impl<I: ?Sized> Rules<I> {
 /// # Ok(()) }
 /// ```
 pub struct LimiterHandle<I: ?Sized> {
-    rules: Arc<Rules<I>>,
+    pub(super) rules: Arc<Rules<I>>,
 }
 
 impl<I: ?Sized> Clone for LimiterHandle<I> {
@@ -229,10 +226,6 @@ impl<I: ?Sized> fmt::Debug for LimiterHandle<I> {
 }
 
 impl<I: ?Sized> LimiterHandle<I> {
-    pub(crate) fn new(rules: Arc<Rules<I>>) -> Self {
-        Self { rules }
-    }
-
     /// The rules in force.
     #[must_use]
     pub fn rules(&self) -> Arc<[Rule<I>]> {
