@@ -143,10 +143,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         (verdict, set)
     }
 
-    /// One call to a remote store, guarded, with the fallback limiter for the rules that
-    /// fall back when the store fails (an in-process store is asked in
-    /// [`Limiter::decide_now`]). The store's answers, in time or late, teach the
-    /// blocked-key cache and the fallback's shares.
+    /// One guarded call to a remote store, with the fallback limiter for the rules that
+    /// fall back when it fails; its answers, in time or late, teach the blocked-key cache
+    /// and the fallback's shares.
     async fn ask(&self, plan: &Plan<I>) -> Answer {
         let rt = &self.runtime;
         // Taken before the store decides: a refund while it decides voids the cache's
@@ -304,7 +303,6 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
 /// Where a store's answers are learnt from, and when.
 struct Teach<'a> {
-    /// The blocked-key cache, when it is on.
     cache: Option<&'a BlockedCache>,
     shares: &'a Shares,
     now: u64,
@@ -339,8 +337,6 @@ impl Teach<'_> {
             }
             // A block refuses every cost: cached as cost 0, which every request reaches.
             let cost = if r.block.is_zero() { check.params.cost } else { 0 };
-            // A rule whose blocks can be lifted or shortened by hand (`Limiter::block`) is
-            // asked again after a second: the lift reaches every server within it.
             let max_age = if check.params.reads_block() { BLOCK_RECHECK_US } else { u64::MAX };
             cache.insert(id, &check.key, cost, check.params.quota, self.now, d, max_age, self.epoch);
         }
@@ -350,14 +346,13 @@ impl Teach<'_> {
 static FAIL_OPEN: crate::notice::Once = crate::notice::Once::new();
 static FAIL_CLOSED: crate::notice::Once = crate::notice::Once::new();
 
-/// How long this process answers a key blocked under a rule that reads blocks from its
-/// blocked-key cache before it asks the store again, µs: a lifted or shortened block
-/// (`Limiter::block`, `reset`) reaches every server within this.
+/// How long this process answers a key blocked under a rule whose blocks can be lifted or
+/// shortened by hand from its blocked-key cache before it asks the store again, µs: a
+/// lift (`Limiter::block`, `reset`) reaches every server within this.
 const BLOCK_RECHECK_US: u64 = 1_000_000;
 
-/// A store call's answer: the outcomes, who decided them, and for the fallback the checks
-/// as it decided them (its share of each quota) and the store's copy of each check's
-/// units.
+/// A store call's answer: the outcomes, who decided them, and for the fallback its checks
+/// (its share of each quota) and the store's copy of each one's units.
 struct Answered {
     outcomes: Outcomes,
     by: DecidedBy,
@@ -370,8 +365,7 @@ type Copies = SmallVec<[Option<Arc<StoreCopy>>; 2]>;
 
 type Answer = Result<Answered, StoreError>;
 
-/// Records one check's decision: a debug event and a metric; a shadow rule that would
-/// reject is logged.
+/// Records one check's decision: a debug event, a metric, a log line for a shadow rejection.
 fn record(check: &Check, d: &Decision, shadow: bool, started: Option<Instant>) {
     if shadow {
         crate::metrics::decision(&check.rule, if d.allowed { "allowed" } else { "shadow_rejected" });
