@@ -132,10 +132,7 @@ impl<St: Store> Holders<St> {
     }
 
     async fn charge_store(&self, checks: &[Check], deadline: std::time::Duration) -> Result<(), StoreError> {
-        match tokio::time::timeout(deadline, self.store.charge(checks)).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(deadline)),
-        }
+        tokio::time::timeout(deadline, self.store.charge(checks)).await.unwrap_or(Err(StoreError::Timeout(deadline)))
     }
 
     /// Gives the fallback its units at once; the store's refunds, with their rules.

@@ -63,17 +63,15 @@ pub(crate) fn claim<'a>(
 ) -> Result<Arc<Claim>, Arc<str>> {
     let names: Vec<(usize, Arc<str>)> = names.map(|n| (store, n.clone())).collect();
     let mut reg = registry();
-    let held_by_other = |(by, claims): &(SmallVec<[Owner; 1]>, Vec<Weak<Claim>>)| {
-        !by.contains(&owner) && claims.iter().any(|w| w.strong_count() > 0)
-    };
-    let taken: Vec<&(usize, Arc<str>)> = names.iter().filter(|k| reg.get(k).is_some_and(held_by_other)).collect();
-    for k in taken {
+    for k in &names {
+        let Some((by, claims)) = reg.get_mut(k) else { continue };
+        if by.contains(&owner) || !claims.iter().any(|w| w.strong_count() > 0) {
+            continue; // free, or already this owner's
+        }
         match on_clash {
             OnClash::Refuse(_) => return Err(k.1.clone()),
             OnClash::Share => {
-                if let Some((by, _)) = reg.get_mut(k) {
-                    by.push(owner);
-                }
+                by.push(owner);
                 let notice = format!(
                     "tollgate: RateLimitLayer::new over a store where another live limiter or layer has a rule \
                      named {:?}: the two share one count. Name the rules to count apart: \
