@@ -93,11 +93,7 @@ impl Verdict {
     /// [`FailMode::Open`](crate::FailMode::Open).
     #[must_use]
     pub fn is_allowed(&self) -> bool {
-        match &self.ruling {
-            Ruling::Allowed => true,
-            Ruling::Rejected => false,
-            Ruling::Failed { closed, .. } => !closed,
-        }
+        !matches!(self.ruling, Ruling::Rejected | Ruling::Failed { closed: true, .. })
     }
 
     /// Whether a rule rejected: the input is over a limit.
