@@ -200,12 +200,8 @@ impl Runtime {
         }
         // Cut by the deadline, not failed: the call goes on (it may still be running in the
         // store), in a slot of its own.
-        let late = if cut {
-            Slot::enter(Arc::clone(&self.late), s.max_in_flight).map(|slot| Late { asked, slot })
-        } else {
-            None
-        };
-        (r, late)
+        let slot = if cut { Slot::enter(Arc::clone(&self.late), s.max_in_flight) } else { None };
+        (r, slot.map(|slot| Late { asked, slot }))
     }
 
     /// The number of servers sharing the store (see [`Settings::servers`]).
@@ -373,8 +369,7 @@ impl<C: Deref<Target = AtomicUsize>> Drop for Slot<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Algorithm;
-    use crate::algorithm::Params;
+    use crate::algorithm::{Algorithm, Params};
     use crate::quota::Quota;
 
     #[tokio::test(start_paused = true)]

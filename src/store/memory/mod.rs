@@ -11,8 +11,7 @@ mod table;
 
 use self::table::{guard_for, lock, matches, Entry, Inner, Padded, Shard, FULL_SWEEP_US, MIN_SWEEP, SWEEP_PERIOD_US};
 use super::{Check, LocalStore, Outcome, Refund};
-use crate::algorithm::Algorithm;
-use crate::algorithm::State;
+use crate::algorithm::{Algorithm, State};
 use crate::clock::{Clock, SharedClock, SystemClock};
 use crate::decision::Decision;
 use crate::error::StoreError;
