@@ -77,11 +77,8 @@ impl Shares {
         let until = now.saturating_add(whole_in);
         let (h, mut shard) = self.shard(rule, key);
         if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
-            if late && e.until > now {
-                (e.left, e.until) = (left.min(e.left), until.max(e.until));
-            } else {
-                (e.left, e.until) = (left, until);
-            }
+            (e.left, e.until) =
+                if late && e.until > now { (left.min(e.left), until.max(e.until)) } else { (left, until) };
             return;
         }
         if shard.table.len() >= self.cap_per_shard {
