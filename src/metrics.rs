@@ -1,19 +1,5 @@
 //! Metric emission through the `metrics` facade (feature `metrics`); no-ops without it.
-//!
-//! | name | kind | labels |
-//! |---|---|---|
-//! | `tollgate_decisions_total` | counter | `rule`, `outcome` = `allowed` / `rejected` / `shadow_rejected` / `local_rejected` (decisions: an allowed request dropped before it reaches the handler still counts as `allowed`, though its units are refunded) |
-//! | `tollgate_near_limit_total` | counter | `rule` (allowed decisions that leave the rule's near-limit share of its quota in use; never labelled by key) |
-//! | `tollgate_store_errors_total` | counter | `kind` = `timeout` / `unavailable` / `overloaded` / `circuit_open` / `full` / `backend` / `invalid` |
-//! | `tollgate_store_latency_seconds` | histogram | — |
-//! | `tollgate_store_stalls_total` | counter | — (store calls that timed out while this process was stalled past the deadline: not counted by the circuit breaker, up to its threshold in a row) |
-//! | `tollgate_fail_open_total` | counter | — (requests passed because the store failed) |
-//! | `tollgate_fail_closed_total` | counter | — (requests answered 503 because the store failed) |
-//! | `tollgate_fallback_decisions_total` | counter | `outcome` |
-//! | `tollgate_circuit_open` | gauge | — (1 while the breaker is open) |
-//! | `tollgate_peer_unknown_total` | counter | — (IP extractors that found no connection info) |
-//! | `tollgate_charge_failures_total` | counter | `rule` (charges reported after a response that the store did not take) |
-//! | `tollgate_refund_failures_total` | counter | `rule` (units to refund that the store did not take back: an error, a timeout, no runtime, or the runtime shut down first) |
+//! The names, kinds and labels are listed in README.md (Observability).
 
 #![allow(unused_variables)]
 
@@ -82,8 +68,6 @@ pub(crate) fn fallback(outcome: &'static str) {
 pub(crate) fn write_back(outcome: &'static str, checks: usize) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_write_backs_total", "outcome" => outcome).increment(checks as u64);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (outcome, checks);
 }
 
 pub(crate) fn circuit_open(open: bool) {

@@ -116,10 +116,6 @@ impl fmt::Debug for ManualClock {
 pub(crate) struct SharedClock(pub(crate) std::sync::Arc<dyn Clock>);
 
 impl SharedClock {
-    pub(crate) fn system() -> Self {
-        Self(std::sync::Arc::new(SystemClock))
-    }
-
     pub(crate) fn now(&self) -> u64 {
         self.0.now_micros()
     }

@@ -257,6 +257,18 @@ mod tests {
         f.mono.fetch_add(u64::try_from(ns).unwrap(), Ordering::SeqCst);
     }
 
+    /// Reads the clock after each of `steps` × 10 ms at the true rate, asserting it never
+    /// goes back from `last`; the last reading.
+    fn follow(f: &Fake, clock: &Disciplined<Arc<Fake>>, mut last: u64, steps: usize) -> u64 {
+        for _ in 0..steps {
+            run(f, 10_000, 0);
+            let now = clock.now();
+            assert!(now >= last, "{last} -> {now}");
+            last = now;
+        }
+        last
+    }
+
     #[test]
     fn a_fast_counter_stays_within_milliseconds_of_the_wall_clock() {
         // 1% fast, read every 10 ms for an hour: without re-anchoring the output would
@@ -281,13 +293,7 @@ mod tests {
         run(&f, 10 * 1_000_000, 0);
         let before = clock.now();
         f.wall.fetch_sub(5_000_000, Ordering::SeqCst); // NTP steps the wall clock back 5 s
-        let mut last = before;
-        for _ in 0..2_000 {
-            run(&f, 10_000, 0);
-            let now = clock.now();
-            assert!(now >= last, "{last} -> {now}");
-            last = now;
-        }
+        let last = follow(&f, &clock, before, 2_000);
         // 20 s on: at half speed, 5 s behind is made up within about 10 s.
         assert!(last.abs_diff(f.wall_micros()) <= 2_000, "{last} vs {}", f.wall_micros());
         assert!(last - before >= 10_000_000, "time moved at least at half speed: {}", last - before);
@@ -298,13 +304,7 @@ mod tests {
         let (f, clock) = fake();
         run(&f, 2_000_000, 0);
         f.wall.fetch_add(3_600_000_000, Ordering::SeqCst); // an hour ahead (a resumed VM)
-        let mut last = clock.now();
-        for _ in 0..300 {
-            run(&f, 10_000, 0);
-            let now = clock.now();
-            assert!(now >= last);
-            last = now;
-        }
+        let last = follow(&f, &clock, clock.now(), 300);
         assert!(last.abs_diff(f.wall_micros()) <= 2_000, "{last} vs {}", f.wall_micros());
     }
 
@@ -386,12 +386,7 @@ mod tests {
                 prop_assert!(now >= last, "{} -> {}", last, now);
                 last = now;
             }
-            for _ in 0..30_000 {
-                run(&f, 10_000, 0);
-                let now = clock.now();
-                prop_assert!(now >= last);
-                last = now;
-            }
+            let last = follow(&f, &clock, last, 30_000);
             prop_assert!(last.abs_diff(f.wall_micros()) <= 2_000, "{} vs {}", last, f.wall_micros());
         }
     }

@@ -103,8 +103,7 @@ impl BlockedCache {
     /// Records that (rule, key) rejects `cost`, as `decision` says: until its retry, or
     /// for `max_age` µs at most (then the store is asked again; the answers given until
     /// then still say the whole retry) — unless something was forgotten since `epoch`
-    /// (units came back while the store was deciding: its rejection may not hold, and
-    /// recorded after the refund's forget it would stay).
+    /// (units came back while the store decided: its rejection may not hold).
     #[allow(clippy::too_many_arguments, reason = "one entry's fields")]
     pub(crate) fn insert(
         &self,

@@ -30,37 +30,62 @@ impl fmt::Debug for Breaker {
 /// [`Permit::success`] or [`Permit::failure`]; a permit dropped without either (its future
 /// was dropped: a client gone, an outer timeout, a `select!`; or the in-flight cap refused
 /// the call) hands the half-open probe back, so the next call after the cool-down probes
-/// again. Without that, one abandoned probe kept the circuit open for good.
+/// again.
 pub(crate) struct Permit<'a> {
     breaker: &'a Breaker,
+    /// Whether this call is the half-open probe, until it is reported.
     probe: bool,
-    settled: bool,
 }
 
 impl Permit<'_> {
     pub(crate) fn success(mut self) {
-        self.settled = true;
-        self.breaker.success(self.probe);
+        let (b, probe) = (self.breaker, std::mem::take(&mut self.probe));
+        b.failures.store(0, Ordering::Relaxed);
+        if probe || b.open_until.load(Ordering::Relaxed) != 0 {
+            b.open_until.store(0, Ordering::Release);
+            b.probing.store(false, Ordering::Release);
+            crate::metrics::circuit_open(false);
+            if probe {
+                tracing::info!("tollgate: store answered the probe; circuit closed");
+            }
+        }
     }
 
     /// A call that failed without costing a wait: not counted, but a probe that finds the
     /// store still without a connection keeps the circuit open.
-    pub(crate) fn neutral(mut self, now_us: u64) {
+    pub(crate) fn neutral(self, now_us: u64) {
         if self.probe {
-            return self.failure(now_us);
+            self.failure(now_us);
         }
-        self.settled = true;
     }
 
     pub(crate) fn failure(mut self, now_us: u64) {
-        self.settled = true;
-        self.breaker.failure(self.probe, now_us);
+        let (b, probe) = (self.breaker, std::mem::take(&mut self.probe));
+        let cool = u64::try_from(b.cool_down.as_micros()).unwrap_or(u64::MAX);
+        if probe {
+            b.open_until.store(now_us.saturating_add(cool).max(1), Ordering::Release);
+            b.probing.store(false, Ordering::Release);
+            return;
+        }
+        let n = b.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= b.threshold && b.open_until.load(Ordering::Relaxed) == 0 {
+            b.open_until.store(now_us.saturating_add(cool).max(1), Ordering::Release);
+            crate::metrics::circuit_open(true);
+            tracing::warn!(failures = n, cool_down = ?b.cool_down, "tollgate: store keeps failing; circuit open");
+            CIRCUIT_OPEN.tell(false, || {
+                format!(
+                    "tollgate: the rate-limit store failed {n} times in a row: its circuit is open, and it is not \
+                     called for {:?} at a time until it answers (said once; see tollgate_circuit_open)",
+                    b.cool_down
+                )
+            });
+        }
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        if self.probe && !self.settled {
+        if self.probe {
             self.breaker.probing.store(false, Ordering::Release);
         }
     }
@@ -81,7 +106,7 @@ impl Breaker {
     pub(crate) fn admit(&self, now_us: u64) -> Result<Permit<'_>, Duration> {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return Ok(Permit { breaker: self, probe: false, settled: false });
+            return Ok(Permit { breaker: self, probe: false });
         }
         if now_us < until {
             return Err(Duration::from_micros(until - now_us));
@@ -89,41 +114,7 @@ impl Breaker {
         if self.probing.swap(true, Ordering::AcqRel) {
             return Err(self.cool_down);
         }
-        Ok(Permit { breaker: self, probe: true, settled: false })
-    }
-
-    fn success(&self, probe: bool) {
-        self.failures.store(0, Ordering::Relaxed);
-        if probe || self.open_until.load(Ordering::Relaxed) != 0 {
-            self.open_until.store(0, Ordering::Release);
-            self.probing.store(false, Ordering::Release);
-            crate::metrics::circuit_open(false);
-            if probe {
-                tracing::info!("tollgate: store answered the probe; circuit closed");
-            }
-        }
-    }
-
-    fn failure(&self, probe: bool, now_us: u64) {
-        let cool = u64::try_from(self.cool_down.as_micros()).unwrap_or(u64::MAX);
-        if probe {
-            self.open_until.store(now_us.saturating_add(cool).max(1), Ordering::Release);
-            self.probing.store(false, Ordering::Release);
-            return;
-        }
-        let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= self.threshold && self.open_until.load(Ordering::Relaxed) == 0 {
-            self.open_until.store(now_us.saturating_add(cool).max(1), Ordering::Release);
-            crate::metrics::circuit_open(true);
-            tracing::warn!(failures = n, cool_down = ?self.cool_down, "tollgate: store keeps failing; circuit open");
-            CIRCUIT_OPEN.tell(false, || {
-                format!(
-                    "tollgate: the rate-limit store failed {n} times in a row: its circuit is open, and it is not \
-                     called for {:?} at a time until it answers (said once; see tollgate_circuit_open)",
-                    self.cool_down
-                )
-            });
-        }
+        Ok(Permit { breaker: self, probe: true })
     }
 }
 
@@ -159,7 +150,7 @@ mod tests {
         b.admit(0).unwrap().failure(0);
         // The probe's future is dropped before the store answers.
         drop(probe(&b, 1_000_000).expect("the probe"));
-        // The next caller probes (it used to be refused for ever), and closes the circuit.
+        // The next caller probes, and closes the circuit.
         probe(&b, 1_000_001).expect("a new probe").success();
         assert!(b.admit(1_000_002).is_ok_and(|p| !p.probe));
         // A plain call dropped unreported changes nothing.

@@ -1,5 +1,4 @@
-//! The store's copy of units the fallback admitted ([`StoreCopy`]): where they are, so
-//! that a refund of the fallback's units reaches them too.
+//! [`StoreCopy`]: where the store's copy of units the fallback admitted is.
 
 use crate::store::{Check, Refund};
 

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{ask, BlockedCache, Mono, Shares, StoreCopy, FALLBACK_KEYS, LATE_WAIT};
+use super::{BlockedCache, LateSlot, Mono, Shares, Slot, StoreCopy, FALLBACK_KEYS, LATE_WAIT};
 use crate::error::StoreError;
 use crate::store::{Check, Outcomes, Store};
 
@@ -18,14 +18,12 @@ pub(crate) struct Lessons {
     pub(crate) cache: Option<Arc<BlockedCache>>,
     pub(crate) shares: Arc<Shares>,
     pub(crate) unsent: Arc<Unsent>,
-    /// The runtime's clock.
     pub(crate) clock: Mono,
 }
 
 /// What the fallback admitted that the store never saw (the circuit was open, the
-/// connection down): charged to the store when it answers again, so that it counts what
-/// was admitted meanwhile. Entries with the store's copy of a unit are skipped if the unit
-/// was refunded meanwhile.
+/// connection down): charged to the store when it answers again, but for the units (with
+/// the store's copy of them) refunded meanwhile.
 #[derive(Default)]
 pub(crate) struct Unsent {
     checks: Mutex<Vec<(Check, Option<Arc<StoreCopy>>)>>,
@@ -33,9 +31,8 @@ pub(crate) struct Unsent {
 }
 
 impl Unsent {
-    /// Keeps `checks` (admitted by the fallback; the store never saw them) to charge the
-    /// store with when it answers again. Bounded: past [`FALLBACK_KEYS`] checks, the rest
-    /// is not kept.
+    /// Keeps `checks` to charge the store with when it answers again. Bounded: past
+    /// [`FALLBACK_KEYS`] checks, the rest is dropped.
     pub(crate) fn keep(&self, checks: impl IntoIterator<Item = Check>) {
         let mut unsent = self.lock();
         for c in checks {
@@ -69,8 +66,7 @@ impl Unsent {
         self.any.store(true, Ordering::Release);
     }
 
-    /// What [`Unsent::keep`] kept, taken: to charge the store with (the refunded units
-    /// left out).
+    /// What was kept, taken to charge the store with (the refunded units left out).
     pub(crate) fn take(&self) -> Vec<Check> {
         let taken = {
             let mut unsent = self.lock();
@@ -80,8 +76,7 @@ impl Unsent {
         taken.into_iter().filter(|(_, copy)| copy.as_ref().is_none_or(|c| c.write())).map(|(c, _)| c).collect()
     }
 
-    /// Whether anything waits to be charged to the store (no lock: asked after every
-    /// store answer).
+    /// Whether anything waits to be charged (no lock: asked after every store answer).
     pub(crate) fn any(&self) -> bool {
         self.any.load(Ordering::Acquire)
     }
@@ -109,9 +104,15 @@ impl Late {
 type Asked = Pin<Box<dyn Future<Output = Result<Outcomes, StoreError>> + Send>>;
 
 /// One store call that owns what it needs, boxed: it can outlive its caller ([`Late`]).
+/// `check_one` for one rule (no `Vec`), else `check`.
 pub(super) fn owned_ask<St: Store>(store: &Arc<St>, checks: &[Check]) -> Asked {
     let (store, checks) = (Arc::clone(store), smallvec::SmallVec::<[Check; 2]>::from(checks));
-    Box::pin(async move { ask(&*store, &checks).await })
+    Box::pin(async move {
+        match &checks[..] {
+            [one] => store.check_one(one).await.map(|o| smallvec::smallvec![Some(o)]),
+            _ => store.check(&checks).await.map(Outcomes::from_vec),
+        }
+    })
 }
 
 /// The late calls' counter and its cap: a slot for each store call left running.
@@ -119,27 +120,7 @@ pub(super) fn owned_ask<St: Store>(store: &Arc<St>, checks: &[Check]) -> Asked {
 pub(crate) struct LateSlots(pub(super) Arc<AtomicUsize>, pub(super) usize);
 
 impl LateSlots {
-    /// A slot, or `None` past the cap.
     pub(crate) fn take(&self) -> Option<LateSlot> {
-        LateSlot::enter(&self.0, self.1)
-    }
-}
-
-/// Counts the late calls still running; `None` when the cap is reached.
-pub(crate) struct LateSlot(Arc<AtomicUsize>);
-
-impl LateSlot {
-    pub(super) fn enter(counter: &Arc<AtomicUsize>, cap: usize) -> Option<Self> {
-        if counter.fetch_add(1, Ordering::AcqRel) >= cap {
-            counter.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        Some(Self(Arc::clone(counter)))
-    }
-}
-
-impl Drop for LateSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        Slot::enter(Arc::clone(&self.0), self.1)
     }
 }

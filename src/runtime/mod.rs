@@ -11,6 +11,7 @@ mod detached;
 mod share;
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +22,7 @@ pub(crate) use self::blocked::{BlockedCache, RuleId};
 use self::breaker::Breaker;
 pub(crate) use self::copy::{Copy, StoreCopy};
 use self::detached::owned_ask;
-pub(crate) use self::detached::{Late, LateSlot, LateSlots, Lessons, Unsent};
+pub(crate) use self::detached::{Late, LateSlots, Lessons, Unsent};
 pub(crate) use self::share::Shares;
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -58,8 +59,7 @@ impl Default for Settings {
     }
 }
 
-/// How long a store call cut by its deadline may still run for its answer (the store's
-/// decision, which the blocked-key cache and the shares learn from).
+/// How long a store call cut by its deadline may still run for its answer.
 const LATE_WAIT: Duration = Duration::from_secs(1);
 
 /// The most keys the fallback limiter, the shares and the unsent list each hold.
@@ -69,7 +69,7 @@ const FALLBACK_KEYS: usize = 100_000;
 const FULL_RETRY_US: u64 = 1_000_000;
 
 /// The least time past a deadline that tells a stalled process: timers fire a millisecond
-/// or two late on a running one.
+/// or two late on a running one (more: a fifth of the deadline).
 const STALL_SLACK: Duration = Duration::from_millis(5);
 
 /// Checks a near-limit share: in (0, 1].
@@ -89,20 +89,17 @@ pub(crate) struct Runtime {
     breaker: Breaker,
     in_flight: AtomicUsize,
     pub(crate) cache: Arc<BlockedCache>,
-    /// The in-process limiter that decides, with this server's share of each quota, the
-    /// rules whose fail mode is [`FailMode::Fallback`](crate::FailMode::Fallback) while the
-    /// store fails.
+    /// Decides the rules that fall back ([`FailMode::Fallback`](crate::FailMode::Fallback))
+    /// while the store fails, with this server's share of each quota.
     pub(crate) fallback: MemoryStore,
     pub(crate) shares: Arc<Shares>,
     /// Calls cut by their deadline and still running (at most `max_in_flight`).
     late: Arc<AtomicUsize>,
-    /// What the fallback admitted that the store never saw: charged to it when it answers
-    /// again.
+    /// What the fallback admitted that the store never saw, to charge it when it answers.
     pub(crate) unsent: Arc<Unsent>,
     warn_at: AtomicU64,
     suppressed: AtomicU64,
-    /// This limiter's announcement to the store (see [`Store::announce`]): withdrawn when
-    /// the limiter is dropped.
+    /// This limiter's announcement ([`Store::announce`]), withdrawn when it is dropped.
     pub(crate) announced: crate::store::Announced,
     /// Timeouts in a row not held against the store because this process stalled.
     stalls: AtomicU32,
@@ -161,39 +158,24 @@ impl Runtime {
             Ok(permit) => permit,
             Err(open) => return (Err(StoreError::CircuitOpen(open)), None),
         };
-        let Some(_in_flight) = InFlight::enter(&self.in_flight, s.max_in_flight) else {
+        let Some(_in_flight) = Slot::enter(&self.in_flight, s.max_in_flight) else {
             return (Err(StoreError::Overloaded(s.max_in_flight)), None);
         };
         let started = Instant::now();
         let mut asked = owned_ask(store, checks);
-        // Timers fire up to a couple of ms late on a running process: a stall is more.
         let slack = (deadline / 5).max(STALL_SLACK);
+        let mut answer = tokio::time::timeout(deadline, &mut asked).await;
         // Whether the store then had the slack, with this process running, to answer.
         let mut watched = false;
-        // Whether the deadline cut the call (it may still be running in the store).
-        let mut cut = true;
-        let r = match tokio::time::timeout(deadline, &mut asked).await {
-            Ok(r) => {
-                cut = false;
-                r
-            }
+        if answer.is_err() && started.elapsed() > deadline + slack {
             // The deadline's timer fired late: this process was stalled (descheduled,
             // CPU-throttled), and the reply may be waiting for the connection's task.
-            Err(_) if started.elapsed() > deadline + slack => {
-                let looked = Instant::now();
-                match tokio::time::timeout(slack, &mut asked).await {
-                    Ok(r) => {
-                        cut = false;
-                        r
-                    }
-                    Err(_) => {
-                        watched = looked.elapsed() <= slack * 2;
-                        Err(store.timed_out(checks, deadline))
-                    }
-                }
-            }
-            Err(_) => Err(store.timed_out(checks, deadline)),
-        };
+            let looked = Instant::now();
+            answer = tokio::time::timeout(slack, &mut asked).await;
+            watched = answer.is_err() && looked.elapsed() <= slack * 2;
+        }
+        let cut = answer.is_err();
+        let r = answer.unwrap_or_else(|_| Err(store.timed_out(checks, deadline)));
         crate::metrics::store_latency(started.elapsed());
         // A timeout (this call's, or the connection's own timer, late as well) when this
         // process stalled past the deadline is not held against the store, unless the
@@ -216,14 +198,13 @@ impl Runtime {
             Err(_) if stalled => permit.neutral(self.mono_us()),
             Err(_) => permit.failure(self.mono_us()),
         }
-        // Cut by the deadline, not failed: the call goes on, in a slot of its own.
-        let late =
-            if cut { LateSlot::enter(&self.late, s.max_in_flight).map(|slot| Late { asked, slot }) } else { None };
-        (r, late)
+        // Cut by the deadline, not failed: the call goes on (it may still be running in the
+        // store), in a slot of its own.
+        let slot = if cut { Slot::enter(Arc::clone(&self.late), s.max_in_flight) } else { None };
+        (r, slot.map(|slot| Late { asked, slot }))
     }
 
-    /// The number of servers sharing the store: the application's, else the store's
-    /// count, else 1.
+    /// The number of servers sharing the store (see [`Settings::servers`]).
     pub(crate) fn servers<St: Store>(&self, store: &St) -> u64 {
         self.settings.servers.or_else(|| store.servers()).unwrap_or(1).max(1)
     }
@@ -244,7 +225,14 @@ impl Runtime {
         crate::metrics::store_error(err);
         self.warn_store_failure(err, true);
         let now = self.mono_us();
-        let local: Vec<Check> = checks.iter().map(|c| local_check(c, servers)).collect();
+        let local: Vec<Check> = checks
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                c.params.quota = c.params.quota.divided(servers);
+                c
+            })
+            .collect();
         let picked: Vec<Check> = local.iter().zip(use_it).filter(|&(_, &u)| u).map(|(c, _)| c.clone()).collect();
         // A key past this server's share of what the store said remains: refused, and
         // nothing taken from the others.
@@ -271,10 +259,10 @@ impl Runtime {
         let mut outcomes = Outcomes::new();
         for (i, c) in checks.iter().enumerate() {
             let o = if use_it[i] { decided.next().flatten() } else { None };
-            if let Some(Outcome { decision, taken: Some(_) }) = &o {
-                self.shares.take(ids[i], &c.key, c.params.cost, now);
-                crate::metrics::fallback(if decision.allowed { "allowed" } else { "rejected" });
-            } else if let Some(o) = &o {
+            if let Some(o) = &o {
+                if o.taken.is_some() {
+                    self.shares.take(ids[i], &c.key, c.params.cost, now);
+                }
                 crate::metrics::fallback(if o.decision.allowed { "allowed" } else { "rejected" });
             }
             outcomes.push(o);
@@ -300,8 +288,7 @@ impl Runtime {
         LateSlots(Arc::clone(&self.late), self.settings.max_in_flight)
     }
 
-    /// What a store's answers teach this process, for a call that outlives its caller
-    /// ([`Late`]).
+    /// What a store's answers teach, for a call that outlives its caller ([`Late`]).
     pub(crate) fn lessons(&self) -> Lessons {
         Lessons {
             cache: self.settings.cache_enabled.then(|| Arc::clone(&self.cache)),
@@ -335,17 +322,9 @@ static FALLBACK: crate::notice::Once = crate::notice::Once::new();
 pub(crate) struct Mono(Instant);
 
 impl Mono {
-    /// Microseconds since the runtime was made.
     pub(crate) fn us(self) -> u64 {
         u64::try_from(self.0.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
-}
-
-/// `check` as the fallback limiter sees it: its share of the quota.
-fn local_check(check: &Check, instances: u64) -> Check {
-    let mut c = check.clone();
-    c.params.quota = c.params.quota.divided(instances);
-    c
 }
 
 /// The fallback's refusal of `check` (of this server's share): its key is past its share
@@ -364,21 +343,16 @@ fn share_spent(check: &Check, whole_in: u64) -> Outcome {
     Outcome { decision, taken: None }
 }
 
-/// One store call: `check_one` for one rule (no `Vec`), else `check`.
-pub(crate) async fn ask<St: Store>(store: &St, checks: &[Check]) -> Result<Outcomes, StoreError> {
-    match checks {
-        [one] => store.check_one(one).await.map(|o| smallvec::smallvec![Some(o)]),
-        _ => store.check(checks).await.map(Outcomes::from_vec),
-    }
-}
+/// One place in a capped count of store calls (in flight, or left running late), given
+/// back on drop; `enter` is `None` when the cap is reached.
+pub(crate) struct Slot<C: Deref<Target = AtomicUsize>>(C);
 
-/// Counts store calls in flight; `None` when the cap is reached.
-struct InFlight<'a>(&'a AtomicUsize);
+/// A slot of the late calls ([`Runtime::late_slots`]), which outlives its caller.
+pub(crate) type LateSlot = Slot<Arc<AtomicUsize>>;
 
-impl<'a> InFlight<'a> {
-    fn enter(counter: &'a AtomicUsize, cap: usize) -> Option<Self> {
-        let n = counter.fetch_add(1, Ordering::AcqRel);
-        if n >= cap {
+impl<C: Deref<Target = AtomicUsize>> Slot<C> {
+    pub(crate) fn enter(counter: C, cap: usize) -> Option<Self> {
+        if counter.fetch_add(1, Ordering::AcqRel) >= cap {
             counter.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
@@ -386,7 +360,7 @@ impl<'a> InFlight<'a> {
     }
 }
 
-impl Drop for InFlight<'_> {
+impl<C: Deref<Target = AtomicUsize>> Drop for Slot<C> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -395,8 +369,7 @@ impl Drop for InFlight<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Algorithm;
-    use crate::algorithm::Params;
+    use crate::algorithm::{Algorithm, Params};
     use crate::quota::Quota;
 
     #[tokio::test(start_paused = true)]
@@ -413,7 +386,7 @@ mod tests {
         rt.breaker.admit(rt.mono_us()).unwrap().failure(rt.mono_us());
         tokio::time::advance(Duration::from_secs(1)).await;
         // The cap is full when the probe comes: it is refused, and must be handed back.
-        let full = InFlight::enter(&rt.in_flight, 1).unwrap();
+        let full = Slot::enter(&rt.in_flight, 1).unwrap();
         assert!(matches!(
             rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50)).await.0,
             Err(StoreError::Overloaded(1))
@@ -429,11 +402,11 @@ mod tests {
     #[test]
     fn in_flight_is_capped() {
         let c = AtomicUsize::new(0);
-        let a = InFlight::enter(&c, 2).unwrap();
-        let _b = InFlight::enter(&c, 2).unwrap();
-        assert!(InFlight::enter(&c, 2).is_none());
+        let a = Slot::enter(&c, 2).unwrap();
+        let _b = Slot::enter(&c, 2).unwrap();
+        assert!(Slot::enter(&c, 2).is_none());
         drop(a);
-        assert!(InFlight::enter(&c, 2).is_some());
+        assert!(Slot::enter(&c, 2).is_some());
         assert_eq!(c.load(Ordering::Relaxed), 1);
     }
 }

@@ -19,8 +19,7 @@ pub(crate) struct Shares {
     cap_per_shard: usize,
 }
 
-/// One shard: its entries, and when a full shard last dropped its lapsed ones (a full
-/// shard sweeps at most once per [`FULL_SWEEP_US`], not at each new key).
+/// One shard: its entries, and when it last dropped its lapsed ones, full.
 #[derive(Default)]
 struct Shard {
     table: HashTable<Entry>,
@@ -78,11 +77,8 @@ impl Shares {
         let until = now.saturating_add(whole_in);
         let (h, mut shard) = self.shard(rule, key);
         if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
-            if late && e.until > now {
-                (e.left, e.until) = (left.min(e.left), until.max(e.until));
-            } else {
-                (e.left, e.until) = (left, until);
-            }
+            (e.left, e.until) =
+                if late && e.until > now { (left.min(e.left), until.max(e.until)) } else { (left, until) };
             return;
         }
         if shard.table.len() >= self.cap_per_shard {
@@ -152,8 +148,7 @@ mod tests {
         assert_eq!(shares.fits((1, 0), &k, 4, 31), Err(49));
     }
 
-    /// A full shard drops its lapsed entries at most once a second, not at each new key (a
-    /// healthy store with many keys scanned a whole shard per request).
+    /// A full shard drops its lapsed entries at most once a second, not at each new key.
     #[test]
     fn a_full_shard_sweeps_once_a_second() {
         let shares = Shares::new(SHARDS);

@@ -27,7 +27,6 @@ pub(crate) type Outcomes = smallvec::SmallVec<[Option<Outcome>; 1]>;
 /// stored window's start when the clock stepped back before it), the token bucket and
 /// GCRA; the timestamp the units were logged under for the sliding window log (the newest
 /// entry's, when the clock stepped back); the first slot for the leaky bucket.
-///
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Taken {
     /// Where the units were recorded, µs since the epoch.
@@ -85,15 +84,8 @@ pub trait Store: Send + Sync + 'static {
     /// Decides one rule: what `check(&[check])` decides, without a `Vec`. The layer calls
     /// this for the (common) requests that one rule applies to. The default calls `check`.
     fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        let checks = std::slice::from_ref(check);
-        let fut = self.check(checks);
-        async move {
-            fut.await?
-                .into_iter()
-                .next()
-                .flatten()
-                .ok_or_else(|| StoreError::Backend("the store returned no decision".into()))
-        }
+        let fut = self.check(std::slice::from_ref(check));
+        async move { the_one(fut.await?) }
     }
 
     /// Decides `checks` together; commits them only if all are allowed.
@@ -236,11 +228,7 @@ pub trait LocalStore: Send + Sync + 'static {
     ///
     /// As [`LocalStore::check`].
     fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
-        self.check(std::slice::from_ref(check))?
-            .into_iter()
-            .next()
-            .flatten()
-            .ok_or_else(|| StoreError::Backend("the store returned no decision".into()))
+        the_one(self.check(std::slice::from_ref(check))?)
     }
 
     /// Gives back the units of earlier commits (see [`Store::refund`]).
@@ -328,11 +316,15 @@ impl<T: LocalStore> Store for T {
 }
 
 /// A store identity no other store of this process ever had (see [`Store::identity`]): a
-/// counter, never an address (the allocator reuses those, and a brand-new store was taken
-/// for a dropped one whose rule names a `LimiterHandle` still held).
+/// counter, never an address (which the allocator reuses).
 pub(crate) fn new_identity() -> usize {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The outcome of a call of one check (`check_one`'s default).
+fn the_one(outcomes: Vec<Option<Outcome>>) -> Result<Outcome, StoreError> {
+    outcomes.into_iter().next().flatten().ok_or_else(|| StoreError::Backend("the store returned no decision".into()))
 }
 
 /// Refuses a check list that names one state twice (see [`Store::check`]).

@@ -11,10 +11,8 @@ mod table;
 
 use self::table::{guard_for, lock, matches, Entry, Inner, Padded, Shard, FULL_SWEEP_US, MIN_SWEEP, SWEEP_PERIOD_US};
 use super::{Check, LocalStore, Outcome, Refund};
-use crate::algorithm::Algorithm;
-use crate::algorithm::State;
-use crate::clock::Clock;
-use crate::clock::SharedClock;
+use crate::algorithm::{Algorithm, State};
+use crate::clock::{Clock, SharedClock, SystemClock};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -58,7 +56,7 @@ impl MemoryStore {
     /// A store on the system clock.
     #[must_use]
     pub fn new() -> Self {
-        Self::build(SharedClock::system(), None)
+        Self::build(SharedClock(Arc::new(SystemClock)), None)
     }
 
     /// A store whose time comes from `clock` (tests: `ManualClock`, feature `test-util`).
@@ -123,9 +121,8 @@ impl MemoryStore {
     }
 
     /// The shard of a hash: from its upper half. The table inside the shard picks buckets
-    /// by the low bits (and its tags by the top 7): a shard chosen by low bits too would
-    /// leave each table only 1/`shards` of its buckets to start probes at, and every probe
-    /// long once the table fills.
+    /// by the low bits: a shard chosen by them too would leave each table 1/`shards` of
+    /// its buckets to start probes at.
     fn shard_of(&self, hash: u64) -> usize {
         #[allow(clippy::cast_possible_truncation)]
         let high = (hash >> 32) as usize;
@@ -235,9 +232,8 @@ impl MemoryStore {
         order.dedup();
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, lock(&self.inner.shards[i]))).collect();
-        // Room for every new state first: all or nothing, before anything is created,
-        // dropped or decided (a state made for one rule was dropped to make room for the
-        // next, then made again to commit it: a refused call kept a unit).
+        // Room for every new state first, all or nothing, before anything is created,
+        // dropped or decided: a state made for one rule is never dropped for the next.
         for (_, shard) in &mut guards {
             shard.maybe_sweep(now, &self.inner);
         }

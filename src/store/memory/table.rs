@@ -156,11 +156,9 @@ impl Inner {
 }
 
 impl Shard {
-    /// Drops the states expired more than the grace period ago.
+    /// Drops the states expired more than the grace period ago (a key below its quota,
+    /// whose state expires between requests, is not dropped and made again each time).
     pub(super) fn sweep(&mut self, now: u64, inner: &Inner) {
-        // States stay a second past their expiry: a key whose traffic is below its quota
-        // (its state expires between requests) is then not dropped and re-inserted on
-        // every visit.
         let before = self.table.len();
         self.table.retain(|e| e.live_until().saturating_add(GRACE_US) > now);
         inner.release(before - self.table.len());
