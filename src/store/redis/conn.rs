@@ -151,10 +151,8 @@ impl Link {
     fn refresh(self: &Arc<Self>, why: String) {
         let now = self.elapsed_ms() + 1;
         let last = self.last_refresh.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < millis(REFRESH_GAP) {
-            return;
-        }
-        if self.refreshing.swap(true, Ordering::AcqRel) {
+        let recent = last != 0 && now.saturating_sub(last) < millis(REFRESH_GAP);
+        if recent || self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -167,9 +165,9 @@ impl Link {
     }
 
     pub(crate) fn on_error(self: &Arc<Self>, generation: u64, slot: Option<u16>, err: &RedisError) {
-        let lost = err.is_timeout()
-            || err.is_io_error()
-            || err.is_unrecoverable_error()
+        let broken = err.is_io_error() || err.is_unrecoverable_error();
+        let lost = broken
+            || err.is_timeout()
             || matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown));
         if let Some(slot) = slot.filter(|_| lost) {
             self.on_slot_failure(slot);
@@ -180,14 +178,12 @@ impl Link {
             // an operator's `REPLICAOF`, which keeps connections open. Connect afresh (a
             // sentinel store asks the sentinels again).
             self.replace(generation, format!("the server answers as a replica ({})", err.code().unwrap_or("")));
-        } else if err.is_timeout() {
-            self.on_timeout(generation, None);
-        } else if !self.origin.is_cluster() && (err.is_io_error() || err.is_unrecoverable_error()) {
+        } else if broken && !err.is_timeout() && !self.origin.is_cluster() {
             // A multiplexed connection whose socket failed stays failed.
             self.replace(generation, err.to_string());
-        } else if err.is_io_error() || err.is_unrecoverable_error() {
-            // A cluster connection reconnects to single nodes by itself: replace it
-            // only when nothing has worked for a while.
+        } else if broken || err.is_timeout() {
+            // A timeout; or a cluster connection, which reconnects to single nodes by
+            // itself: replaced only when nothing has worked for a while.
             self.on_timeout(generation, None);
         }
     }

@@ -21,7 +21,6 @@ use crate::key::Key;
 /// `v3`: GCRA's latest commit, blocks (`Rule::block_for`), hashed names.
 const VERSION: &[u8] = b"v3";
 
-/// Number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
 
 /// Where the bytes of a name go: the name being built, or the CRC16 of a slot being
@@ -179,7 +178,6 @@ pub(crate) fn slot(name: &[u8]) -> u16 {
     crc16(hashed) % SLOTS
 }
 
-/// CRC16-CCITT (XMODEM) of `bytes`.
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc = Crc16(0);
     crc.put(bytes);

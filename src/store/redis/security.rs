@@ -4,7 +4,6 @@
 
 use deadpool_redis::redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
 
-/// Whether `info` connects over TLS.
 pub(super) fn is_tls(info: &ConnectionInfo) -> bool {
     matches!(info.addr(), ConnectionAddr::TcpTls { .. })
 }
