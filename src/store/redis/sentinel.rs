@@ -179,14 +179,8 @@ impl Watch {
         let top = named[0].votes;
         let tied: Vec<&Named> = named.iter().take_while(|c| c.votes == top).collect();
         let tries = futures_util::future::join_all(tied.iter().map(|c| self.connect_to(c, connect, response))).await;
-        let mut primaries = Vec::new();
         let mut last_error = String::new();
-        for t in tries {
-            match t {
-                Ok(found) => primaries.push(found),
-                Err(e) => last_error = e,
-            }
-        }
+        let mut primaries: Vec<_> = tries.into_iter().filter_map(|t| t.map_err(|e| last_error = e).ok()).collect();
         match primaries.len() {
             1 => Ok(primaries.remove(0)),
             0 => Err(last_error),
