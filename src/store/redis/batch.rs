@@ -38,7 +38,6 @@ use tokio::sync::oneshot;
 
 use super::call::Inner;
 use super::script::{batch_cmd, index, parse_batch, validate, SCRIPTS};
-use crate::clock::SharedClock;
 use crate::error::StoreError;
 use crate::store::{Check, Outcome};
 
@@ -66,8 +65,7 @@ struct Waiting {
 struct Entry {
     check: Check,
     slot: Option<u16>,
-    /// The runtime that queued it: only that runtime's flush tasks take it, so a check
-    /// never waits on a runtime that is not its own.
+    /// The runtime that queued it: only its flush tasks take it.
     rt: RuntimeId,
     answer: oneshot::Sender<Answer>,
 }
@@ -95,16 +93,13 @@ impl Queue {
         let start = {
             let mut waiting = self.lock();
             waiting.entries.push_back(entry);
-            // Each runtime runs its own flush task: one that is idle or blocked never holds
-            // up the checks of another.
             let pending = waiting.flushing.contains(&rt);
             if !pending {
                 waiting.flushing.push(rt);
             }
             !pending
         };
-        // Spawned with the lock released: a runtime shutting down drops a new task at once,
-        // on this thread, and its guard takes the lock.
+        // Spawned with the lock released (see the module docs).
         if start {
             start_flush(inner, self, rt);
         }
@@ -126,16 +121,13 @@ impl Drop for Flushing {
     fn drop(&mut self) {
         if let Some(queue) = self.0.take() {
             let rt = self.1;
-            let entries = {
-                let mut waiting = queue.lock();
-                waiting.flushing.retain(|&r| r != rt);
-                let (mine, others): (VecDeque<Entry>, VecDeque<Entry>) =
-                    std::mem::take(&mut waiting.entries).into_iter().partition(|e| e.rt == rt);
-                waiting.entries = others;
-                mine
-            };
-            // Answered (dropped) with the lock released.
-            drop(entries);
+            let mut waiting = queue.lock();
+            waiting.flushing.retain(|&r| r != rt);
+            let (_mine, others): (VecDeque<Entry>, VecDeque<Entry>) =
+                std::mem::take(&mut waiting.entries).into_iter().partition(|e| e.rt == rt);
+            waiting.entries = others;
+            // `_mine` is answered (dropped) with the lock released.
+            drop(waiting);
         }
     }
 }
@@ -154,10 +146,8 @@ async fn flush(inner: Arc<Inner>, mut flushing: Flushing) {
     let Some(queue) = flushing.0.clone() else { return };
     let (taken, left, more) = {
         let mut waiting = queue.lock();
-        // At most half of the checks outstanding (waiting, or sent and not yet answered):
-        // with two batches out, the client reads one's answers while Redis runs the other.
-        // One batch of everything in flight would leave each side idle while the other
-        // works (measured at 64 in flight: 0.58× the throughput of batches of 32).
+        // At most half of the checks outstanding (see the module docs): one batch of all 64
+        // in flight ran at 0.58× the throughput of batches of 32, each side idle in turn.
         let rt = flushing.1;
         let n = (waiting.entries.len() + waiting.sent).div_ceil(2).clamp(1, inner.config.max_batch);
         // This runtime's first `n` checks, in arrival order, from the front; a caller that
@@ -210,18 +200,14 @@ impl Drop for Sent<'_> {
 /// Sends `entries` as one script call per (algorithm, slot), all at once, and answers each
 /// entry as soon as its call is back.
 async fn send(inner: &Inner, mut entries: Vec<Entry>) {
-    if entries.is_empty() {
-        return;
-    }
     // Stable: arrival order is kept within a group.
     entries.sort_by_key(|e| (index(e.check.algorithm), e.slot));
-    let mut groups = Vec::new();
-    while !entries.is_empty() {
-        let first = &entries[0];
-        let (alg, slot) = (first.check.algorithm, first.slot);
-        let n = entries.iter().take_while(|e| e.check.algorithm == alg && e.slot == slot).count();
-        let rest = entries.split_off(n);
-        groups.push(std::mem::replace(&mut entries, rest));
+    let mut groups: Vec<Vec<Entry>> = Vec::new();
+    for e in entries {
+        match groups.last_mut() {
+            Some(g) if g[0].check.algorithm == e.check.algorithm && g[0].slot == e.slot => g.push(e),
+            _ => groups.push(vec![e]),
+        }
     }
     join_all(groups.into_iter().map(|g| send_group(inner, g))).await;
 }
@@ -232,11 +218,9 @@ async fn send_group(inner: &Inner, group: Vec<Entry>) {
     let slot = group[0].slot;
     let result = async {
         let script = SCRIPTS.batch_for(checks[0]).ok_or_else(|| StoreError::Backend("no batch script".into()))?;
-        let (conn, generation) = inner.connection().await?;
-        let now = inner.config.clock.as_ref().map(SharedClock::now);
-        let evalsha = batch_cmd("EVALSHA", &script.sha, &inner.config.names, &checks, now);
-        let eval = || batch_cmd("EVAL", script.text, &inner.config.names, &checks, now);
-        let reply = inner.query(conn, generation, slot, &evalsha, Some(&eval)).await?;
+        let names = &inner.config.names;
+        let reply =
+            inner.eval_cmd(script, slot, |verb, script, now| batch_cmd(verb, script, names, &checks, now)).await?;
         parse_batch(&reply, &checks)
     }
     .await;

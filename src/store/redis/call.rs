@@ -8,13 +8,9 @@ use deadpool_redis::redis::{self, ErrorKind, RedisError, ServerErrorKind, Value}
 use super::conn::Link;
 use super::origin::Origin;
 use super::pool::{self, Timeouts};
-use super::script::{
-    parse_check, script_cmd, validate, Reply, Script, MODE_BLOCK, MODE_CHECK, MODE_FORCE, MODE_PEEK, SCRIPTS,
-};
+use super::script::{parse_check, script_cmd, validate, Reply, Script, MODE_CHECK, SCRIPTS};
 use super::{keys, security};
-use crate::algorithm::Algorithm;
 use crate::clock::SharedClock;
-use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{Check, Outcome, Refund};
@@ -43,10 +39,6 @@ pub(super) struct Inner {
 }
 
 impl Inner {
-    pub(super) fn unavailable(&self, why: &str) -> StoreError {
-        StoreError::Unavailable(format!("redis at {} is not connected: {why}", self.config.addr))
-    }
-
     fn error(&self, e: &RedisError) -> StoreError {
         let unavailable = e.is_io_error()
             || e.is_unrecoverable_error()
@@ -85,34 +77,18 @@ impl Inner {
         }
     }
 
-    /// The script command for `checks`, at `now`, else the store's clock, else the
-    /// server's `TIME`.
-    pub(super) fn script_cmd(
-        &self,
-        verb: &str,
-        script: &str,
-        checks: &[&Check],
-        ats: &[u64],
-        mode: &str,
-        now: Option<u64>,
-    ) -> redis::Cmd {
-        let now = now.or_else(|| self.config.clock.as_ref().map(SharedClock::now));
-        script_cmd(verb, script, &self.config.names, checks, ats, mode, now)
-    }
-
     /// The connection to use: at once when there is one (every request but the first); the
     /// rare wait for one is boxed so that it does not enlarge every request's future.
     pub(super) async fn connection(&self) -> Result<(pool::Conn, u64), StoreError> {
         match self.link.ready() {
             Some(ready) => Ok(ready),
-            None => Box::pin(self.link.get(self.config.timeouts.response)).await.map_err(|why| {
+            None => Box::pin(self.link.get(self.config.timeouts.response, false)).await.map_err(|why| {
                 StoreError::NotConnected(format!("redis at {} is not connected: {why}", self.config.addr))
             }),
         }
     }
 
-    /// The cluster slot of a call about `key` (`None` on a standalone server): the
-    /// connection tracks failures per slot, to notice a node that stopped answering.
+    /// The cluster slot of a call about `key` (`None` on a standalone server).
     pub(super) fn slot_of(&self, key: &Key) -> Option<u16> {
         self.config.origin.is_cluster().then(|| self.config.names.slot(key))
     }
@@ -127,10 +103,10 @@ impl Inner {
         cmd: &redis::Cmd,
         fallback: Option<&(dyn Fn() -> redis::Cmd + Sync)>,
     ) -> Result<Value, StoreError> {
-        let conn_times_out = conn.times_out_itself();
-        // A call dropped unanswered (the caller's deadline is shorter than the response
-        // timeout, or the caller left) counts as a timeout of its slot and connection
-        // once it has waited a while: a hung node is noticed whatever the deadline.
+        // A multiplexed connection enforces the response timeout itself.
+        let conn_times_out = matches!(conn, pool::Conn::Single(_));
+        // Dropped unanswered (the caller's deadline, or the caller left), a call counts as a
+        // timeout once it has waited a while: a hung node is noticed whatever the deadline.
         let mut pending =
             Pending { link: &self.link, generation, slot, started: std::time::Instant::now(), done: false };
         let run = async {
@@ -145,9 +121,8 @@ impl Inner {
         let answer = if conn_times_out {
             Ok(run.await)
         } else {
-            // Boxed: the timer would enlarge every request's future, also where unused. As
-            // long as the node connections' own timeout: a request dropped sooner may never
-            // be sent, and what the fallback admitted for it (issue 26) never counted.
+            // Boxed: the timer would enlarge every request's future. No shorter than the node
+            // connections' own: a request dropped sooner may never be sent (and never count).
             let timeout = self.config.timeouts.response.max(pool::MIN_NODE_RESPONSE);
             Box::pin(tokio::time::timeout(timeout, run)).await
         };
@@ -176,93 +151,58 @@ impl Inner {
         }
     }
 
-    /// Runs `script` over `checks` (with each one's `at`, for refunds) by `EVALSHA`, by
-    /// `EVAL` when the server does not know it.
-    async fn eval(
+    /// Runs `script` by `EVALSHA`, by `EVAL` when the server does not know it: `cmd(verb,
+    /// SHA1 or text, now)` writes the command, `now` being the store's clock, else `None`
+    /// for the server's `TIME`.
+    pub(super) async fn eval_cmd(
+        &self,
+        script: &Script,
+        slot: Option<u16>,
+        cmd: impl Fn(&str, &str, Option<u64>) -> redis::Cmd + Sync,
+    ) -> Result<Value, StoreError> {
+        let (conn, generation) = self.connection().await?;
+        let now = self.config.clock.as_ref().map(SharedClock::now);
+        let eval = || cmd("EVAL", script.text, now);
+        self.query(conn, generation, slot, &cmd("EVALSHA", &script.sha, now), Some(&eval)).await
+    }
+
+    /// Runs `script` over `checks` (with each one's `at`, for refunds).
+    pub(super) async fn eval(
         &self,
         script: &Script,
         checks: &[&Check],
         ats: &[u64],
         mode: &str,
-        now: Option<u64>,
     ) -> Result<Value, StoreError> {
         checks.iter().try_for_each(|c| validate(c))?;
-        let (conn, generation) = self.connection().await?;
-        let evalsha = self.script_cmd("EVALSHA", &script.sha, checks, ats, mode, now);
-        let eval = || self.script_cmd("EVAL", script.text, checks, ats, mode, now);
         let slot = checks.first().and_then(|c| self.slot_of(&c.key));
-        self.query(conn, generation, slot, &evalsha, Some(&eval)).await
+        let names = &self.config.names;
+        self.eval_cmd(script, slot, |verb, script, now| script_cmd(verb, script, names, checks, ats, mode, now)).await
     }
 
     /// Runs a check script over `checks` (all in one slot, or standalone).
     pub(super) async fn run_check(&self, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
-        let reply = self.eval(SCRIPTS.check_for(checks), checks, &[], mode, None).await?;
+        let reply = self.eval(SCRIPTS.check_for(checks), checks, &[], mode).await?;
         parse_check(&reply, checks, mode)
+    }
+
+    /// The outcome of the check script over one check (`none`: the error if it has none).
+    pub(super) async fn run_one(&self, check: &Check, mode: &str, none: &str) -> Result<Outcome, StoreError> {
+        let reply = self.run_check(&[check], mode).await?;
+        reply.outcomes.into_iter().next().flatten().ok_or_else(|| StoreError::Backend(none.into()))
     }
 
     /// Runs the refund script over `refunds` (all in one slot, or standalone).
     pub(super) async fn run_refund(&self, refunds: &[&Refund]) -> Result<(), StoreError> {
         let checks: Vec<&Check> = refunds.iter().map(|r| &r.check).collect();
         let ats: Vec<u64> = refunds.iter().map(|r| r.taken.at).collect();
-        match self.eval(&SCRIPTS.refund, &checks, &ats, MODE_CHECK, None).await? {
+        match self.eval(&SCRIPTS.refund, &checks, &ats, MODE_CHECK).await? {
             Value::Int(_) => Ok(()),
             other => Err(StoreError::Backend(format!("unexpected reply from the tollgate refund script: {other:?}"))),
         }
     }
-
-    pub(super) async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
-        let reply = self.run_check(&[check], MODE_CHECK).await?;
-        reply.outcomes.into_iter().next().flatten().ok_or_else(|| StoreError::Backend("a rule got no decision".into()))
-    }
-
-    pub(super) async fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
-        let refunds: Vec<&Refund> = refunds.iter().collect();
-        self.per_slot(&refunds, |r| &r.check.key, |group| async move { self.run_refund(&group).await }).await
-    }
-
-    /// Charges: one forced call per slot (standalone: one), each slot on its own — a
-    /// charge is no decision, so there is nothing to roll back when another slot fails.
-    pub(super) async fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
-        let charges: Vec<&Check> = charges.iter().filter(|c| c.params.cost > 0).collect();
-        self.per_slot(
-            &charges,
-            |c| &c.key,
-            |group| async move {
-                let reply = self.eval(&SCRIPTS.multi, &group, &[], MODE_FORCE, None).await?;
-                parse_check(&reply, &group, MODE_FORCE).map(drop)
-            },
-        )
-        .await
-    }
-
-    pub(super) async fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
-        let reply = self.run_check(&[check], MODE_PEEK).await?;
-        let outcome = reply.outcomes.into_iter().next().flatten();
-        outcome.map(|o| o.decision).ok_or_else(|| StoreError::Backend("peek got no decision".into()))
-    }
-
-    /// Blocks `check`'s key under its rule for `duration` from the server's now (lifts
-    /// its block for zero): one call of the check script in block mode.
-    pub(super) async fn block(&self, check: &Check, duration: std::time::Duration) -> Result<(), StoreError> {
-        let mut check = check.clone();
-        check.params.block_us = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX).min(1 << 52);
-        check.params.blockable = true;
-        match self.eval(&SCRIPTS.multi, &[&check], &[], MODE_BLOCK, None).await? {
-            Value::Array(_) => Ok(()),
-            other => Err(StoreError::Backend(format!("unexpected reply from the tollgate block script: {other:?}"))),
-        }
-    }
-
-    pub(super) async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
-        let (conn, generation) = self.connection().await?;
-        let mut cmd = redis::cmd("DEL");
-        // The state and the block (`Rule::block_for`), in one slot.
-        cmd.arg(self.config.names.name(rule, key, algorithm)).arg(self.config.names.block_name(rule, key));
-        self.query(conn, generation, self.slot_of(key), &cmd, None).await.map(drop)
-    }
 }
 
-/// How long a call must have waited unanswered for its drop to count as a timeout.
 const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// A call in flight: dropped before its answer, after [`ABANDONED_AFTER`], it counts as a

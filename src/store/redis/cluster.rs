@@ -5,9 +5,8 @@
 //! - The task owns the calls: when the caller's future is dropped (its deadline passed,
 //!   the client left), the calls still end and the rollback still runs — and when every
 //!   slot accepts only after the caller has gone, their units are refunded too: the
-//!   caller never learned it was admitted. The caller gets
-//!   its answer once the rollback of the slots that answered is done, so that its next
-//!   request finds the units back.
+//!   caller never learned it was admitted. The caller gets its answer once the rollback
+//!   of the slots that answered is done, so that its next request finds the units back.
 //! - A rejection does not wait long for slots still out: 5 ms after it, it is answered
 //!   without them, as a hung node would otherwise hold the answer past the caller's
 //!   deadline and turn the rejection into a store error (a fail-open pass by default).
@@ -34,9 +33,8 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{Check, Outcome, Refund};
 
-/// Once a slot has rejected, how long the slots still out have to answer before the
-/// rejection is answered without them: long enough for healthy nodes (so that the caller's
-/// next request finds their units back), well inside the default 50 ms deadline.
+/// How long the slots still out have once one rejected (see the module docs): enough for
+/// healthy nodes, well inside the default 50 ms deadline.
 const LATE_SLOT_GRACE: Duration = Duration::from_millis(5);
 
 impl Inner {
@@ -67,9 +65,6 @@ impl Inner {
     where
         Fut: std::future::Future<Output = Result<(), StoreError>>,
     {
-        if items.is_empty() {
-            return Ok(());
-        }
         let groups = self.groups(items.iter().map(|t| key(t)));
         let calls = groups.iter().map(|g| call(g.iter().map(|&i| items[i]).collect()));
         join_all(calls).await.into_iter().find(Result::is_err).unwrap_or(Ok(()))
@@ -77,13 +72,10 @@ impl Inner {
 
     /// Indexes of the checks (by their keys) grouped so that each group is one script
     /// call: everything at once on a standalone server, one group per slot on a cluster.
-    pub(super) fn groups<'k>(&self, keys: impl Iterator<Item = &'k Key>) -> Vec<Vec<usize>> {
-        if !self.config.origin.is_cluster() {
-            return vec![keys.enumerate().map(|(i, _)| i).collect()];
-        }
-        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    fn groups<'k>(&self, keys: impl Iterator<Item = &'k Key>) -> Vec<Vec<usize>> {
+        let mut groups: Vec<(Option<u16>, Vec<usize>)> = Vec::new();
         for (i, key) in keys.enumerate() {
-            let slot = self.config.names.slot(key);
+            let slot = self.slot_of(key);
             match groups.iter_mut().find(|(s, _)| *s == slot) {
                 Some((_, g)) => g.push(i),
                 None => groups.push((slot, vec![i])),
@@ -95,7 +87,7 @@ impl Inner {
 
 /// Decides `checks`, spread over the slots `groups`, in a task of its own (see the module
 /// docs).
-pub(super) async fn check_slots(
+async fn check_slots(
     inner: Arc<Inner>,
     checks: &[Check],
     groups: Vec<Vec<usize>>,
@@ -115,18 +107,13 @@ pub(super) async fn check_slots(
         let mut replies: Vec<Option<Result<Reply, StoreError>>> = groups.iter().map(|_| None).collect();
         let mut rolled_back = vec![false; groups.len()];
         let mut tx = Some(tx);
-        // Once a slot has rejected, how long the others still have to answer before the
-        // rejection is answered without them.
         let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
             let next = match grace.as_mut() {
                 Some(sleep) if tx.is_some() => tokio::select! {
                     next = calls.next() => next,
                     () = sleep.as_mut() => {
-                        // The slots still out are late: answer the rejection without them
-                        // (a hung node would hold it past the caller's deadline and turn
-                        // it into a store error); what they take is refunded when they
-                        // answer.
+                        // The slots still out are late: the rejection goes without them.
                         if let Some(tx) = tx.take() {
                             let _ = tx.send(combine(&checks, &groups, &replies, false));
                         }
@@ -153,10 +140,7 @@ pub(super) async fn check_slots(
         if !everyone {
             roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
         }
-        // Answered once the units are back, so that the caller's next request finds them.
-        // A caller gone by then (its deadline passed, and it answered 503 or passed the
-        // request by its fail mode) never learns that every slot accepted, late: the call
-        // did not admit anything, so what its slots took goes back.
+        // Answered once the units are back; a caller gone by then admitted nothing.
         if tx.send(combine(&checks, &groups, &replies, everyone)).is_err() && everyone {
             roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
         }
@@ -177,7 +161,11 @@ async fn roll_back(
     for ((g, r), done) in groups.iter().zip(replies).zip(rolled_back.iter_mut()) {
         if let (Some(Ok(reply)), false) = (r, *done) {
             if reply.all {
-                rollbacks.push(refunds(checks, g, reply));
+                let refunds = g
+                    .iter()
+                    .zip(&reply.outcomes)
+                    .filter_map(|(&i, o)| o.as_ref()?.taken.map(|taken| Refund { check: checks[i].clone(), taken }));
+                rollbacks.push(refunds.collect());
                 *done = true;
             }
         }
@@ -191,15 +179,6 @@ async fn roll_back(
             tracing::warn!(target: "tollgate", error = %e, "could not refund the units of a rejected multi-slot check");
         }
     }
-}
-
-/// What a group that accepted took.
-fn refunds(checks: &[Check], group: &[usize], reply: &Reply) -> Vec<Refund> {
-    group
-        .iter()
-        .zip(&reply.outcomes)
-        .filter_map(|(&i, o)| o.as_ref()?.taken.map(|taken| Refund { check: checks[i].clone(), taken }))
-        .collect()
 }
 
 /// Whether a slot's group holds only shadow checks.
@@ -219,8 +198,8 @@ fn combine(
 ) -> Result<Vec<Option<Outcome>>, StoreError> {
     let rejected = replies.iter().flatten().any(|r| matches!(r, Ok(reply) if !reply.all));
     if !rejected {
-        let enforced_error = groups.iter().zip(replies).filter(|(g, _)| !shadow_only(checks, g));
-        if let Some((_, Some(Err(e)))) = enforced_error.into_iter().find(|(_, r)| matches!(r, Some(Err(_)))) {
+        let mut enforced = groups.iter().zip(replies).filter(|(g, _)| !shadow_only(checks, g));
+        if let Some((_, Some(Err(e)))) = enforced.find(|(_, r)| matches!(r, Some(Err(_)))) {
             return Err(e.clone());
         }
     }

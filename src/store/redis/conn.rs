@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::origin::Origin;
 use super::pool::{make_pools, Conn, Pools, Timeouts};
-use super::sentinel::{self};
+use super::sentinel::{self, Watch};
 use super::slots::{millis, Slots, REFRESH_GAP};
 
 /// A connection in use that has seen no success for this long while its requests fail
@@ -34,13 +34,13 @@ pub(crate) struct Link {
     state: Mutex<State>,
     /// Counts finished connection attempts, so that waiters can tell one ended.
     attempts: watch::Sender<u64>,
-    /// Since when (ms since `base`, plus one) requests have failed without a success in
-    /// between; 0 while they succeed.
+    /// Since when (ms since `base`, plus one) requests have failed with no success since
+    /// (0: they succeed), and how many.
     failing_since: AtomicU64,
-    /// Failures in the current run (since `failing_since`).
     failing_count: AtomicU64,
     base: Instant,
-    /// Whether the task that polls the sentinels runs (sentinel stores).
+    /// Whether the connection task, and the task that polls the sentinels, run.
+    connecting: AtomicBool,
     watching: AtomicBool,
     /// Cluster stores: the failing slots and the last success.
     slots: Slots,
@@ -54,7 +54,6 @@ struct State {
     conn: Option<Conn>,
     /// Which connection `conn` is: errors of an older one do not break a newer one.
     generation: u64,
-    connecting: bool,
     last_error: Option<String>,
     /// Sentinel stores: the primary the sentinels named when `conn` was made.
     primary: Option<String>,
@@ -63,6 +62,7 @@ struct State {
 impl Link {
     pub(crate) fn new(origin: Origin, timeouts: Timeouts) -> Arc<Self> {
         Arc::new(Self {
+            connecting: AtomicBool::new(false),
             watching: AtomicBool::new(false),
             slots: Slots::default(),
             refreshing: AtomicBool::new(false),
@@ -79,73 +79,53 @@ impl Link {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // Nothing panics while the lock is held; recover rather than propagate a poison.
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+        millis(self.base.elapsed())
     }
 
-    pub(crate) fn is_connected(&self) -> bool {
-        self.state().conn.is_some()
-    }
-
-    /// Why there is no connection.
-    pub(crate) fn last_error(&self) -> Option<String> {
-        self.state().last_error.clone()
-    }
-
-    /// The connection and its generation, if there is one now.
     pub(crate) fn ready(&self) -> Option<(Conn, u64)> {
         let s = self.state();
         s.conn.clone().map(|c| (c, s.generation))
     }
 
-    /// The connection to use now, or why there is none (and a reconnect is under way).
-    /// Waits only for the first attempt a store ever makes, at most `first_wait`.
-    pub(crate) async fn get(self: &Arc<Self>, first_wait: Duration) -> Result<(Conn, u64), String> {
-        if let Some(ready) = self.ready() {
-            return Ok(ready);
-        }
-        let mut attempts = self.attempts.subscribe();
-        self.start_connect()?;
-        // Only the very first attempt of the store is waited for.
-        if *attempts.borrow_and_update() == 0 {
-            let _ = tokio::time::timeout(first_wait, attempts.changed()).await;
-        }
-        self.ready().ok_or_else(|| self.last_error().unwrap_or_else(|| "connecting".to_owned()))
-    }
-
-    /// Waits until connected, until a connection attempt fails, or for `timeout`.
-    pub(crate) async fn wait_connected(self: &Arc<Self>, timeout: Duration) -> Result<(Conn, u64), String> {
+    /// The connection, or why there is none (and a reconnect is under way), after waiting
+    /// at most `wait` for a connection attempt to end: any attempt (`ping`), or only the
+    /// very first a store makes (requests wait for no other).
+    pub(crate) async fn get(self: &Arc<Self>, wait: Duration, any_attempt: bool) -> Result<(Conn, u64), String> {
         // Subscribed before looking, so that an attempt ending in between is seen.
         let mut attempts = self.attempts.subscribe();
-        attempts.borrow_and_update();
+        let first = *attempts.borrow_and_update() == 0;
         if let Some(ready) = self.ready() {
             return Ok(ready);
         }
         self.start_connect()?;
-        let _ = tokio::time::timeout(timeout, attempts.changed()).await;
-        self.ready().ok_or_else(|| self.last_error().unwrap_or_else(|| format!("no connection within {timeout:?}")))
+        if any_attempt || first {
+            let _ = tokio::time::timeout(wait, attempts.changed()).await;
+        }
+        self.ready().ok_or_else(|| {
+            let waited = if any_attempt { format!("no connection within {wait:?}") } else { "connecting".into() };
+            self.state().last_error.clone().unwrap_or(waited)
+        })
     }
 
     /// Starts the background connection task unless it runs already.
     fn start_connect(self: &Arc<Self>) -> Result<(), String> {
-        let mut s = self.state();
-        if s.connecting || s.conn.is_some() {
+        let s = self.state();
+        if self.connecting.load(Ordering::Acquire) || s.conn.is_some() {
             return Ok(());
         }
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| "RedisStore must be used inside a tokio runtime".to_owned())?;
-        s.connecting = true;
+        self.connecting.store(true, Ordering::Release);
         drop(s);
         // The guard goes in with the task: dropped even if the task never runs.
-        handle.spawn(connect_loop(Arc::downgrade(self), NotConnecting(Some(Arc::downgrade(self)))));
+        handle.spawn(connect_loop(Arc::downgrade(self), ClearOnDrop(Arc::downgrade(self), |l| &l.connecting)));
         Ok(())
     }
 
-    /// A request (about keys of `slot`, on a cluster) succeeded.
     pub(crate) fn on_ok(&self, slot: Option<u16>) {
         if self.failing_since.load(Ordering::Relaxed) != 0 {
             self.failing_since.store(0, Ordering::Relaxed);
@@ -155,14 +135,11 @@ impl Link {
         }
     }
 
-    /// Whether a call about another slot than `slot` succeeded lately: then a failure of
-    /// `slot` is its node's, not the cluster's.
+    /// Whether a call about another slot than `slot` succeeded lately (see [`Slots`]).
     pub(crate) fn others_answer(&self, slot: u16) -> bool {
         self.slots.others_answer(slot, self.elapsed_ms() + 1)
     }
 
-    /// A request about keys of cluster slot `slot` failed: the slot map is read again
-    /// when [`Slots::on_failure`] says why.
     fn on_slot_failure(self: &Arc<Self>, slot: u16) {
         if let Some(why) = self.slots.on_failure(slot, || self.elapsed_ms() + 1) {
             self.refresh(why);
@@ -174,10 +151,8 @@ impl Link {
     fn refresh(self: &Arc<Self>, why: String) {
         let now = self.elapsed_ms() + 1;
         let last = self.last_refresh.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < millis(REFRESH_GAP) {
-            return;
-        }
-        if self.refreshing.swap(true, Ordering::AcqRel) {
+        let recent = last != 0 && now.saturating_sub(last) < millis(REFRESH_GAP);
+        if recent || self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -189,11 +164,10 @@ impl Link {
         handle.spawn(refresh_task(Arc::downgrade(self), ClearOnDrop(Arc::downgrade(self), |l| &l.refreshing)));
     }
 
-    /// A request on connection `generation` (about keys of `slot`, on a cluster) failed.
     pub(crate) fn on_error(self: &Arc<Self>, generation: u64, slot: Option<u16>, err: &RedisError) {
-        let lost = err.is_timeout()
-            || err.is_io_error()
-            || err.is_unrecoverable_error()
+        let broken = err.is_io_error() || err.is_unrecoverable_error();
+        let lost = broken
+            || err.is_timeout()
             || matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown));
         if let Some(slot) = slot.filter(|_| lost) {
             self.on_slot_failure(slot);
@@ -204,14 +178,12 @@ impl Link {
             // an operator's `REPLICAOF`, which keeps connections open. Connect afresh (a
             // sentinel store asks the sentinels again).
             self.replace(generation, format!("the server answers as a replica ({})", err.code().unwrap_or("")));
-        } else if err.is_timeout() {
-            self.on_timeout(generation, None);
-        } else if !self.origin.is_cluster() && (err.is_io_error() || err.is_unrecoverable_error()) {
+        } else if broken && !err.is_timeout() && !self.origin.is_cluster() {
             // A multiplexed connection whose socket failed stays failed.
             self.replace(generation, err.to_string());
-        } else if err.is_io_error() || err.is_unrecoverable_error() {
-            // A cluster connection reconnects to single nodes by itself: replace it
-            // only when nothing has worked for a while.
+        } else if broken || err.is_timeout() {
+            // A timeout; or a cluster connection, which reconnects to single nodes by
+            // itself: replaced only when nothing has worked for a while.
             self.on_timeout(generation, None);
         }
     }
@@ -269,7 +241,7 @@ impl Link {
                 s.conn = Some(conn);
                 s.primary = primary;
                 s.generation += 1;
-                s.connecting = false;
+                self.connecting.store(false, Ordering::Release);
                 s.last_error = None;
                 self.failing_since.store(0, Ordering::Relaxed);
                 true
@@ -288,7 +260,7 @@ impl Link {
             if let Ok(Pools::Sentinel(watch)) = self.pools() {
                 if !self.watching.swap(true, Ordering::AcqRel) {
                     let guard = ClearOnDrop(Arc::downgrade(self), |l| &l.watching);
-                    tokio::spawn(sentinel::watch_loop(Arc::downgrade(self), watch, guard));
+                    tokio::spawn(watch_loop(Arc::downgrade(self), watch, guard));
                 }
             }
         }
@@ -298,9 +270,7 @@ impl Link {
 
 /// A slot-map refresh: a new connection, swapped in when made (the failing slots start
 /// afresh); on failure, the next failing call may try again after [`REFRESH_GAP`].
-/// `_refreshing` clears the flag however the task ends, also dropped unpolled with its
-/// runtime.
-async fn refresh_task(link: Weak<Link>, _refreshing: ClearOnDrop) {
+async fn refresh_task(link: Weak<Link>, _refreshing: ClearOnDrop<Link>) {
     let Some(strong) = link.upgrade() else { return };
     let (timeouts, pools) = (strong.timeouts, strong.pools());
     // The connection this refresh replaces: a newer one made meanwhile (a reconnection
@@ -329,22 +299,21 @@ async fn refresh_task(link: Weak<Link>, _refreshing: ClearOnDrop) {
     }
 }
 
-/// Clears a flag of the link when dropped: a task that ends in any way, also dropped
-/// unfinished with its runtime, lets the next one start.
-struct ClearOnDrop(Weak<Link>, fn(&Link) -> &AtomicBool);
+/// Clears a flag of a link or store when dropped: a task that ends in any way, also
+/// dropped unfinished with its runtime, lets the next one start.
+pub(super) struct ClearOnDrop<T>(pub(super) Weak<T>, pub(super) fn(&T) -> &AtomicBool);
 
-impl Drop for ClearOnDrop {
+impl<T> Drop for ClearOnDrop<T> {
     fn drop(&mut self) {
-        if let Some(link) = self.0.upgrade() {
-            (self.1)(&link).store(false, Ordering::Release);
+        if let Some(t) = self.0.upgrade() {
+            (self.1)(&t).store(false, Ordering::Release);
         }
     }
 }
 
-/// Connects, retrying with backoff, until connected or the store is dropped.
-/// `unfinished`: a loop dropped before connecting (its runtime shut down, even before it
-/// first ran) lets the next request start one.
-async fn connect_loop(link: Weak<Link>, mut unfinished: NotConnecting) {
+/// Connects, retrying with backoff, until connected or the store is dropped; `unfinished`,
+/// dropped with a loop that never connected (its runtime shut down), lets the next start.
+async fn connect_loop(link: Weak<Link>, mut unfinished: ClearOnDrop<Link>) {
     let mut pause = BACKOFF.0;
     loop {
         let Some(strong) = link.upgrade() else { return };
@@ -359,7 +328,7 @@ async fn connect_loop(link: Weak<Link>, mut unfinished: NotConnecting) {
         let Some(strong) = link.upgrade() else { return };
         if strong.finish_attempt(result) {
             tracing::debug!(target: "tollgate", "connected to redis");
-            unfinished.0 = None;
+            unfinished.0 = Weak::new();
             return;
         }
         drop(strong);
@@ -371,25 +340,29 @@ async fn connect_loop(link: Weak<Link>, mut unfinished: NotConnecting) {
     }
 }
 
-impl sentinel::Follower for Link {
-    fn in_use(&self) -> (Option<(u64, String)>, Duration) {
-        let s = self.state();
-        (s.conn.as_ref().and(s.primary.clone()).map(|p| (s.generation, p)), self.timeouts.connect)
-    }
-
-    fn moved(self: &Arc<Self>, generation: u64, why: String) {
-        self.replace(generation, why);
-    }
-}
-
-/// While a connection loop runs: if it is dropped before connecting, the link may start
-/// another.
-struct NotConnecting(Option<Weak<Link>>);
-
-impl Drop for NotConnecting {
-    fn drop(&mut self) {
-        if let Some(link) = self.0.take().and_then(|l| l.upgrade()) {
-            link.state().connecting = false;
+/// Sentinel stores: asks the sentinels every [`sentinel::POLL`] which server is the
+/// primary, and replaces a connection made to another one (after `SENTINEL FAILOVER` the
+/// old primary stays writable for seconds, with its clients connected).
+async fn watch_loop(link: Weak<Link>, watch: Arc<Watch>, _watching: ClearOnDrop<Link>) {
+    loop {
+        tokio::time::sleep(sentinel::POLL).await;
+        let Some(strong) = link.upgrade() else { return };
+        let connect = strong.timeouts.connect;
+        let current = {
+            let s = strong.state();
+            s.conn.as_ref().and(s.primary.clone()).map(|p| (s.generation, p))
+        };
+        drop(strong);
+        // Without a connection, the connection task asks the sentinels itself.
+        let Some((generation, primary)) = current else { continue };
+        let Ok(named) = watch.candidates(sentinel::question_timeout(connect)).await else { continue };
+        // A majority (never one of two tied), or a lagging or cut-off sentinel could move
+        // the store back and forth.
+        let named = &named[0];
+        if named.addr() != primary && watch.is_majority(named) {
+            let Some(strong) = link.upgrade() else { return };
+            strong
+                .replace(generation, format!("the sentinels now name {} as the primary, not {primary}", named.addr()));
         }
     }
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Weak};
 use deadpool_redis::redis::{self, Value};
 
 use super::call::Inner;
+use super::conn::ClearOnDrop;
 use super::presence::{ANNOUNCE, HEARTBEAT, LAPSE};
 use super::script::SCRIPTS;
 
@@ -44,8 +45,7 @@ pub(super) fn start(inner: &Arc<Inner>) {
         return;
     };
     let weak: Weak<Inner> = Arc::downgrade(inner);
-    // Dropped with the task, also when its runtime shuts down: not running any more.
-    let running = Running(weak.clone());
+    let running = ClearOnDrop(weak.clone(), |inner: &Inner| &inner.presence.started);
     drop(runtime.spawn(async move {
         let _running = running;
         loop {
@@ -57,19 +57,7 @@ pub(super) fn start(inner: &Arc<Inner>) {
     }));
 }
 
-/// Marks the heartbeat of a store stopped when its task ends.
-struct Running(Weak<Inner>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(inner) = self.0.upgrade() {
-            inner.presence.started.store(false, Ordering::Release);
-        }
-    }
-}
-
-/// Starts the heartbeat if it does not run yet, and counts once more at once, in a task of
-/// its own.
+/// Starts the heartbeat if it does not run yet, and counts once more, in a task of its own.
 pub(super) fn recount(inner: &Arc<Inner>) {
     start(inner);
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };

@@ -21,7 +21,6 @@ use crate::key::Key;
 /// `v3`: GCRA's latest commit, blocks (`Rule::block_for`), hashed names.
 const VERSION: &[u8] = b"v3";
 
-/// Number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
 
 /// Where the bytes of a name go: the name being built, or the CRC16 of a slot being
@@ -67,7 +66,6 @@ fn escape_into(out: &mut impl Sink, bytes: &[u8]) {
     out.put(&bytes[plain..]);
 }
 
-/// Two lowercase hex digits per byte.
 fn hex_into(out: &mut impl Sink, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for &b in bytes {
@@ -104,15 +102,11 @@ impl fmt::Debug for Names {
     }
 }
 
-/// How many bytes of the HMAC a hashed tag keeps: 128 bits, 32 hex digits.
-const HASHED: usize = 16;
-
 impl Names {
     pub(crate) fn new(prefix: Arc<str>) -> Self {
         Self { prefix, secret: None }
     }
 
-    /// Client keys as HMAC-SHA-256 under `secret`.
     pub(crate) fn hashed(self, secret: &[u8]) -> Self {
         let mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
         Self { secret: Some(Arc::new(mac)), ..self }
@@ -130,7 +124,7 @@ impl Names {
         // the same bytes.
         let digest = (**mac).clone().chain_update([u8::from(key.is_hashed())]).chain_update(key.as_bytes()).finalize();
         out.put(b"%K");
-        hex_into(out, &digest.into_bytes()[..HASHED]);
+        hex_into(out, &digest.into_bytes()[..16]);
     }
 
     /// The Redis key holding the state of (`rule`, `key`) under `algorithm`.
@@ -144,7 +138,6 @@ impl Names {
         self.name_of(rule, key, b"block")
     }
 
-    /// `<prefix>:{<key>}:<rule>:<kind>:v3`.
     fn name_of(&self, rule: &str, key: &Key, kind: &[u8]) -> Vec<u8> {
         let prefix = self.prefix.as_bytes();
         let mut out = Vec::with_capacity(prefix.len() + key.as_bytes().len() * 2 + rule.len() + kind.len() + 40);
@@ -172,7 +165,6 @@ impl Names {
 /// The cluster slot of any key name, by Redis's rule: the CRC16 of the hash tag (the
 /// bytes between the first `{` and the first `}` after it, if not empty), else of the
 /// whole name.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn slot(name: &[u8]) -> u16 {
     let hashed = name
         .iter()
@@ -186,7 +178,6 @@ pub(crate) fn slot(name: &[u8]) -> u16 {
     crc16(hashed) % SLOTS
 }
 
-/// CRC16-CCITT (XMODEM) of `bytes`.
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc = Crc16(0);
     crc.put(bytes);

@@ -3,6 +3,7 @@
 
 use deadpool_redis::redis::{self, IntoConnectionInfo};
 
+use super::security::is_tls;
 use super::sentinel::Sentinel;
 use crate::error::BuildError;
 
@@ -32,10 +33,9 @@ impl Origin {
 
     /// Whether the store connects over TLS (an application's pool: as it was built).
     pub(crate) fn uses_tls(&self) -> bool {
-        let tls = |info: &redis::ConnectionInfo| matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
         match self {
-            Origin::Url(info) => tls(info),
-            Origin::ClusterUrls(infos) => infos.iter().any(tls),
+            Origin::Url(info) => is_tls(info),
+            Origin::ClusterUrls(infos) => infos.iter().any(is_tls),
             Origin::Sentinel(s) => s.tls,
             Origin::Pool(_) | Origin::ClusterPool(_) => false,
         }
@@ -43,14 +43,12 @@ impl Origin {
 
     /// How the connections are secured, for `Debug`.
     pub(crate) fn describe_tls(&self) -> &'static str {
+        let given = |info: &redis::ConnectionInfo| {
+            matches!(info.addr(), redis::ConnectionAddr::TcpTls { tls_params: Some(_), .. })
+        };
         match self {
             Origin::Pool(_) | Origin::ClusterPool(_) => "as the application pool",
-            Origin::Url(info) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { tls_params: Some(_), .. }) => {
-                "rediss (given root certificates)"
-            }
-            Origin::Sentinel(s)
-                if matches!(s.node.addr(), redis::ConnectionAddr::TcpTls { tls_params: Some(_), .. }) =>
-            {
+            Origin::Url(info) | Origin::Sentinel(Sentinel { node: info, .. }) if given(info) => {
                 "rediss (given root certificates)"
             }
             _ if self.uses_tls() => "rediss (system root certificates)",
@@ -102,25 +100,33 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
-/// Parses a redis URL, with errors that say what is wrong and never show a password.
+/// Parses a redis URL, with errors that say what is wrong and never show a password;
+/// `rediss://` needs the `redis-tls` feature, and `#insecure` (no certificate check) is
+/// refused.
 pub(crate) fn parse_url(url: &str) -> Result<redis::ConnectionInfo, BuildError> {
     let shown = redact(url);
-    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-    match scheme.as_deref() {
-        Some("redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix") => {}
-        Some(other) => {
-            return Err(BuildError::InvalidStore(format!(
-                "redis URL {shown:?} has the scheme {other:?}: use redis://host:port \
-                 (or rediss://, redis+unix://)"
-            )))
-        }
-        None => {
-            return Err(BuildError::InvalidStore(format!(
-                "{shown:?} is not a redis URL: expected redis://[user:password@]host[:port][/db]"
-            )))
-        }
+    let bad = |why: String| Err(BuildError::InvalidStore(why));
+    let Some((scheme, _)) = url.split_once("://") else {
+        return bad(format!("{shown:?} is not a redis URL: expected redis://[user:password@]host[:port][/db]"));
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    if !matches!(&*scheme, "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix") {
+        return bad(format!(
+            "redis URL {shown:?} has the scheme {scheme:?}: use redis://host:port (or rediss://, redis+unix://)"
+        ));
     }
-    check_url(scheme.as_deref().unwrap_or_default(), url, &shown).map_err(BuildError::InvalidStore)?;
+    let tls = matches!(&*scheme, "rediss" | "valkeys");
+    if tls && !cfg!(feature = "redis-tls") {
+        return bad(format!(
+            "redis URL {shown:?} asks for TLS ({scheme}://), which needs the `redis-tls` feature of tollgate"
+        ));
+    }
+    if tls && url.contains('#') {
+        return bad(format!(
+            "redis URL {shown:?} has a #fragment: tollgate always checks the server's certificate \
+             (no #insecure); for a private CA use RedisStore::tls_root_certificates"
+        ));
+    }
     url.into_connection_info().map_err(|e| {
         BuildError::InvalidStore(format!(
             "invalid redis URL {shown:?}: {e} (expected redis://[user:password@]host[:port][/db])"
@@ -141,18 +147,12 @@ pub(crate) fn parse_sentinel_url(url: &str) -> Result<Sentinel, BuildError> {
         _ => return Err(bad("is not a sentinel URL")),
     };
     let node_scheme = if tls { "rediss" } else { "redis" };
-    let (userinfo, rest) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
+    let (userinfo, rest) = rest.rsplit_once('@').map_or((None, rest), |(user, rest)| (Some(user), rest));
     let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("names no master"))?;
     if path.contains(['?', '#']) {
         return Err(bad("has a query or fragment, which the sentinel form does not take"));
     }
-    let (master, db) = match path.split_once('/') {
-        Some((master, db)) => (master, db),
-        None => (path, ""),
-    };
+    let (master, db) = path.split_once('/').unwrap_or((path, ""));
     if master.is_empty() {
         return Err(bad("names no master"));
     }
@@ -172,32 +172,12 @@ pub(crate) fn parse_sentinel_url(url: &str) -> Result<Sentinel, BuildError> {
         let addr = if has_port { host.to_owned() } else { format!("{host}:{SENTINEL_PORT}") };
         sentinels.push(parse_url(&format!("{node_scheme}://{addr}"))?);
     }
-    if sentinels.is_empty() {
-        return Err(bad("names no sentinel"));
-    }
     // The primary's settings, on a placeholder host: each connection gets the address the
     // sentinels name.
     let credentials = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     let node_url = format!("{node_scheme}://{credentials}primary.invalid/{db}");
     let node = parse_url(&node_url).map_err(|_| bad("has user info that is not a valid URL user info"))?;
     Ok(Sentinel { sentinels, master: master.to_owned(), node, tls })
-}
-
-/// `rediss://` needs the `redis-tls` feature; `#insecure` (no certificate check) is refused.
-fn check_url(scheme: &str, url: &str, shown: &str) -> Result<(), String> {
-    let tls = matches!(scheme, "rediss" | "valkeys");
-    if tls && !cfg!(feature = "redis-tls") {
-        return Err(format!(
-            "redis URL {shown:?} asks for TLS ({scheme}://), which needs the `redis-tls` feature of tollgate"
-        ));
-    }
-    if tls && url.contains('#') {
-        return Err(format!(
-            "redis URL {shown:?} has a #fragment: tollgate always checks the server's certificate \
-             (no #insecure); for a private CA use RedisStore::tls_root_certificates"
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

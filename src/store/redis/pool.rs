@@ -10,6 +10,7 @@ use deadpool_redis::redis::{AsyncConnectionConfig, Cmd, RedisResult, Value};
 use deadpool_redis::Runtime;
 
 use super::origin::Origin;
+use super::security::explain;
 use super::sentinel::Watch;
 
 /// The least response timeout of a cluster node connection: redis-rs's own slot-map
@@ -26,18 +27,13 @@ pub(super) enum Pools {
     Sentinel(Arc<Watch>),
 }
 
-/// The connection timeouts.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timeouts {
     pub(crate) response: Duration,
     pub(crate) connect: Duration,
 }
 
-/// Builds the pool of an origin. Only fails for a bad configuration.
-pub(crate) fn build_pool(origin: &Origin, t: Timeouts) -> Result<(), String> {
-    make_pools(origin, t).map(drop)
-}
-
+/// The pools of `origin`: fails only for a bad configuration.
 pub(super) fn make_pools(origin: &Origin, t: Timeouts) -> Result<Pools, String> {
     // Each pool hands out one connection that the store keeps; the spare slot only
     // matters while a replacement is made.
@@ -73,48 +69,39 @@ pub(super) fn make_pools(origin: &Origin, t: Timeouts) -> Result<Pools, String> 
 
 impl Pools {
     /// One new connection, taken out of the pool for good, and for a sentinel store the
-    /// primary's address it was made to. A multiplexed connection gets the store's
-    /// response timeout (whatever pool it came from), so that requests on it need no
-    /// timer of their own.
+    /// primary's address. A multiplexed connection gets the store's response timeout
+    /// (whatever pool it came from): requests on it need no timer of their own.
     pub(super) async fn connect(&self, timeouts: Timeouts) -> Result<(Conn, Option<String>), String> {
         let t = timeouts.connect;
-        let late = || format!("no connection within {t:?}");
-        match self {
-            Pools::Single(p) => match tokio::time::timeout(t, p.get()).await {
-                Err(_) => Err(late()),
-                Ok(Err(e)) => Err(pool_error(e)),
-                Ok(Ok(c)) => {
-                    let mut c = deadpool_redis::Connection::take(c);
+        let conn = async {
+            match self {
+                Pools::Single(p) => {
+                    let mut c = deadpool_redis::Connection::take(p.get().await.map_err(pool_error)?);
                     c.set_response_timeout(timeouts.response);
                     Ok((Conn::Single(c), None))
                 }
-            },
-            Pools::Cluster(p) => match tokio::time::timeout(t, p.get()).await {
-                Err(_) => Err(late()),
-                Ok(Err(e)) => Err(pool_error(e)),
-                Ok(Ok(c)) => Ok((Conn::Cluster(deadpool_redis::cluster::Connection::take(c)), None)),
-            },
-            Pools::ClusterClient(client) => match tokio::time::timeout(t, client.get_async_connection()).await {
-                Err(_) => Err(late()),
-                Ok(Err(e)) => Err(super::security::explain(&e)),
-                Ok(Ok(c)) => Ok((Conn::Cluster(c), None)),
-            },
-            Pools::Sentinel(watch) => {
-                match tokio::time::timeout(t, watch.connect(timeouts.connect, timeouts.response)).await {
-                    Err(_) => Err(late()),
-                    Ok(Err(e)) => Err(e),
-                    Ok(Ok((c, addr))) => Ok((Conn::Single(c), Some(addr))),
+                Pools::Cluster(p) => Ok((
+                    Conn::Cluster(deadpool_redis::cluster::Connection::take(p.get().await.map_err(pool_error)?)),
+                    None,
+                )),
+                Pools::ClusterClient(client) => {
+                    Ok((Conn::Cluster(client.get_async_connection().await.map_err(|e| explain(&e))?), None))
+                }
+                Pools::Sentinel(watch) => {
+                    let (c, addr) = watch.connect(timeouts.connect, timeouts.response).await?;
+                    Ok((Conn::Single(c), Some(addr)))
                 }
             }
-        }
+        };
+        tokio::time::timeout(t, conn).await.unwrap_or_else(|_| Err(format!("no connection within {t:?}")))
     }
 }
 
 /// Why the pool gave no connection; redis errors (wrong password, untrusted certificate)
-/// are worded by [`super::security::explain`].
+/// are worded by [`explain`].
 fn pool_error(e: deadpool_redis::PoolError) -> String {
     match e {
-        deadpool_redis::PoolError::Backend(e) => super::security::explain(&e),
+        deadpool_redis::PoolError::Backend(e) => explain(&e),
         other => other.to_string(),
     }
 }
@@ -127,12 +114,6 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
-    /// Whether the connection enforces the store's response timeout itself (a
-    /// multiplexed connection does; a cluster connection's timeouts are its pool's).
-    pub(crate) fn times_out_itself(&self) -> bool {
-        matches!(self, Conn::Single(_))
-    }
-
     pub(crate) async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Conn::Single(c) => cmd.query_async(c).await,

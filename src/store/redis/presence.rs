@@ -17,6 +17,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::slots::millis;
+
 /// How often a server announces itself and counts.
 pub(super) const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How long an announcement counts: a server that stopped is no longer counted after
@@ -35,6 +37,7 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return redis.call('ZCARD', KEYS[1])";
 
 /// One store's part in the count.
+#[derive(Default)]
 pub(super) struct Presence {
     /// The servers counted last; 0 before the first count.
     pub(super) count: AtomicU64,
@@ -65,17 +68,7 @@ impl Presence {
         let seed = hashbrown::DefaultHashBuilder::default();
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let member = format!("{:016x}", seed.hash_one((std::process::id(), nanos, identity)));
-        Self {
-            count: AtomicU64::new(0),
-            wanted: AtomicBool::new(false),
-            limiters: AtomicU64::new(0),
-            started: AtomicBool::new(false),
-            recounted: AtomicBool::new(false),
-            member,
-            loaded: AtomicU64::new(0),
-            first: std::sync::OnceLock::new(),
-            high_at: AtomicU64::new(0),
-        }
+        Self { member, ..Self::default() }
     }
 
     /// The servers counted last, if any count succeeded; one more for the first [`LAPSE`]
@@ -91,9 +84,9 @@ impl Presence {
     /// again one announcement at a time).
     pub(super) fn counted(&self, n: u64) {
         let first = *self.first.get_or_init(std::time::Instant::now);
-        let now = u64::try_from(first.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let now = millis(first.elapsed());
         let held = now.saturating_sub(self.high_at.load(Ordering::Relaxed));
-        if n >= self.count.load(Ordering::Relaxed) || held >= u64::try_from(LAPSE.as_millis()).unwrap_or(u64::MAX) {
+        if n >= self.count.load(Ordering::Relaxed) || held >= millis(LAPSE) {
             self.count.store(n, Ordering::Relaxed);
             self.high_at.store(now, Ordering::Relaxed);
         }

@@ -15,12 +15,12 @@ use crate::algorithm::leaky_bucket::LeakyBucket;
 use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
 use crate::algorithm::sliding_window_log::Summary;
 use crate::algorithm::token_bucket::TokenBucket;
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, MAX_COST};
 use crate::error::StoreError;
 use crate::store::Check;
 use crate::store::{Outcome, Outcomes, Taken};
 
-/// One script: its text (for `EVAL` after a `NOSCRIPT`) and its SHA1 (for `EVALSHA`).
+/// One script: its text (for `EVAL`) and its SHA1 (for `EVALSHA`).
 pub(crate) struct Script {
     pub(crate) text: &'static str,
     pub(crate) sha: String,
@@ -32,13 +32,19 @@ impl Script {
     }
 }
 
-macro_rules! check_script {
-    ($($alg:literal),+) => {
+/// A generic script: the shared library, the algorithms' `scripts/<alg>.lua` (all six when
+/// none is named), then `scripts/<main>.lua`.
+macro_rules! generic_script {
+    ($main:literal) => {
+        generic_script!($main: "fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket",
+            "leaky_bucket", "gcra")
+    };
+    ($main:literal: $($alg:literal),+) => {
         concat!(
             include_str!("scripts/floordiv.lua"),
             include_str!("scripts/lib.lua"),
             $(include_str!(concat!("scripts/", $alg, ".lua")),)+
-            include_str!("scripts/check.lua")
+            include_str!(concat!("scripts/", $main, ".lua"))
         )
     };
 }
@@ -75,7 +81,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     // (see docs/performance.md); the sliding window log keeps the generic script.
     single: [
         Script::new(single_script!("fixed_window", "single_main")),
-        Script::new(check_script!("sliding_window_log")),
+        Script::new(generic_script!("check": "sliding_window_log")),
         Script::new(single_script!("sliding_window_counter", "single_main")),
         Script::new(single_script!("token_bucket", "single_main")),
         Script::new(single_script!("leaky_bucket", "single_main")),
@@ -89,25 +95,8 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Some(Script::new(single_script!("leaky_bucket", "batch_main"))),
         Some(Script::new(single_script!("gcra", "batch_main"))),
     ],
-    multi: Script::new(check_script!(
-        "fixed_window",
-        "sliding_window_log",
-        "sliding_window_counter",
-        "token_bucket",
-        "leaky_bucket",
-        "gcra"
-    )),
-    refund: Script::new(concat!(
-        include_str!("scripts/floordiv.lua"),
-        include_str!("scripts/lib.lua"),
-        include_str!("scripts/fixed_window.lua"),
-        include_str!("scripts/sliding_window_log.lua"),
-        include_str!("scripts/sliding_window_counter.lua"),
-        include_str!("scripts/token_bucket.lua"),
-        include_str!("scripts/leaky_bucket.lua"),
-        include_str!("scripts/gcra.lua"),
-        include_str!("scripts/refund.lua"),
-    )),
+    multi: Script::new(generic_script!("check")),
+    refund: Script::new(generic_script!("refund")),
 });
 
 impl Scripts {
@@ -156,15 +145,8 @@ pub(crate) const MODE_BLOCK: &str = "b";
 
 /// Every number a script handles must stay exact in a Lua double.
 const EXACT: u128 = 1 << 52;
-/// Costs are capped at this before they reach Lua (see [`crate::algorithm::MAX_COST`]:
-/// `State::charge` caps charges alike).
-use crate::algorithm::MAX_COST;
 
-/// Checks that Lua can compute `check`'s quota exactly.
-///
-/// # Errors
-///
-/// [`StoreError::Backend`] when the quota's numbers cannot be computed exactly in Lua.
+/// Checks that Lua can compute `check`'s quota exactly ([`StoreError::Backend`] if not).
 pub(crate) fn validate(check: &Check) -> Result<(), StoreError> {
     let q = &check.params.quota;
     let (w, b, t) = (q.period_micros(), q.burst_size(), q.emission_interval_micros());
@@ -264,9 +246,8 @@ pub(crate) fn batch_cmd(
     cmd
 }
 
-/// Writes the 8 script arguments of one rule (see `scripts/lib.lua`) into `cmd`: numbers
-/// are formatted straight into the command's buffer, with no string per argument.
-/// Call [`validate`] first.
+/// Writes the 8 script arguments of one rule (see `scripts/lib.lua`) into `cmd`, numbers
+/// straight into its buffer. Call [`validate`] first.
 fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
     let q = &check.params.quota;
     cmd.arg(check.algorithm.tag())
@@ -293,8 +274,7 @@ fn block_arg(p: &crate::algorithm::Params) -> i64 {
 pub(crate) struct Reply {
     /// Whether every rule accepted (and, in check mode, the script committed).
     pub(crate) all: bool,
-    /// The outcomes, in the order of the rules, each with what its commit took when the
-    /// script committed.
+    /// The outcomes, in the order of the rules.
     pub(crate) outcomes: Outcomes,
 }
 
@@ -318,11 +298,7 @@ fn int(v: &Value) -> Result<u64, StoreError> {
 /// [`MODE_CHECK`] and every rule accepted), each outcome says where its units went, as
 /// the algorithm's `commit` would: the decision's time (a window's start when the clock
 /// stepped back before it), the newest log entry's when the clock stepped back, the leaky
-/// bucket's first slot.
-///
-/// # Errors
-///
-/// [`StoreError::Backend`] for a malformed reply or a script that disagrees with Rust.
+/// bucket's first slot. A malformed reply, or a script that disagrees, is an error.
 pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
     let Value::Array(items) = reply else {
         return Err(bad_reply("not an array", reply));
@@ -351,7 +327,6 @@ pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Resul
 
 /// What a script read and decided for one rule.
 struct Read {
-    /// The script's verdict.
     allowed: bool,
     /// The state's three fields (see each algorithm's script).
     fields: [u64; 3],
@@ -397,11 +372,8 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
 }
 
 /// The outcomes of a batch script's reply (see `scripts/batch_main.lua`), one per check,
-/// each on its own: a decision the script failed is that decision's error only.
-///
-/// # Errors
-///
-/// [`StoreError::Backend`] for a malformed reply, which fails the whole batch.
+/// each on its own: a decision the script failed is that decision's error only; a
+/// malformed reply fails the whole batch.
 pub(crate) fn parse_batch(reply: &Value, checks: &[&Check]) -> Result<Vec<Result<Outcome, StoreError>>, StoreError> {
     let Value::Array(items) = reply else {
         return Err(bad_reply("not an array", reply));

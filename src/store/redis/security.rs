@@ -2,15 +2,9 @@
 //! provider, and authentication and certificate errors worded so that a user knows what
 //! to fix.
 
-#[cfg(feature = "redis-tls")]
-use deadpool_redis::redis::ConnectionAddr;
-#[cfg(feature = "redis-tls")]
-use deadpool_redis::redis::ConnectionInfo;
-use deadpool_redis::redis::{ErrorKind, RedisError};
+use deadpool_redis::redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
 
-/// Whether `info` connects over TLS.
-#[cfg(feature = "redis-tls")]
-fn is_tls(info: &ConnectionInfo) -> bool {
+pub(super) fn is_tls(info: &ConnectionInfo) -> bool {
     matches!(info.addr(), ConnectionAddr::TcpTls { .. })
 }
 

@@ -8,14 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-/// A cluster slot whose calls have failed for this long, without a success in between,
-/// while the connection is otherwise in use (a master that died or hangs, whose replica
-/// may have taken over), makes the store ask the cluster for its slot map again: redis-rs
-/// does not for a node that stopped answering.
+/// A cluster slot whose calls have failed for this long, with no success in between (a
+/// master that died or hangs), makes the store read the slot map again.
 const SLOT_STALE_AFTER: Duration = Duration::from_secs(1);
 /// How recent a success of another slot must be for a slot's failure to count as its
 /// node's ([`StoreError::NodeUnavailable`](crate::StoreError::NodeUnavailable)).
-pub(super) const OTHERS_ANSWERED: Duration = Duration::from_secs(1);
+const OTHERS_ANSWERED: Duration = Duration::from_secs(1);
 /// How many slots failing at once, with no success since, make the store read the slot
 /// map again even when none has failed twice.
 const SPREAD_SLOTS: usize = 8;
@@ -40,7 +38,6 @@ impl Slots {
         self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A call about `slot` succeeded at `now`.
     pub(super) fn on_ok(&self, slot: u16, now: u64) {
         let last = (now << 16) | u64::from(slot);
         // Stored only when it changed: most successes within a millisecond write nothing.
@@ -108,7 +105,7 @@ pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The cluster slots whose calls fail with no success since .
+/// The cluster slots whose calls fail with no success since.
 #[derive(Default)]
 struct SlotTable {
     slots: HashMap<u16, SlotFailures>,

@@ -1,10 +1,11 @@
-//! The [`Store`] trait's methods for [`RedisStore`]: each forwards to the call that does
-//! it (`call.rs`, `batch.rs`, `cluster.rs`), and the first check counts the servers again
-//! (`heartbeat.rs`).
+//! The [`Store`] trait's methods for [`RedisStore`], over the calls of `call.rs`,
+//! `batch.rs` and `cluster.rs`; the first check counts the servers again (`heartbeat.rs`).
 
-use std::future::Future;
 use std::time::Duration;
 
+use deadpool_redis::redis::{self, Value};
+
+use super::script::{parse_check, MODE_BLOCK, MODE_CHECK, MODE_FORCE, MODE_PEEK, SCRIPTS};
 use super::{batch, heartbeat, RedisStore};
 use crate::algorithm::Algorithm;
 use crate::decision::Decision;
@@ -13,19 +14,10 @@ use crate::key::Key;
 use crate::store::{Announced, Check, Outcome, Refund, Store};
 
 impl RedisStore {
-    async fn check_one_now(&self, check: &Check) -> Result<Outcome, StoreError> {
-        // On the runtime that polls the check (where its flush task is spawned).
-        match batch::Queue::runtime_for(&self.inner, check) {
-            Some(rt) => self.queue.check(&self.inner, check, rt).await,
-            None => self.inner.check_one(check).await,
-        }
-    }
-
-    /// After the first check of a store a limiter counts servers on: starts the heartbeat
-    /// if the limiter was built outside a runtime, and counts the servers again (see
-    /// `presence.rs`), in a task of its own. After the check, not with it: the other
-    /// servers, started with this one, have had one round trip more to announce
-    /// themselves; and the answer waits for nothing.
+    /// After the first check of a store a limiter counts servers on: starts the heartbeat if
+    /// the limiter was built outside a runtime, and counts again (see `presence.rs`) in a
+    /// task of its own, after the check: the servers started with this one have had one
+    /// round trip more to announce themselves, and the answer waits for nothing.
     fn recount(&self) {
         let presence = &self.inner.presence;
         if presence.recount_now() {
@@ -39,7 +31,11 @@ impl RedisStore {
 
 impl Store for RedisStore {
     async fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
-        let outcome = self.check_one_now(check).await;
+        // On the runtime that polls the check (where its flush task is spawned).
+        let outcome = match batch::Queue::runtime_for(&self.inner, check) {
+            Some(rt) => self.queue.check(&self.inner, check, rt).await,
+            None => self.inner.run_one(check, MODE_CHECK, "a rule got no decision").await,
+        };
         self.recount();
         outcome
     }
@@ -60,29 +56,51 @@ impl Store for RedisStore {
         heartbeat::announce_limiter(&self.inner)
     }
 
-    fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.refund(refunds)
+    async fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
+        let refunds: Vec<&Refund> = refunds.iter().collect();
+        self.inner
+            .per_slot(&refunds, |r| &r.check.key, |group| async move { self.inner.run_refund(&group).await })
+            .await
     }
 
-    fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.charge(charges)
+    async fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
+        // One forced call per slot, each on its own: a charge is no decision, so there is
+        // nothing to roll back when another slot fails.
+        let charges: Vec<&Check> = charges.iter().filter(|c| c.params.cost > 0).collect();
+        self.inner
+            .per_slot(
+                &charges,
+                |c| &c.key,
+                |group| async move {
+                    let reply = self.inner.eval(&SCRIPTS.multi, &group, &[], MODE_FORCE).await?;
+                    parse_check(&reply, &group, MODE_FORCE).map(drop)
+                },
+            )
+            .await
     }
 
-    fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        self.inner.peek(check)
+    async fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
+        self.inner.run_one(check, MODE_PEEK, "peek got no decision").await.map(|o| o.decision)
     }
 
-    fn reset(
-        &self,
-        rule: &str,
-        key: &Key,
-        algorithm: Algorithm,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.reset(rule, key, algorithm)
+    async fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let (conn, generation) = inner.connection().await?;
+        let mut cmd = redis::cmd("DEL");
+        // The state and the block (`Rule::block_for`), in one slot.
+        cmd.arg(inner.config.names.name(rule, key, algorithm)).arg(inner.config.names.block_name(rule, key));
+        inner.query(conn, generation, inner.slot_of(key), &cmd, None).await.map(drop)
     }
 
-    fn block(&self, check: &Check, duration: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.block(check, duration)
+    async fn block(&self, check: &Check, duration: Duration) -> Result<(), StoreError> {
+        // One call of the check script in block mode.
+        let mut check = check.clone();
+        check.params.block_us = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX).min(1 << 52);
+        check.params.blockable = true;
+        match self.inner.eval(&SCRIPTS.multi, &[&check], &[], MODE_BLOCK).await? {
+            Value::Array(_) => Ok(()),
+            other => Err(StoreError::Backend(format!("unexpected reply from the tollgate block script: {other:?}"))),
+        }
     }
 
     /// On a cluster, [`StoreError::NodeUnavailable`] while calls about other slots
