@@ -69,11 +69,8 @@ impl LayerConfig {
     /// unknown field (a typo must not silently mean "default"), a value of the wrong type,
     /// or a duplicate name. A TOML syntax error has the field `toml`.
     pub fn from_toml(toml: &str) -> Result<Self, BuildError> {
-        let table: Table = toml::from_str(toml).map_err(|e| BuildError::InvalidConfig {
-            rule: String::new(),
-            field: "toml".into(),
-            why: e.to_string().trim_end().to_owned(),
-        })?;
+        let table: Table =
+            toml::from_str(toml).map_err(|e| invalid(String::new(), "toml", e.to_string().trim_end().to_owned()))?;
         Self::from_table(&table)
     }
 
@@ -171,22 +168,15 @@ impl LayerConfig {
         for (i, entry) in entries.iter().enumerate() {
             let label = format!("#{}", i + 1);
             let Value::Table(t) = entry else {
-                return Err(BuildError::InvalidConfig {
-                    rule: label,
-                    field: "rule".into(),
-                    why: format!("expected a [[rule]] table, found {}", entry.type_str()),
-                });
+                return Err(invalid(label, "rule", format!("expected a [[rule]] table, found {}", entry.type_str())));
             };
             let rule = RuleConfig::from_table(t, label)?;
             if config.rules.iter().any(|r| r.name == rule.name) {
-                return Err(BuildError::InvalidConfig {
-                    why: format!(
-                        "another rule is already named {:?}: names must be unique (they are part of the store keys)",
-                        rule.name
-                    ),
-                    rule: rule.name,
-                    field: "name".into(),
-                });
+                let why = format!(
+                    "another rule is already named {:?}: names must be unique (they are part of the store keys)",
+                    rule.name
+                );
+                return Err(invalid(rule.name, "name", why));
             }
             config.rules.push(rule);
         }
@@ -260,7 +250,7 @@ struct Fields<'a> {
 
 impl Fields<'_> {
     fn err(&self, field: &str, why: String) -> BuildError {
-        BuildError::InvalidConfig { rule: self.rule.clone(), field: field.to_owned(), why }
+        invalid(self.rule.clone(), field, why)
     }
 
     fn optional<T>(
@@ -286,6 +276,10 @@ impl Fields<'_> {
     ) -> Result<T, BuildError> {
         self.optional(field, expected, parse)?.ok_or_else(|| self.err(field, format!("missing: expected {expected}")))
     }
+}
+
+fn invalid(rule: String, field: &str, why: String) -> BuildError {
+    BuildError::InvalidConfig { rule, field: field.to_owned(), why }
 }
 
 /// The message of an error from a parser of this crate, without its variant's prefix.
