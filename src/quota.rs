@@ -117,18 +117,14 @@ impl Quota {
         if limit > MAX_UNITS {
             return Err("invalid quota: the limit is above 2^32 units per period");
         }
-        let secs = period.as_secs();
-        if secs > MAX_PERIOD_US / 1_000_000 {
-            return Err("invalid quota: the period is longer than 366 days");
-        }
-        let period_us = secs * 1_000_000 + period.subsec_micros() as u64;
+        let period_us = period.as_micros();
         if period_us == 0 {
             return Err("invalid quota: the period is 0, and it must be at least 1 µs");
         }
-        if period_us > MAX_PERIOD_US {
+        if period_us > MAX_PERIOD_US as u128 {
             return Err("invalid quota: the period is longer than 366 days");
         }
-        Ok(Self { limit, period_us, burst: limit })
+        Ok(Self { limit, period_us: period_us as u64, burst: limit })
     }
 
     /// `n` per second.
@@ -179,14 +175,11 @@ impl Quota {
     /// When `burst` is 0 or above 2^32, or when `(burst + 1) × period / limit` exceeds
     /// 2^52 µs (about 142 years); see [`Quota::try_burst`].
     #[must_use]
-    pub const fn burst(mut self, burst: u64) -> Self {
-        assert!(burst != 0 && burst <= MAX_UNITS, "invalid burst: it must be 1..=2^32");
-        assert!(
-            burst_fits(burst, self.emission_interval_micros()),
-            "invalid burst: (burst + 1) × (period / limit) must stay below 2^52 µs"
-        );
-        self.burst = burst;
-        self
+    pub const fn burst(self, burst: u64) -> Self {
+        match self.check_burst(burst) {
+            Ok(q) => q,
+            Err(why) => panic!("{}", why),
+        }
     }
 
     /// Like [`Quota::burst`], with an error instead of a panic.
@@ -194,19 +187,21 @@ impl Quota {
     /// # Errors
     ///
     /// [`BuildError::InvalidQuota`] when `burst` is 0 or above 2^32.
-    pub fn try_burst(mut self, burst: u64) -> Result<Self, BuildError> {
+    pub fn try_burst(self, burst: u64) -> Result<Self, BuildError> {
+        self.check_burst(burst)
+            .map_err(|why| BuildError::InvalidQuota(why.trim_start_matches("invalid quota: ").to_owned()))
+    }
+
+    const fn check_burst(mut self, burst: u64) -> Result<Self, &'static str> {
         if burst == 0 {
-            return Err(BuildError::InvalidQuota("the burst is 0: it must be at least 1".into()));
+            return Err("invalid quota: the burst is 0: it must be at least 1");
         }
         if burst > MAX_UNITS {
-            return Err(BuildError::InvalidQuota("the burst is above 2^32 units".into()));
+            return Err("invalid quota: the burst is above 2^32 units");
         }
         if !burst_fits(burst, self.emission_interval_micros()) {
-            return Err(BuildError::InvalidQuota(
-                "the burst is too large for the period: (burst + 1) × (period / limit) must stay below \
-                 2^52 µs (about 142 years)"
-                    .into(),
-            ));
+            return Err("invalid quota: the burst is too large for the period: (burst + 1) × (period / limit) must \
+                 stay below 2^52 µs (about 142 years)");
         }
         self.burst = burst;
         Ok(self)
@@ -253,12 +248,8 @@ impl Quota {
     /// the bucket algorithms and GCRA.
     #[must_use]
     pub const fn emission_interval_micros(&self) -> u64 {
-        let t = self.period_us.div_ceil(self.limit);
-        if t == 0 {
-            1
-        } else {
-            t
-        }
+        // At least 1: the period is at least 1 µs.
+        self.period_us.div_ceil(self.limit)
     }
 }
 

@@ -327,23 +327,14 @@ impl<I: ?Sized> Rule<I> {
         self.algorithm.unwrap_or(default)
     }
 
-    /// The leaky bucket's max delay in µs.
-    pub(crate) fn max_delay_us(&self) -> u64 {
-        u64::try_from(self.max_delay.as_micros()).unwrap_or(u64::MAX)
-    }
-
-    /// The block a rejection starts, in µs (0: none).
-    pub(crate) fn block_us(&self) -> u64 {
-        u64::try_from(self.block.as_micros()).unwrap_or(u64::MAX)
-    }
-
     /// The parameters of a check of this rule.
     pub(crate) fn params(&self, quota: Quota, cost: u64) -> crate::algorithm::Params {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         crate::algorithm::Params {
             quota,
             cost,
-            max_delay_us: self.max_delay_us(),
-            block_us: self.block_us(),
+            max_delay_us: micros(self.max_delay),
+            block_us: micros(self.block),
             blockable: self.blockable,
             shadow: self.shadow,
         }

@@ -3,7 +3,7 @@
 //! Accept iff `count + cost <= L`. Up to `2L` units may pass in a `W`-long span that
 //! straddles a window boundary (`L` at the end of one window, `L` at the start of the next).
 
-use super::Params;
+use super::{window_of, Params};
 use crate::decision::Decision;
 
 /// The window index and the units accepted in it.
@@ -16,18 +16,6 @@ pub(crate) struct FixedWindow {
 }
 
 impl FixedWindow {
-    /// The window of `now`, or the stored one when it is the next (the clock stepped back
-    /// across its start): a step back across a boundary must not wipe the count. Only the
-    /// next one: a stored window of another period (a tier) is not comparable.
-    fn window_of(&self, period: u64, now: u64) -> u64 {
-        let w = now / period;
-        if self.window == w + 1 {
-            self.window
-        } else {
-            w
-        }
-    }
-
     fn count_at(&self, w: u64) -> u64 {
         if self.window == w {
             self.count
@@ -40,7 +28,7 @@ impl FixedWindow {
     #[must_use]
     pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, period, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
-        let w = self.window_of(period, now);
+        let w = window_of(self.window, period, now);
         let count = self.count_at(w);
         let window_end = (w + 1) * period - now;
         if count.saturating_add(c) <= l {
@@ -54,14 +42,14 @@ impl FixedWindow {
 
     /// Units counted in the current window (a charge's room: [`super::MAX_DEBT`]).
     pub(crate) fn in_use(&self, p: &Params, now: u64) -> u64 {
-        self.count_at(self.window_of(p.quota.period_micros(), now))
+        self.count_at(window_of(self.window, p.quota.period_micros(), now))
     }
 
     /// Applies an accepted request; returns where its units went (`now`, whose window
     /// holds them; the stored window's start when the clock stepped back before it).
     pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let period = p.quota.period_micros();
-        let w = self.window_of(period, now);
+        let w = window_of(self.window, period, now);
         self.count = self.count_at(w) + p.cost;
         self.window = w;
         now.max(w * period)

@@ -140,16 +140,13 @@ impl Params {
     }
 }
 
-/// The decision of a rule that may block (`Params::block_us`), from the algorithm's own
-/// decision `d` and the block stored for the key (`blocked_until`, µs since the epoch, 0
-/// for none); and the block to store, if this decision starts one.
+/// The decision of a rule that may block, from the algorithm's decision `d` and the key's
+/// stored block (`blocked_until`, µs since the epoch, 0: none), with the block to store if
+/// this decision starts one. Every store applies this one function, so they block alike.
 ///
-/// While blocked, the key is refused outright: nothing is decided, nothing taken, and the
-/// retry is the rest of the block. Otherwise a rejection by the rule's algorithm starts a
-/// block of `block_us` from `now` (a rejection during a block does not extend it) — but
-/// not a rejection of a cost the quota can never admit (no `retry_after`): that request
-/// is refused as it is, and the key's ordinary requests are not blocked for it. Every
-/// store applies this one function, so they block alike.
+/// A blocked key is refused outright (nothing taken, retry at the block's end); a
+/// rejection during a block does not extend it. A rejection with a `retry_after` starts a
+/// block of `block_us`; one of a cost the quota can never admit does not.
 #[must_use]
 pub(crate) fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decision, Option<u64>) {
     let limit = p.quota.limit();
@@ -173,6 +170,19 @@ pub(crate) const MAX_COST: u64 = 1 << 40;
 /// take only what fits: every stored number stays exact (below 2^53) in every store.
 pub(crate) const MAX_DEBT: u64 = 1 << 46;
 
+/// The window of `now` (index `floor(now / period)`), or the stored one when it is the
+/// next (the clock stepped back across its start: a step back across a boundary must not
+/// wipe the counts). Only the next one: a stored window of another period (a tier) is not
+/// comparable. The window algorithms' clock.
+fn window_of(stored: u64, period: u64, now: u64) -> u64 {
+    let w = now / period;
+    if stored == w + 1 {
+        stored
+    } else {
+        w
+    }
+}
+
 /// Time until `free` µs of capacity, growing by one a µs, hold one more unit of `t` µs
 /// than now: the `refill_after` of the bucket algorithms and GCRA.
 pub(crate) fn next_unit(free: u64, t: u64) -> u64 {
@@ -182,17 +192,11 @@ pub(crate) fn next_unit(free: u64, t: u64) -> u64 {
 /// The state of one (rule, key) for any algorithm: what `MemoryStore` keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
-    /// The fixed window counter.
     FixedWindow(fixed_window::FixedWindow),
-    /// The sliding window log.
     SlidingWindowLog(sliding_window_log::SlidingWindowLog),
-    /// The sliding window counter.
     SlidingWindowCounter(sliding_window_counter::SlidingWindowCounter),
-    /// The token bucket.
     TokenBucket(token_bucket::TokenBucket),
-    /// The leaky bucket.
     LeakyBucket(leaky_bucket::LeakyBucket),
-    /// GCRA.
     Gcra(gcra::Gcra),
 }
 
@@ -236,16 +240,10 @@ impl State {
         }
     }
 
-    /// Takes `cost` units whatever the decision (a charge reported after the response,
-    /// `Rule::charged`): the key may go into debt. Windows count past the limit (the
-    /// fixed window until it ends; the sliding ones until the charge leaves the window);
-    /// GCRA and the leaky bucket push their time forward; the token bucket goes below
-    /// empty (its tokens go negative). Later requests are rejected until
-    /// the debt is paid, with a `retry_after` that says when.
-    ///
-    /// A charge takes at most 2^40 units, and at most what keeps the debt within 2^46
-    /// units (whole units: for the bucket algorithms and GCRA, whole emission
-    /// intervals).
+    /// Takes `cost` units whatever the decision (`Rule::charged`): the key may go into
+    /// debt (windows count past the limit, the others push their time forward), and is
+    /// refused until it is paid, with a `retry_after` that says when. At most
+    /// [`MAX_COST`] units, and at most what keeps the debt within [`MAX_DEBT`].
     pub(crate) fn charge(&mut self, p: &Params, now: u64) {
         let t = p.quota.emission_interval_micros();
         let room = match self {

@@ -33,13 +33,9 @@ fn fits(prev: u64, curr: u64, elapsed: u64, period: u64, cost: u64, limit: u64) 
 }
 
 impl SlidingWindowCounter {
-    /// The window of `now` and the µs elapsed in it; the stored window (and 0) when it is
-    /// the next one (the clock stepped back across its start: a step back across a
-    /// boundary must not wipe the counts).
+    /// The window of `now` ([`super::window_of`]) and the µs elapsed in it.
     fn window_of(&self, period: u64, now: u64) -> (u64, u64) {
-        let w = now / period;
-        // Only the next window: a stored window of another period (a tier) is not comparable.
-        let w = if self.window == w + 1 { self.window } else { w };
+        let w = super::window_of(self.window, period, now);
         (w, now.saturating_sub(w * period))
     }
 

@@ -21,6 +21,7 @@ pub(crate) struct TokenBucket {
 }
 
 impl TokenBucket {
+    /// The level at `now`: 0 while in debt (`last` is then ahead of `now`).
     fn level_at(&self, capacity: u64, now: u64) -> u64 {
         self.level.saturating_add(now.saturating_sub(self.last)).min(capacity)
     }
@@ -54,8 +55,7 @@ impl TokenBucket {
     /// time to refill to full (a charge's room: [`super::MAX_DEBT`]).
     pub(crate) fn ahead(&self, p: &Params, now: u64) -> u64 {
         let capacity = p.quota.burst_size() * p.quota.emission_interval_micros();
-        let level = if self.debt(now) > 0 { 0 } else { self.level_at(capacity, now) };
-        self.last.max(now) + (capacity - level)
+        self.last.max(now) + (capacity - self.level_at(capacity, now))
     }
 
     /// Takes `c` tokens whatever the level (a charge reported after the response): past
@@ -65,7 +65,7 @@ impl TokenBucket {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
         let need = p.cost * t;
-        let level = if self.debt(now) > 0 { 0 } else { self.level_at(capacity, now) };
+        let level = self.level_at(capacity, now);
         let last = self.last.max(now);
         if level >= need {
             (self.level, self.last) = (level - need, last);

@@ -58,28 +58,6 @@ pub struct RuleConfig {
     pub block_for: Option<Duration>,
 }
 
-impl RuleConfig {
-    /// The [`Rule`] this entry describes, for requests with body type `B`.
-    #[must_use]
-    pub fn to_rule(&self) -> Rule<RequestHead> {
-        let mut rule = Rule::new(self.name.clone(), self.quota, self.key.clone()).shadow(self.shadow);
-        rule.from_config = true;
-        if let Some(a) = self.algorithm {
-            rule = rule.algorithm(a);
-        }
-        if let Some(m) = self.fail_mode {
-            rule = rule.fail_mode(m);
-        }
-        if let Some(d) = self.max_delay {
-            rule = rule.max_delay(d);
-        }
-        if let Some(b) = self.block_for {
-            rule = rule.block_for(b);
-        }
-        rule
-    }
-}
-
 impl LayerConfig {
     /// Reads and checks a TOML document.
     ///
@@ -91,11 +69,8 @@ impl LayerConfig {
     /// unknown field (a typo must not silently mean "default"), a value of the wrong type,
     /// or a duplicate name. A TOML syntax error has the field `toml`.
     pub fn from_toml(toml: &str) -> Result<Self, BuildError> {
-        let table: Table = toml::from_str(toml).map_err(|e| BuildError::InvalidConfig {
-            rule: String::new(),
-            field: "toml".into(),
-            why: e.to_string().trim_end().to_owned(),
-        })?;
+        let table: Table =
+            toml::from_str(toml).map_err(|e| invalid(String::new(), "toml", e.to_string().trim_end().to_owned()))?;
         Self::from_table(&table)
     }
 
@@ -180,7 +155,7 @@ impl LayerConfig {
         }
         let mut config = LayerConfig {
             rules: Vec::new(),
-            algorithm: top.optional("algorithm", "an algorithm name", parse_algorithm)?,
+            algorithm: top.optional("algorithm", "an algorithm name", |s| s.parse().map_err(why))?,
             headers: top.optional("headers", "legacy, ietf, both or none", |s| s.parse().map_err(why))?,
             fail_mode: top.optional("fail_mode", "open or closed", |s| s.parse().map_err(why))?,
             timeout: top.optional("timeout", "a duration like \"50ms\"", parse_timeout)?,
@@ -193,22 +168,15 @@ impl LayerConfig {
         for (i, entry) in entries.iter().enumerate() {
             let label = format!("#{}", i + 1);
             let Value::Table(t) = entry else {
-                return Err(BuildError::InvalidConfig {
-                    rule: label,
-                    field: "rule".into(),
-                    why: format!("expected a [[rule]] table, found {}", entry.type_str()),
-                });
+                return Err(invalid(label, "rule", format!("expected a [[rule]] table, found {}", entry.type_str())));
             };
             let rule = RuleConfig::from_table(t, label)?;
             if config.rules.iter().any(|r| r.name == rule.name) {
-                return Err(BuildError::InvalidConfig {
-                    why: format!(
-                        "another rule is already named {:?}: names must be unique (they are part of the store keys)",
-                        rule.name
-                    ),
-                    rule: rule.name,
-                    field: "name".into(),
-                });
+                let why = format!(
+                    "another rule is already named {:?}: names must be unique (they are part of the store keys)",
+                    rule.name
+                );
+                return Err(invalid(rule.name, "name", why));
             }
             config.rules.push(rule);
         }
@@ -217,6 +185,26 @@ impl LayerConfig {
 }
 
 impl RuleConfig {
+    /// The [`Rule`] this entry describes.
+    #[must_use]
+    pub fn to_rule(&self) -> Rule<RequestHead> {
+        let mut rule = Rule::new(self.name.clone(), self.quota, self.key.clone()).shadow(self.shadow);
+        rule.from_config = true;
+        if let Some(a) = self.algorithm {
+            rule = rule.algorithm(a);
+        }
+        if let Some(m) = self.fail_mode {
+            rule = rule.fail_mode(m);
+        }
+        if let Some(d) = self.max_delay {
+            rule = rule.max_delay(d);
+        }
+        if let Some(b) = self.block_for {
+            rule = rule.block_for(b);
+        }
+        rule
+    }
+
     fn from_table(table: &Table, label: String) -> Result<Self, BuildError> {
         // Errors name the rule by its name once it is known to be a usable one.
         let rule = match table.get("name") {
@@ -237,7 +225,7 @@ impl RuleConfig {
             };
             quota = quota.try_burst(burst).map_err(|e| f.err("burst", why(e)))?;
         }
-        let algorithm = f.optional("algorithm", "an algorithm name", parse_algorithm)?;
+        let algorithm = f.optional("algorithm", "an algorithm name", |s| s.parse().map_err(why))?;
         let fail_mode = f.optional("fail_mode", "open or closed", |s| s.parse().map_err(why))?;
         let max_delay = f.optional("max_delay", "a duration like \"2s\"", parse_duration)?;
         let block_for = f.optional("block_for", "a duration like \"1h\"", parse_duration)?;
@@ -262,20 +250,7 @@ struct Fields<'a> {
 
 impl Fields<'_> {
     fn err(&self, field: &str, why: String) -> BuildError {
-        BuildError::InvalidConfig { rule: self.rule.clone(), field: field.to_owned(), why }
-    }
-
-    fn parsed<T>(
-        &self,
-        field: &str,
-        value: &Value,
-        expected: &str,
-        parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Result<T, BuildError> {
-        match value {
-            Value::String(s) => parse(s).map_err(|why| self.err(field, why)),
-            other => Err(self.err(field, format!("expected {expected} as a string, found {}", other.type_str()))),
-        }
+        invalid(self.rule.clone(), field, why)
     }
 
     fn optional<T>(
@@ -284,7 +259,13 @@ impl Fields<'_> {
         expected: &str,
         parse: impl FnOnce(&str) -> Result<T, String>,
     ) -> Result<Option<T>, BuildError> {
-        self.table.get(field).map(|v| self.parsed(field, v, expected, parse)).transpose()
+        self.table
+            .get(field)
+            .map(|value| match value {
+                Value::String(s) => parse(s).map_err(|why| self.err(field, why)),
+                other => Err(self.err(field, format!("expected {expected} as a string, found {}", other.type_str()))),
+            })
+            .transpose()
     }
 
     fn required<T>(
@@ -297,6 +278,10 @@ impl Fields<'_> {
     }
 }
 
+fn invalid(rule: String, field: &str, why: String) -> BuildError {
+    BuildError::InvalidConfig { rule, field: field.to_owned(), why }
+}
+
 /// The message of an error from a parser of this crate, without its variant's prefix.
 fn why(e: BuildError) -> String {
     match e {
@@ -307,10 +292,6 @@ fn why(e: BuildError) -> String {
         | BuildError::InvalidConfig { why, .. } => why,
         other => other.to_string(),
     }
-}
-
-fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    s.parse().map_err(why)
 }
 
 /// `"50ms"`, `"2s"`, `"1min"`, `"250us"`, `"1h"`: a whole number and a unit (the units of

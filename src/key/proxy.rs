@@ -176,11 +176,6 @@ impl TrustedProxyIp {
         }
     }
 
-    #[cfg(test)]
-    fn is_trusted(&self, ip: IpAddr) -> bool {
-        self.is_trusted_hop(1, ip)
-    }
-
     /// The client address for a request whose peer is `peer`.
     pub(crate) fn client_ip<B>(&self, req: &Request<B>, peer: IpAddr) -> IpAddr {
         if !self.is_trusted_hop(1, peer) {
@@ -188,7 +183,7 @@ impl TrustedProxyIp {
         }
         let name = self.header.name();
         let list = match self.header {
-            ProxyHeader::XForwardedFor => parse_xff_entry,
+            ProxyHeader::XForwardedFor => parse_ip_port,
             ProxyHeader::Forwarded => parse_forwarded_entry,
             // An edge proxy's one address (the last line, should a client have sent one
             // too and the edge appended rather than replaced).
@@ -237,10 +232,6 @@ fn parse_ip_port(s: &str) -> Option<IpAddr> {
     }
     let inner = s.strip_prefix('[')?.split(']').next()?;
     inner.parse().ok()
-}
-
-fn parse_xff_entry(entry: &str) -> Option<IpAddr> {
-    parse_ip_port(entry)
 }
 
 fn parse_forwarded_entry(entry: &str) -> Option<IpAddr> {
@@ -299,7 +290,7 @@ mod tests {
     fn networks() {
         let trusted = |nets: &[&str], ip: &str| {
             let k = TrustedProxyIp::new(nets).unwrap();
-            k.is_trusted(ip.parse().unwrap())
+            k.is_trusted_hop(1, ip.parse().unwrap())
         };
         assert!(trusted(&["10.0.0.0/8"], "10.200.1.1"));
         assert!(trusted(&["10.0.0.0/8"], "::ffff:10.1.1.1"), "a mapped client is its IPv4 address");
