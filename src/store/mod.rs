@@ -373,6 +373,12 @@ impl<S: Store> Store for Arc<S> {
     fn identity(&self) -> Option<usize> {
         (**self).identity()
     }
+    fn servers(&self) -> Option<u64> {
+        (**self).servers()
+    }
+    fn announce(&self) -> Announced {
+        (**self).announce()
+    }
     fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
         (**self).timed_out(checks, deadline)
     }

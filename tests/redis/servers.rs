@@ -204,3 +204,26 @@ fn the_heartbeat_runs_again_on_a_new_runtime() {
         "this server is no longer announced: the heartbeat died with the first runtime"
     );
 }
+
+/// A store behind an `Arc` counts and announces like the store itself: two servers, each
+/// over an `Arc<RedisStore>`, count two (before, the `Arc` answered `None` and announced
+/// nothing, so each fallback took the whole quota as its share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_behind_an_arc_counts_its_servers() {
+    let server = RedisServer::start();
+    let limiters: Vec<_> = (0..2)
+        .map(|_| {
+            let store = std::sync::Arc::new(RedisStore::from_url(&server.url()).unwrap());
+            Limiter::<_, str>::builder(store).rule("r", Quota::per_hour(100), user).build().unwrap()
+        })
+        .collect();
+    for l in &limiters {
+        assert!(l.check("warm").await.is_allowed());
+    }
+    let counted = || limiters.iter().map(|l| l.store().servers()).collect::<Vec<_>>();
+    let until = Instant::now() + Duration::from_secs(5);
+    while counted() != [Some(2), Some(2)] && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(counted(), [Some(2), Some(2)], "two servers announced through their Arcs");
+}
