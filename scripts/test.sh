@@ -22,10 +22,10 @@ if ! have redis-server || ! have redis-cli; then
 fi
 echo "== $(redis-server --version)"
 
-# tests/examples/main.rs runs the example programs (workspace member `examples/`) as
-# processes: build them first. Then every test of the workspace, doctests included (the
-# README's snippets among them), all of them even after a failure (a failing binary must
-# not hide the next one's failures). Two test threads: the machine this is tuned for has
-# two cores.
-cargo build -p tollgate-examples --examples --all-features
+# Every test of the workspace, doctests included (the README's snippets among them), all of
+# them even after a failure (a failing binary must not hide the next one's failures).
+# `cargo test` builds the example programs too (workspace member `examples/`), which
+# tests/examples/main.rs runs as processes; a separate `cargo build` of them would compile
+# every dependency a second time, with other features. Two test threads: the machine this
+# is tuned for has two cores.
 cargo test --workspace --all-features --no-fail-fast -- --test-threads=2

@@ -38,7 +38,7 @@ fn binary(name: &str) -> PathBuf {
     let path = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(
         path.exists(),
-        "{} is missing: run `cargo build -p tollgate-examples --examples --all-features` first (scripts/test.sh does)",
+        "{} is missing: run `cargo build -p tollgate-examples --examples --all-features` first (a whole-workspace `cargo test --all-features` builds them)",
         path.display()
     );
     path
