@@ -12,7 +12,6 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::charge::Charge;
 use crate::future::ResponseFuture;
 use crate::head::RequestHead;
 use crate::limiter::{Lease, Limiter, Now, RuleSet};
@@ -170,9 +169,9 @@ struct Admitted<St: Store, R, U> {
 }
 
 impl<St: Store, R, U> Admitted<St, R, U> {
-    /// The request's life in one future: the paths that wait anyway (a remote store, a
-    /// leaky bucket's slot). An in-process decision's request takes the unboxed
-    /// [`ResponseFuture`] instead.
+    /// The paths that wait anyway (a remote store, a leaky bucket's slot), in one future:
+    /// the wait, then the unboxed [`ResponseFuture`] an in-process decision's request
+    /// takes at once.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see above)")]
     fn run<S, B, ResBody>(
         self,
@@ -191,17 +190,8 @@ impl<St: Store, R, U> Admitted<St, R, U> {
                 // Leaky bucket (rare): boxed, so the common request's future stays small.
                 inner = Box::pin(wait_for_slot(inner, slot)).await?;
             }
-            let forwarded = lease.forward();
-            let mut req = with_body(head, body);
-            if let Some(most) = report.most_restrictive() {
-                req.extensions_mut().insert(most.clone());
-            }
-            let mut res = inner.call(req).await?;
-            report.headers(&mut res);
-            // Units the handler reports it used are taken after the response.
-            let charge = res.extensions().get::<Charge>().map(|&Charge(units)| units);
-            forwarded.settle(res.status(), charge);
-            Ok(res)
+            // Then the life of an in-process decision's request, on the same code.
+            ResponseFuture::unpolled(inner, with_body(head, body), Some(lease), Some(report)).await
         }
     }
 }
