@@ -95,7 +95,7 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
     }
 
     /// What happens when the store fails, for rules that do not choose
-    /// (default: [`FailMode::Open`]).
+    /// (default: [`FailMode::Fallback`]).
     #[must_use]
     pub fn fail_mode(mut self, mode: FailMode) -> Self {
         self.draft.fail_mode = mode;
