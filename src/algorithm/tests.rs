@@ -605,3 +605,47 @@ fn a_cost_that_can_never_fit_starts_no_block() {
         assert!(super::blocking(d, 0, &p, T0).1.is_some(), "{a}: an ordinary rejection blocks");
     }
 }
+
+proptest! {
+    /// The token bucket's `ahead` and `charge` read the level as `level_at`, where they
+    /// used to read 0 while in debt: the same, since a bucket in debt has level 0 and its
+    /// `last` ahead of `now` (0 µs of refill). Checked against the old formula on any
+    /// state, refunds during a debt included (they raise the level, not `last`).
+    #[test]
+    fn token_bucket_level_in_debt_is_the_old_guarded_level(
+        q in quota_strategy(),
+        level_units in 0u64..12,
+        last_off in 0u64..(20 * SEC),
+        now_off in 0u64..(20 * SEC),
+        cost in 1u64..6,
+    ) {
+        let t = q.emission_interval_micros();
+        let capacity = q.burst_size() * t;
+        let tb = token_bucket::TokenBucket { level: (level_units * t).min(capacity), last: T0 + last_off };
+        let now = T0 + now_off;
+        let p = Params::new(q).cost(cost);
+        // The old code, spelled out.
+        let debt = if tb.level == 0 { tb.last.saturating_sub(now) } else { 0 };
+        let level_at = tb.level.saturating_add(now.saturating_sub(tb.last)).min(capacity);
+        let old_level = if debt > 0 { 0 } else { level_at };
+        prop_assert_eq!(tb.ahead(&p, now), tb.last.max(now) + (capacity - old_level));
+        let need = cost * t;
+        let last = tb.last.max(now);
+        let old = if old_level >= need { (old_level - need, last) } else { (0, last + (need - old_level)) };
+        let mut new = tb;
+        new.charge(&p, now);
+        prop_assert_eq!((new.level, new.last), old);
+    }
+}
+
+/// `emission_interval_micros` lost its `t == 0 → 1` branch: every quota that builds has
+/// a period of at least 1 µs and a limit of at least 1, so `ceil(period / limit) >= 1`,
+/// the extremes included.
+#[test]
+fn the_emission_interval_is_at_least_one_microsecond() {
+    for (limit, period_us) in [(1 << 32, 1), (1 << 32, 1_000), (1, 1), (7, 3), (1 << 32, 366 * 86_400 * SEC)] {
+        let q = Quota::new(limit, Duration::from_micros(period_us));
+        assert_eq!(q.emission_interval_micros(), period_us.div_ceil(limit).max(1), "{q:?}");
+        assert!(q.divided(1 << 20).emission_interval_micros() >= 1);
+    }
+}

@@ -404,3 +404,30 @@ pub(crate) fn parse_batch(reply: &Value, checks: &[&Check]) -> Result<Vec<Result
     };
     Ok(checks.iter().zip(items[1..].chunks_exact(4)).map(|(c, f)| one(c, f)).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The generic scripts, now made by one macro, are byte for byte the texts spelled out
+    /// before (so the SHA1s a server has cached, and `EVALSHA`, stay the same).
+    #[test]
+    fn the_generic_scripts_are_the_texts_spelled_out_before() {
+        const LIB: &str = concat!(include_str!("scripts/floordiv.lua"), include_str!("scripts/lib.lua"));
+        const ALL: &str = concat!(
+            include_str!("scripts/fixed_window.lua"),
+            include_str!("scripts/sliding_window_log.lua"),
+            include_str!("scripts/sliding_window_counter.lua"),
+            include_str!("scripts/token_bucket.lua"),
+            include_str!("scripts/leaky_bucket.lua"),
+            include_str!("scripts/gcra.lua"),
+        );
+        let refund = format!("{LIB}{ALL}{}", include_str!("scripts/refund.lua"));
+        let multi = format!("{LIB}{ALL}{}", include_str!("scripts/check.lua"));
+        let log = format!("{LIB}{}{}", include_str!("scripts/sliding_window_log.lua"), include_str!("scripts/check.lua"));
+        assert_eq!(SCRIPTS.refund.text, refund);
+        assert_eq!(SCRIPTS.refund.sha, redis::Script::new(&refund).get_hash());
+        assert_eq!(SCRIPTS.multi.text, multi);
+        assert_eq!(SCRIPTS.single[1].text, log);
+    }
+}
