@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::limiter::Held;
+use crate::limiter::held::Held;
 use crate::quota::Quota;
 use crate::store::{Check, Taken};
 

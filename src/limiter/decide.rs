@@ -8,8 +8,8 @@ use std::sync::Arc;
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
+use super::held::{Exit, Held, Holder, Probe, Unit};
 use super::holders::{lost, never_sent};
-use super::lease::{Exit, Held, Holder, Probe, Unit};
 use super::{Limiter, Plan, RuleSet};
 use crate::decision::Decision;
 use crate::error::StoreError;

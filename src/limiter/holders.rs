@@ -15,7 +15,7 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 
-use super::lease::{Held, Holder, Unit};
+use super::held::{Held, Holder, Unit};
 use crate::error::StoreError;
 use crate::runtime::{BlockedCache, Copy, LateSlot, LateSlots, Mono, Runtime, Shares, Unsent};
 use crate::store::{Check, Refund, Store};

@@ -3,6 +3,7 @@
 
 mod builder;
 mod decide;
+pub(crate) mod held;
 mod holders;
 mod lease;
 mod plan;
@@ -18,8 +19,9 @@ use tokio::time::Instant;
 
 pub use self::builder::LimiterBuilder;
 pub(crate) use self::decide::Now;
+pub(crate) use self::held::Held;
 pub(crate) use self::holders::Holders;
-pub(crate) use self::lease::{Forwarded, Held, Lease};
+pub(crate) use self::lease::{Forwarded, Lease};
 pub(crate) use self::plan::Plan;
 pub use self::rules::LimiterHandle;
 pub(crate) use self::rules::{Draft, RuleSet, Rules};
@@ -117,6 +119,12 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
 }
 
 impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
+    /// A lease on what an admitted input holds: dropped, it gives everything back (`what`
+    /// names the input in the warning a failed refund logs).
+    pub(crate) fn lease(&self, held: Held, what: &'static str) -> Lease<St> {
+        Lease::new(held, self.holders.clone(), what)
+    }
+
     /// Decides `input`: every rule that applies, in one store call (a rejected input
     /// consumes nothing from any rule). A leaky bucket rule's [`Verdict::delay`] is for
     /// the caller to wait; [`Limiter::wait`] waits itself.

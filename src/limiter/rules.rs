@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use super::held::Held;
 use super::registry::{self, Claim, OnClash, Owner};
-use super::Held;
 use crate::algorithm::Algorithm;
 use crate::error::BuildError;
 use crate::headers::HeaderStyle;

@@ -424,7 +424,8 @@ mod tests {
         );
         let refund = format!("{LIB}{ALL}{}", include_str!("scripts/refund.lua"));
         let multi = format!("{LIB}{ALL}{}", include_str!("scripts/check.lua"));
-        let log = format!("{LIB}{}{}", include_str!("scripts/sliding_window_log.lua"), include_str!("scripts/check.lua"));
+        let log =
+            format!("{LIB}{}{}", include_str!("scripts/sliding_window_log.lua"), include_str!("scripts/check.lua"));
         assert_eq!(SCRIPTS.refund.text, refund);
         assert_eq!(SCRIPTS.refund.sha, redis::Script::new(&refund).get_hash());
         assert_eq!(SCRIPTS.multi.text, multi);
