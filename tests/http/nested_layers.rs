@@ -140,3 +140,53 @@ async fn mixed_styles_inner_ietf_outer_legacy() {
     assert_eq!(h(&res, "x-ratelimit-remaining"), None, "{:?}", res.headers());
     assert!(h(&res, "ratelimit").unwrap().contains("r=0"));
 }
+
+/// The outer layer on a remote store (its decision and its request's life in the boxed
+/// future) answers as the same layer on an in-process store: the same headers on the inner
+/// layer's refusals and on allowed responses, and the same units kept and given back by
+/// its count-by-outcome rule.
+#[tokio::test(start_paused = true)]
+async fn an_outer_layer_on_a_remote_store_answers_as_on_an_in_process_one() {
+    use crate::support::fake::{settle, Remote, TokioClock};
+    use tollgate::store::Store;
+
+    async fn run<St: Store + Clone>(outer_store: St) -> Vec<(u16, Vec<(String, String)>, u64, u64)> {
+        let inner = RateLimitLayer::builder(MemoryStore::with_clock(TokioClock::new()))
+            .rule("inner", Quota::per_minute(3), key::header("x-key"))
+            .build()
+            .unwrap();
+        let outer = RateLimitLayer::builder(outer_store)
+            .rule("outer", Quota::per_minute(6), key::header("x-key"))
+            .add_rule(
+                Rule::new("login", Quota::per_minute(5), key::header("x-key"))
+                    .count_if(|s| s == StatusCode::UNAUTHORIZED || s == StatusCode::TOO_MANY_REQUESTS),
+            )
+            .build()
+            .unwrap();
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { (StatusCode::UNAUTHORIZED, "no") }))
+            .layer(inner)
+            .layer(outer.clone());
+        let mut out = Vec::new();
+        for _ in 0..5 {
+            let req = Request::get("/").header("x-key", "a").body(Body::empty()).unwrap();
+            let res = app.clone().oneshot(req).await.unwrap();
+            settle().await;
+            let mut hs: Vec<(String, String)> = res
+                .headers()
+                .iter()
+                .filter(|(n, _)| n.as_str().contains("ratelimit") || n.as_str() == "retry-after")
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                .collect();
+            hs.sort();
+            let o = outer.peek("outer", "a").await.unwrap().unwrap().remaining;
+            let l = outer.peek("login", "a").await.unwrap().unwrap().remaining;
+            out.push((res.status().as_u16(), hs, o, l));
+        }
+        out
+    }
+    let local = run(MemoryStore::with_clock(TokioClock::new())).await;
+    let remote = run(Remote::new(MemoryStore::with_clock(TokioClock::new()))).await;
+    assert_eq!(local, remote);
+    assert_eq!(local.last().unwrap().0, 429, "{local:#?}");
+}
