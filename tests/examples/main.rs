@@ -2,8 +2,10 @@
 //! ports, and talks to them over real sockets: what a user sees after `cargo run -p
 //! tollgate-examples --example …`.
 //!
-//! The binaries are the ones `cargo test` builds under `target/<profile>/examples/`; an
-//! example whose features are off is neither built nor run. Children are killed on drop.
+//! The binaries are the ones a whole-workspace `cargo test` builds under
+//! `target/<profile>/examples/` (run alone, `--test examples` does not rebuild them: `cargo
+//! build -p tollgate-examples --examples --all-features` first); an example whose features
+//! are off is neither built nor run. Children are killed on drop.
 
 #[cfg(feature = "redis")]
 #[path = "../support/mod.rs"]
