@@ -34,58 +34,12 @@ fn inner() -> impl Service<Request<Body>, Response = Response<Body>, Error = &'s
     })
 }
 
-/// `count` (3/min), `login` (3/min, 401s only), `tokens` (100/min, charged).
-fn three_rules() -> RateLimitLayer<MemoryStore> {
-    RateLimitLayer::builder(MemoryStore::with_clock(TokioClock::new()))
-        .rule("count", Quota::per_minute(3), key::header("x-key"))
-        .add_rule(
-            Rule::new("login", Quota::per_minute(3), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
-        )
-        .add_rule(Rule::new("tokens", Quota::per_minute(100), key::header("x-key")).charged())
-        .build()
-        .unwrap()
-}
-
-async fn left(layer: &RateLimitLayer<MemoryStore>, key: &str) -> (u64, u64, u64) {
-    let r = |rule| async move { layer.peek(rule, key).await.unwrap().unwrap().remaining };
-    (r("count").await, r("login").await, r("tokens").await)
-}
-
+/// Every state of the future, in process: dropped unpolled (nothing taken), dropped
+/// during the inner call (counts; the count-by-outcome unit back, no charge), an inner
+/// error, a panic, a `Charge`, a 401. The boxed path's tests below run the same.
 #[tokio::test(start_paused = true)]
 async fn every_state_of_the_future_with_count_if_and_charged_rules() {
-    let layer = three_rules();
-    let mut svc = layer.clone().layer(inner());
-    // Nothing yet: a peek's own unit leaves 2, 2, 99.
-    assert_eq!(left(&layer, "a").await, (2, 2, 99));
-    // Dropped before its first poll: nothing taken.
-    std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
-    drop(svc.call(get("/charge", "a")));
-    settle().await;
-    assert_eq!(left(&layer, "a").await, (2, 2, 99), "dropped unpolled");
-    // Dropped during the inner call: counts, login's unit back, no charge.
-    let r = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/hang", "a"))).await;
-    assert!(r.is_err());
-    settle().await;
-    assert_eq!(left(&layer, "a").await, (1, 2, 99), "dropped in the inner call");
-    // An error: counts, login's unit back.
-    assert_eq!(svc.clone().oneshot(get("/err", "a")).await.unwrap_err(), "the handler failed");
-    settle().await;
-    assert_eq!(left(&layer, "a").await, (0, 2, 99), "an inner error");
-
-    // Another key: a panic in the handler's future.
-    let panicked = tokio::spawn(svc.clone().oneshot(get("/panic", "b"))).await;
-    assert!(panicked.unwrap_err().is_panic());
-    settle().await;
-    assert_eq!(left(&layer, "b").await, (1, 2, 99), "a panic in the handler");
-    // A charge of 5, a 401 kept by login.
-    let res = svc.clone().oneshot(get("/charge", "c")).await.unwrap();
-    assert_eq!(res.headers()["x-seen"], "2");
-    settle().await;
-    assert_eq!(left(&layer, "c").await, (1, 2, 94), "a charge");
-    let res = svc.clone().oneshot(get("/fail", "c")).await.unwrap();
-    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
-    settle().await;
-    assert_eq!(left(&layer, "c").await, (0, 1, 94), "a 401");
+    every_state_on(MemoryStore::with_clock(TokioClock::new())).await;
 }
 
 /// A leaky bucket (the boxed path) next to in-process rules, count_if included.
@@ -118,7 +72,8 @@ async fn a_leaky_bucket_beside_count_if_rules() {
 use support::fake::{Mode, Remote};
 use tollgate::store::Store;
 
-/// `count`, `login`, `tokens` as [`three_rules`], on `store`.
+/// Three rules of one key: `count` counts every request, `login` only 401s, `tokens` is
+/// charged (100 a minute).
 fn three_rules_on<St: Store>(store: St) -> RateLimitLayer<St> {
     RateLimitLayer::builder(store)
         .rule("count", Quota::per_minute(3), key::header("x-key"))
@@ -146,7 +101,8 @@ async fn every_state_on<St: Store + Clone>(store: St) -> RateLimitLayer<St> {
     let layer = three_rules_on(store);
     let mut svc = layer.clone().layer(inner());
     assert_eq!(left_on(&layer, "a").await, (2, 2, 99));
-    // Dropped before its first poll: the boxed path has not even asked the store.
+    // Dropped before its first poll: nothing kept (in process the lease gives its units
+    // back; on the boxed path the store was not even asked).
     std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
     drop(svc.call(get("/charge", "a")));
     relayed().await;
