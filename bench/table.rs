@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use governor::{DefaultKeyedRateLimiter, Quota as GovQuota, RateLimiter};
 use tollgate::key::Key;
-use tollgate::store::{Check, LocalStore, Params};
+use tollgate::store::{Check, LocalStore, Params, RuleName};
 use tollgate::{Algorithm, MemoryStore, Quota};
 
 /// The system allocator, counting the bytes it holds: what a table of keys takes.
@@ -162,10 +162,10 @@ fn tollgate(workload: Workload, algorithm: Algorithm, threads: usize) -> (f64, u
 
 fn tollgate_over(keys: &[u64], workload: Workload, algorithm: Algorithm, threads: usize) -> (f64, usize) {
     let (quota, _) = workload.quota();
-    let rule: std::sync::Arc<str> = "api".into();
+    let rule = RuleName::new("api");
     let params = Params::new(quota);
     rate_over(keys, workload, threads, MemoryStore::new, |store, k| {
-        let check = Check { rule: rule.clone(), key: Key::from(k), algorithm, params };
+        let check = Check { rule, key: Key::from(k), algorithm, params };
         store.check_one(&check).is_ok_and(|o| o.decision.allowed)
     })
 }
@@ -191,9 +191,9 @@ fn bytes_per_key(n: u64) -> (f64, f64) {
     let before = LIVE.load(Ordering::Relaxed);
     let store = MemoryStore::new();
     let params = Params::new(Workload::W1.quota().0);
-    let rule: std::sync::Arc<str> = "api".into();
+    let rule = RuleName::new("api");
     for k in 0..n {
-        let check = Check { rule: rule.clone(), key: Key::from(k), algorithm: Algorithm::Gcra, params };
+        let check = Check { rule, key: Key::from(k), algorithm: Algorithm::Gcra, params };
         assert!(store.check_one(&check).is_ok_and(|o| o.decision.allowed));
     }
     let ours = per_key(LIVE.load(Ordering::Relaxed) - before);

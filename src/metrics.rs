@@ -3,20 +3,20 @@
 
 #![allow(unused_variables)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::StoreError;
+use crate::store::RuleName;
 
-/// The rule's name is shared into the label, not copied: a decision allocates nothing here.
-pub(crate) fn decision(rule: &Arc<str>, outcome: &'static str) {
+/// The rule's interned name is the label, not a copy: a decision allocates nothing here.
+pub(crate) fn decision(rule: RuleName, outcome: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("tollgate_decisions_total", "rule" => rule.clone(), "outcome" => outcome).increment(1);
+    metrics::counter!("tollgate_decisions_total", "rule" => rule.as_str(), "outcome" => outcome).increment(1);
 }
 
-pub(crate) fn near_limit(rule: &Arc<str>) {
+pub(crate) fn near_limit(rule: RuleName) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("tollgate_near_limit_total", "rule" => rule.clone()).increment(1);
+    metrics::counter!("tollgate_near_limit_total", "rule" => rule.as_str()).increment(1);
 }
 
 pub(crate) fn store_error(err: &StoreError) {

@@ -11,6 +11,7 @@ use crate::algorithm::Algorithm;
 use crate::error::BuildError;
 use crate::key::KeyExtractor;
 use crate::quota::Quota;
+use crate::store::RuleName;
 
 /// What happens when the store cannot decide (error, timeout, open circuit, overload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -80,7 +81,7 @@ pub(crate) type Shared<I, T> = Arc<dyn Fn(&I) -> T + Send + Sync>;
 ///     .cost(|req: &RequestHead| if req.method() == "POST" { 5 } else { 1 });
 /// ```
 pub struct Rule<I: ?Sized> {
-    pub(crate) name: Arc<str>,
+    pub(crate) name: RuleName,
     pub(crate) public_name: Option<Arc<str>>,
     pub(crate) quota: Quota,
     pub(crate) quota_fn: Option<Shared<I, Option<Quota>>>,
@@ -104,7 +105,7 @@ pub struct Rule<I: ?Sized> {
 impl<I: ?Sized> Clone for Rule<I> {
     fn clone(&self) -> Self {
         Self {
-            name: self.name.clone(),
+            name: self.name,
             public_name: self.public_name.clone(),
             quota: self.quota,
             quota_fn: self.quota_fn.clone(),
@@ -149,7 +150,7 @@ impl<I: ?Sized> Rule<I> {
     /// A rule named `name` limiting each key to `quota`.
     pub fn new(name: impl Into<String>, quota: Quota, key: impl KeyExtractor<I>) -> Self {
         Self {
-            name: name.into().into(),
+            name: RuleName::new(&name.into()),
             public_name: None,
             quota,
             quota_fn: None,
@@ -185,7 +186,7 @@ impl<I: ?Sized> Rule<I> {
     }
 
     pub(crate) fn public_name_or_name(&self) -> Arc<str> {
-        self.public_name.clone().unwrap_or_else(|| self.name.clone())
+        self.public_name.clone().unwrap_or_else(|| self.name.as_str().into())
     }
 
     /// The quota given to [`Rule::new`].

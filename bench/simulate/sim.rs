@@ -25,13 +25,12 @@
 
 use std::collections::VecDeque;
 use std::error::Error;
-use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tollgate::key::Key;
-use tollgate::store::Check;
 use tollgate::store::Params;
+use tollgate::store::{Check, RuleName};
 use tollgate::{Algorithm, Decision, MemoryStore, Quota};
 
 /// Every trace starts at this instant (2023-11-14T22:13:20Z) rounded up to a multiple of
@@ -287,10 +286,8 @@ pub(crate) const RULE: &str = "simulate";
 
 /// The checks of one rule for keys `0..keys`, built once.
 pub(crate) fn checks(algorithm: Algorithm, quota: Quota, keys: u32) -> Vec<Check> {
-    let rule: Arc<str> = Arc::from(RULE);
-    (0..keys)
-        .map(|k| Check { rule: rule.clone(), key: Key::from(u64::from(k)), algorithm, params: Params::new(quota) })
-        .collect()
+    let rule = RuleName::new(RULE);
+    (0..keys).map(|k| Check { rule, key: Key::from(u64::from(k)), algorithm, params: Params::new(quota) }).collect()
 }
 
 /// A fresh [`MemoryStore`], decided through `check_at` with the simulated time.

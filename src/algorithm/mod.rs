@@ -189,7 +189,113 @@ pub(crate) fn next_unit(free: u64, t: u64) -> u64 {
     t - free % t
 }
 
-/// The state of one (rule, key) for any algorithm: what `MemoryStore` keeps.
+/// One algorithm's state as a type: `MemoryStore` keeps a table of each, so an entry is
+/// as small as its own algorithm's state (a GCRA entry fits a cache line).
+pub(crate) trait Kind: Default + Send + Sync + 'static {
+    /// Decides without changing anything.
+    fn decide(&self, p: &Params, now: u64) -> Decision;
+
+    /// Applies an accepted request (call only after `decide` allowed it). Returns where
+    /// its units went: the identity each state's `refund` needs to refund exactly them
+    /// (each state type has its own: given back the units of that commit only).
+    fn commit(&mut self, p: &Params, now: u64) -> u64;
+
+    /// The time (µs since the epoch) from which this state is the same as "never seen":
+    /// the store may forget it then (memory eviction, Redis TTL).
+    fn expires_at(&self, p: &Params) -> u64;
+
+    /// How many units a charge may still take: what keeps the debt within [`MAX_DEBT`].
+    fn room(&self, p: &Params, now: u64) -> u64;
+
+    /// Takes a charge's units, whatever the decision: a commit, but for the token bucket.
+    fn take(&mut self, p: &Params, now: u64) {
+        self.commit(p, now);
+    }
+
+    /// Takes `cost` units whatever the decision (`Rule::charged`): the key may go into
+    /// debt (windows count past the limit, the others push their time forward), and is
+    /// refused until it is paid, with a `retry_after` that says when. At most
+    /// [`MAX_COST`] units, and at most what keeps the debt within [`MAX_DEBT`].
+    fn charge(&mut self, p: &Params, now: u64) {
+        let cost = p.cost.min(MAX_COST).min(self.room(p, now));
+        if cost > 0 {
+            self.take(&Params { cost, ..*p }, now);
+        }
+    }
+}
+
+/// `Kind` for an algorithm's state type, through its own methods, with its charge room.
+macro_rules! kind {
+    ($t:ty, |$s:ident, $p:ident, $now:ident| $room:expr $(, $take:ident)?) => {
+        impl Kind for $t {
+            fn decide(&self, p: &Params, now: u64) -> Decision {
+                <$t>::decide(self, p, now)
+            }
+            fn commit(&mut self, p: &Params, now: u64) -> u64 {
+                <$t>::commit(self, p, now)
+            }
+            fn expires_at(&self, p: &Params) -> u64 {
+                <$t>::expires_at(self, p)
+            }
+            fn room(&self, $p: &Params, $now: u64) -> u64 {
+                let $s = self;
+                $room
+            }
+            $(fn take(&mut self, p: &Params, now: u64) {
+                <$t>::$take(self, p, now)
+            })?
+        }
+    };
+}
+
+kind!(fixed_window::FixedWindow, |s, p, now| MAX_DEBT.saturating_sub(s.in_use(p, now)));
+kind!(sliding_window_log::SlidingWindowLog, |s, p, now| MAX_DEBT.saturating_sub(s.in_use(p, now)));
+kind!(sliding_window_counter::SlidingWindowCounter, |s, p, now| MAX_DEBT.saturating_sub(s.in_use(p, now)));
+kind!(
+    token_bucket::TokenBucket,
+    |s, p, now| (now + MAX_DEBT).saturating_sub(s.ahead(p, now)) / p.quota.emission_interval_micros(),
+    take
+);
+kind!(leaky_bucket::LeakyBucket, |s, p, now| (now + MAX_DEBT).saturating_sub(s.next.max(now))
+    / p.quota.emission_interval_micros());
+kind!(gcra::Gcra, |s, p, now| (now + MAX_DEBT).saturating_sub(s.tat.max(now)) / p.quota.emission_interval_micros());
+
+/// Runs `$body` with `$k` the state type of `$algorithm` (a type alias in each arm).
+macro_rules! by_algorithm {
+    ($algorithm:expr, $k:ident => $body:expr) => {
+        match $algorithm {
+            $crate::algorithm::Algorithm::FixedWindow => {
+                type $k = $crate::algorithm::fixed_window::FixedWindow;
+                $body
+            }
+            $crate::algorithm::Algorithm::SlidingWindowLog => {
+                type $k = $crate::algorithm::sliding_window_log::SlidingWindowLog;
+                $body
+            }
+            $crate::algorithm::Algorithm::SlidingWindowCounter => {
+                type $k = $crate::algorithm::sliding_window_counter::SlidingWindowCounter;
+                $body
+            }
+            $crate::algorithm::Algorithm::TokenBucket => {
+                type $k = $crate::algorithm::token_bucket::TokenBucket;
+                $body
+            }
+            $crate::algorithm::Algorithm::LeakyBucket => {
+                type $k = $crate::algorithm::leaky_bucket::LeakyBucket;
+                $body
+            }
+            $crate::algorithm::Algorithm::Gcra => {
+                type $k = $crate::algorithm::gcra::Gcra;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use by_algorithm;
+
+/// The state of one (rule, key) for any algorithm, as one value: the algorithms' tests
+/// drive every algorithm through it.
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
     FixedWindow(fixed_window::FixedWindow),
@@ -200,9 +306,24 @@ pub(crate) enum State {
     Gcra(gcra::Gcra),
 }
 
+/// `$body` with `$s` the state inside `$state`, as a `Kind`.
+#[cfg(test)]
+macro_rules! each {
+    ($state:expr, $s:ident => $body:expr) => {
+        match $state {
+            State::FixedWindow($s) => $body,
+            State::SlidingWindowLog($s) => $body,
+            State::SlidingWindowCounter($s) => $body,
+            State::TokenBucket($s) => $body,
+            State::LeakyBucket($s) => $body,
+            State::Gcra($s) => $body,
+        }
+    };
+}
+
+#[cfg(test)]
 impl State {
     /// The "never seen" state of an algorithm.
-    #[must_use]
     pub(crate) fn new(algorithm: Algorithm) -> Self {
         match algorithm {
             Algorithm::FixedWindow => State::FixedWindow(Default::default()),
@@ -214,86 +335,24 @@ impl State {
         }
     }
 
-    /// Decides without changing anything.
-    #[must_use]
     pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
-        match self {
-            State::FixedWindow(s) => s.decide(p, now),
-            State::SlidingWindowLog(s) => s.decide(p, now),
-            State::SlidingWindowCounter(s) => s.decide(p, now),
-            State::TokenBucket(s) => s.decide(p, now),
-            State::LeakyBucket(s) => s.decide(p, now),
-            State::Gcra(s) => s.decide(p, now),
-        }
+        each!(self, s => Kind::decide(s, p, now))
     }
 
-    /// Applies an accepted request (call only after `decide` allowed it). Returns where
-    /// its units went: the identity [`State::refund`] needs to refund exactly them.
     pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
-        match self {
-            State::FixedWindow(s) => s.commit(p, now),
-            State::SlidingWindowLog(s) => s.commit(p, now),
-            State::SlidingWindowCounter(s) => s.commit(p, now),
-            State::TokenBucket(s) => s.commit(p, now),
-            State::LeakyBucket(s) => s.commit(p, now),
-            State::Gcra(s) => s.commit(p, now),
-        }
+        each!(self, s => Kind::commit(s, p, now))
     }
 
-    /// Takes `cost` units whatever the decision (`Rule::charged`): the key may go into
-    /// debt (windows count past the limit, the others push their time forward), and is
-    /// refused until it is paid, with a `retry_after` that says when. At most
-    /// [`MAX_COST`] units, and at most what keeps the debt within [`MAX_DEBT`].
     pub(crate) fn charge(&mut self, p: &Params, now: u64) {
-        let t = p.quota.emission_interval_micros();
-        let room = match self {
-            State::FixedWindow(s) => MAX_DEBT.saturating_sub(s.in_use(p, now)),
-            State::SlidingWindowLog(s) => MAX_DEBT.saturating_sub(s.in_use(p, now)),
-            State::SlidingWindowCounter(s) => MAX_DEBT.saturating_sub(s.in_use(p, now)),
-            State::TokenBucket(s) => (now + MAX_DEBT).saturating_sub(s.ahead(p, now)) / t,
-            State::LeakyBucket(s) => (now + MAX_DEBT).saturating_sub(s.next.max(now)) / t,
-            State::Gcra(s) => (now + MAX_DEBT).saturating_sub(s.tat.max(now)) / t,
-        };
-        let cost = p.cost.min(MAX_COST).min(room);
-        if cost == 0 {
-            return;
-        }
-        let p = &Params { cost, ..*p };
-        match self {
-            State::TokenBucket(s) => s.charge(p, now),
-            other => {
-                other.commit(p, now);
-            }
-        }
+        each!(self, s => Kind::charge(s, p, now))
     }
 
-    /// Gives back the `cost` units of the commit that returned `at` (count-by-outcome
-    /// refunds, cancelled requests, multi-slot checks where another rule rejected): exactly
-    /// those units, and nothing once they have left the window or refilled. Never gives
-    /// back more than was taken, nor units of later commits.
     pub(crate) fn refund(&mut self, p: &Params, at: u64, now: u64) {
-        match self {
-            State::FixedWindow(s) => s.refund(p, at, now),
-            State::SlidingWindowLog(s) => s.refund(p, at, now),
-            State::SlidingWindowCounter(s) => s.refund(p, at, now),
-            State::TokenBucket(s) => s.refund(p, at, now),
-            State::LeakyBucket(s) => s.refund(p, at, now),
-            State::Gcra(s) => s.refund(p, at, now),
-        }
+        each!(self, s => s.refund(p, at, now))
     }
 
-    /// The time (µs since the epoch) from which this state is the same as "never seen":
-    /// the store may forget it then (memory eviction, Redis TTL).
-    #[must_use]
     pub(crate) fn expires_at(&self, p: &Params) -> u64 {
-        match self {
-            State::FixedWindow(s) => s.expires_at(p),
-            State::SlidingWindowLog(s) => s.expires_at(p),
-            State::SlidingWindowCounter(s) => s.expires_at(p),
-            State::TokenBucket(s) => s.expires_at(p),
-            State::LeakyBucket(s) => s.expires_at(p),
-            State::Gcra(s) => s.expires_at(p),
-        }
+        each!(self, s => Kind::expires_at(s, p))
     }
 }
 

@@ -633,7 +633,7 @@ proptest! {
         let last = tb.last.max(now);
         let old = if old_level >= need { (old_level - need, last) } else { (0, last + (need - old_level)) };
         let mut new = tb;
-        new.charge(&p, now);
+        new.take(&p, now);
         prop_assert_eq!((new.level, new.last), old);
     }
 }

@@ -61,7 +61,7 @@ impl TokenBucket {
     /// Takes `c` tokens whatever the level (a charge reported after the response): past
     /// empty, the bucket goes into debt by moving `last` forward by the missing refill
     /// time, so that it refills from then on — time pushed forward, as GCRA's TAT is.
-    pub(crate) fn charge(&mut self, p: &Params, now: u64) {
+    pub(crate) fn take(&mut self, p: &Params, now: u64) {
         let t = p.quota.emission_interval_micros();
         let capacity = p.quota.burst_size() * t;
         let need = p.cost * t;

@@ -26,6 +26,8 @@ pub use self::proxy::{IpNet, ProxyHeader, TrustedProxyIp};
 /// Keys longer than this many bytes are replaced by their SHA-256 digest.
 pub const MAX_KEY_LEN: usize = 128;
 const INLINE: usize = 46;
+/// The longest key `MemoryStore`'s table holds inline.
+pub(crate) const SHORT: usize = 22;
 
 /// The identity a rule limits (an IP, an API key, an account id…): up to
 /// [`MAX_KEY_LEN`] bytes; longer ones are replaced by their SHA-256 digest, so a client
@@ -102,6 +104,20 @@ impl Key {
             Repr::Inline(len, buf) => &buf[..usize::from(*len)],
             Repr::Heap(b) => b,
             Repr::Digest(d) => d,
+        }
+    }
+
+    /// A plain key of at most [`SHORT`] bytes as its length then its bytes, zero-padded:
+    /// how `MemoryStore`'s table holds it inline, compared as one fixed-size array.
+    pub(crate) fn short(&self) -> Option<[u8; SHORT + 1]> {
+        match &self.0 {
+            Repr::Inline(len, buf) if usize::from(*len) <= SHORT => {
+                let mut short = [0; SHORT + 1];
+                short[0] = *len;
+                short[1..].copy_from_slice(&buf[..SHORT]);
+                Some(short)
+            }
+            _ => None,
         }
     }
 

@@ -131,7 +131,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             // Near the limit: what this input leaves in use (a rejected one takes nothing).
             for d in &verdict.decided {
                 if d.decision.is_near_limit(self.runtime.settings.near_limit) {
-                    crate::metrics::near_limit(&d.check.rule);
+                    crate::metrics::near_limit(d.check.rule);
                 }
             }
         } else {
@@ -289,7 +289,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             let quota = check.params.quota;
             if let Some(decision) = self.runtime.cache.blocked(set.id(rule), &check.key, check.params.cost, quota, now)
             {
-                crate::metrics::decision(&check.rule, "local_rejected");
+                crate::metrics::decision(check.rule, "local_rejected");
                 let held = set.held();
                 let mut verdict = Verdict::empty(Ruling::Rejected, held);
                 verdict.source = Some(DecidedBy::LocalCache);
@@ -368,7 +368,7 @@ type Answer = Result<Answered, StoreError>;
 /// Records one check's decision: a debug event, a metric, a log line for a shadow rejection.
 fn record(check: &Check, d: &Decision, shadow: bool, started: Option<Instant>) {
     if shadow {
-        crate::metrics::decision(&check.rule, if d.allowed { "allowed" } else { "shadow_rejected" });
+        crate::metrics::decision(check.rule, if d.allowed { "allowed" } else { "shadow_rejected" });
         if !d.allowed {
             tracing::info!(rule = %check.rule, key = ?check.key, "tollgate: shadow rule would reject");
         }
@@ -381,7 +381,7 @@ fn record(check: &Check, d: &Decision, shadow: bool, started: Option<Instant>) {
         store_latency_us = started.map_or(0, |t| u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)),
         "tollgate decision"
     );
-    crate::metrics::decision(&check.rule, if d.allowed { "allowed" } else { "rejected" });
+    crate::metrics::decision(check.rule, if d.allowed { "allowed" } else { "rejected" });
 }
 
 /// The checks of the charged rules (`Rule::charged`) among `checks` (of `rules`), as

@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 use super::held::{Held, Holder, Unit};
 use crate::error::StoreError;
 use crate::runtime::{BlockedCache, Copy, LateSlot, LateSlots, Mono, Runtime, Shares, Unsent};
-use crate::store::{Check, Refund, Store};
+use crate::store::{Check, Refund, RuleName, Store};
 
 /// The holders of one limiter's units.
 pub(crate) struct Holders<St> {
@@ -66,7 +66,7 @@ impl<St: Store> Holders<St> {
         let this = self.clone();
         // Dropped unfinished, polled or not (the runtime shut down first): said, not lost
         // silently.
-        let unfinished = Unfinished { rules: refunds.iter().map(|r| r.check.rule.clone()).collect(), what };
+        let unfinished = Unfinished { rules: refunds.iter().map(|r| r.check.rule).collect(), what };
         drop(runtime.spawn(async move {
             match tokio::time::timeout(held.deadline, this.store.refund(&refunds)).await {
                 Ok(Ok(())) => this.forget(&refunds, &rules, held.generation),
@@ -234,7 +234,7 @@ impl<St: Store> Holders<St> {
 
 /// A refund the runtime dropped unfinished (shutting down): the rules of its units.
 struct Unfinished {
-    rules: ToStore<Arc<str>>,
+    rules: ToStore<RuleName>,
     what: &'static str,
 }
 

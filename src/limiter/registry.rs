@@ -12,6 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 use smallvec::SmallVec;
 
 use crate::notice::Once;
+use crate::store::RuleName;
 
 /// Who claims: one limiter, through all its rule sets.
 pub(crate) type Owner = u64;
@@ -26,14 +27,14 @@ pub(crate) fn new_owner() -> Owner {
 /// dropped.
 #[derive(Debug)]
 pub(crate) struct Claim {
-    names: Vec<(usize, Arc<str>)>,
+    names: Vec<(usize, RuleName)>,
 }
 
 /// Per (store, name): its owners (one, or several that joined it: see [`OnClash::Share`]),
 /// and their claims that list the name (several while sets of inputs in flight outlive a
 /// swap). Counted, never upgraded: an upgraded claim dropped under the lock would run its
 /// `Drop`, which takes the lock.
-type Registry = HashMap<(usize, Arc<str>), (SmallVec<[Owner; 1]>, Vec<Weak<Claim>>)>;
+type Registry = HashMap<(usize, RuleName), (SmallVec<[Owner; 1]>, Vec<Weak<Claim>>)>;
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
@@ -58,10 +59,10 @@ pub(crate) enum OnClash {
 pub(crate) fn claim<'a>(
     store: usize,
     owner: Owner,
-    names: impl Iterator<Item = &'a Arc<str>>,
+    names: impl Iterator<Item = &'a RuleName>,
     on_clash: OnClash,
 ) -> Result<Arc<Claim>, Arc<str>> {
-    let names: Vec<(usize, Arc<str>)> = names.map(|n| (store, n.clone())).collect();
+    let names: Vec<(usize, RuleName)> = names.map(|&n| (store, n)).collect();
     let mut reg = registry();
     for k in &names {
         let Some((by, claims)) = reg.get_mut(k) else { continue };
@@ -69,7 +70,7 @@ pub(crate) fn claim<'a>(
             continue; // free, or already this owner's
         }
         match on_clash {
-            OnClash::Refuse(_) => return Err(k.1.clone()),
+            OnClash::Refuse(_) => return Err(k.1.as_str().into()),
             OnClash::Share => {
                 by.push(owner);
                 let notice = format!(
@@ -86,7 +87,7 @@ pub(crate) fn claim<'a>(
     }
     let claim = Arc::new(Claim { names });
     for k in &claim.names {
-        let (by, claims) = reg.entry(k.clone()).or_insert_with(|| (SmallVec::from_elem(owner, 1), Vec::new()));
+        let (by, claims) = reg.entry(*k).or_insert_with(|| (SmallVec::from_elem(owner, 1), Vec::new()));
         claims.retain(|w| w.strong_count() > 0);
         if !by.contains(&owner) {
             // The other owners' claims are all gone (else this claim was refused or joined).
@@ -123,7 +124,7 @@ mod tests {
 
     #[test]
     fn a_joined_name_is_shared_and_the_others_stay_their_owners() {
-        let (d, j, x): (Arc<str>, Arc<str>, Arc<str>) = ("jd".into(), "jj".into(), "jx".into());
+        let (d, j, x): (RuleName, RuleName, RuleName) = ("jd".into(), "jj".into(), "jx".into());
         let (limiter, layer, third) = (new_owner(), new_owner(), new_owner());
         let first = claim(4, limiter, [&d, &j].into_iter(), REFUSE).unwrap();
         let joined = claim(4, layer, [&d].into_iter(), OnClash::Share).unwrap();
@@ -142,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_swap_takes_over_its_own_names_and_releases_the_dropped_ones() {
-        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("sa".into(), "sb".into(), "sc".into());
+        let (a, b, c): (RuleName, RuleName, RuleName) = ("sa".into(), "sb".into(), "sc".into());
         let (me, other_owner) = (new_owner(), new_owner());
         let first = claim(3, me, [&a, &b].into_iter(), REFUSE).unwrap();
         let elsewhere = claim(2, other_owner, [&a].into_iter(), REFUSE).unwrap(); // another store's own

@@ -64,12 +64,7 @@ impl<I: ?Sized> RuleSet<I> {
 
     /// The check of `cost` units of `key` under `rule`, one of this set's, with `quota`.
     pub(crate) fn check(&self, rule: &Rule<I>, key: Key, quota: Quota, cost: u64) -> Check {
-        Check {
-            rule: rule.name.clone(),
-            key,
-            algorithm: rule.algorithm_or(self.algorithm),
-            params: rule.params(quota, cost),
-        }
+        Check { rule: rule.name, key, algorithm: rule.algorithm_or(self.algorithm), params: rule.params(quota, cost) }
     }
 }
 

@@ -10,9 +10,11 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
 
+pub use self::name::RuleName;
 pub use crate::algorithm::Params;
 
 pub mod memory;
+mod name;
 #[cfg(feature = "redis")]
 pub mod redis;
 
@@ -56,7 +58,7 @@ pub struct Refund {
 #[derive(Debug, Clone)]
 pub struct Check {
     /// The rule's name (unique per layer and store prefix).
-    pub rule: Arc<str>,
+    pub rule: RuleName,
     /// The key the rule limits.
     pub key: Key,
     /// The rule's algorithm.

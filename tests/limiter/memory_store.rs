@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use tollgate::clock::{Clock, ManualClock};
-use tollgate::store::{Check, LocalStore, Params, Refund, Taken};
+use tollgate::key::Key;
+use tollgate::store::{Check, LocalStore, Params, Refund, RuleName, Taken};
 use tollgate::{Algorithm, MemoryStore, Quota, StoreError};
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -246,4 +247,80 @@ fn a_multi_rule_check_on_a_full_store_takes_nothing() {
     let store = MemoryStore::with_clock(clock).max_keys(2);
     let outcomes = store.check_at(&[a, b], T0).unwrap();
     assert!(outcomes.iter().all(|o| o.taken.is_some()));
+}
+
+/// Keys on both sides of the table's lines: inline up to 22 bytes, out of line beyond,
+/// digests (over 128 bytes) beside plain keys of the same 32 bytes.
+fn boundary_keys() -> Vec<Key> {
+    let mut keys: Vec<Key> = Vec::new();
+    for len in [1, 21, 22, 23, 24, 46, 47, 128, 129, 200] {
+        for (first, last) in [('a', 'a'), ('b', 'a'), ('a', 'b')] {
+            let mut s = "x".repeat(len);
+            s.replace_range(0..1, &first.to_string());
+            s.replace_range(len - 1..len, &last.to_string());
+            let key = Key::from(s.as_str());
+            if key.is_hashed() {
+                keys.push(Key::new(key.as_bytes())); // the plain twin of the digest
+            }
+            keys.push(key);
+        }
+    }
+    keys.dedup();
+    keys
+}
+
+proptest::proptest! {
+    /// Every (rule, algorithm, key) is its own state, whatever side of the table's lines
+    /// its key falls on: each admits exactly its quota at one instant, a peek takes
+    /// nothing, a reset gives it all back, and nothing else moves. Against a map of counts.
+    #[test]
+    fn every_rule_algorithm_and_key_is_its_own_state(
+        ops in proptest::collection::vec((0..3usize, 0..5usize, 0..64usize, 0..10u8), 1..400),
+    ) {
+        const LIMIT: u64 = 3;
+        let algorithms = [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ];
+        let keys = boundary_keys();
+        let store = MemoryStore::with_clock(ManualClock::new(T0));
+        let mut counts: std::collections::HashMap<(usize, usize, usize), u64> = Default::default();
+        for (rule, algorithm, key, op) in ops {
+            let key = key % keys.len();
+            let name = format!("boundary-{rule}");
+            let c = Check {
+                rule: name.as_str().into(),
+                key: keys[key].clone(),
+                algorithm: algorithms[algorithm],
+                params: Params::new(Quota::per_hour(LIMIT)),
+            };
+            let count = counts.entry((rule, algorithm, key)).or_default();
+            match op {
+                8 => {
+                    let d = store.peek(&c).unwrap();
+                    proptest::prop_assert_eq!(d.allowed, *count < LIMIT, "peek of {:?}", c);
+                }
+                9 => {
+                    LocalStore::reset(&store, &name, &c.key, c.algorithm).unwrap();
+                    *count = 0;
+                }
+                _ => {
+                    let allowed = store.check_one(&c).unwrap().decision.allowed;
+                    proptest::prop_assert_eq!(allowed, *count < LIMIT, "check of {:?}", c);
+                    *count += u64::from(allowed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn resetting_a_name_no_rule_used_is_a_no_op_that_interns_nothing() {
+    let store = MemoryStore::new();
+    let name = "a-name-no-rule-or-check-of-this-process-uses";
+    LocalStore::reset(&store, name, &Key::from("k"), Algorithm::Gcra).unwrap();
+    assert_eq!(RuleName::existing(name), None);
 }

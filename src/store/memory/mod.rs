@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use hashbrown::{DefaultHashBuilder, HashTable};
+use hashbrown::DefaultHashBuilder;
 
 mod table;
 
-use self::table::{guard_for, lock, matches, Entry, Inner, Padded, Shard, FULL_SWEEP_US, MIN_SWEEP, SWEEP_PERIOD_US};
-use super::{Check, LocalStore, Outcome, Refund};
-use crate::algorithm::{Algorithm, State};
+use self::table::{guard_for, lock, Inner, Padded, Probe, Shard, Tabled, FULL_SWEEP_US, SWEEP_PERIOD_US};
+use super::{Check, LocalStore, Outcome, Refund, RuleName};
+use crate::algorithm::{by_algorithm, Algorithm, Kind};
 use crate::clock::{Clock, SharedClock, SystemClock};
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -87,9 +87,7 @@ impl MemoryStore {
         let shards = (n * 16).next_power_of_two().max(16);
         Self {
             inner: Arc::new(Inner {
-                shards: (0..shards)
-                    .map(|_| Padded(Mutex::new(Shard { table: HashTable::new(), sweep_at: MIN_SWEEP })))
-                    .collect(),
+                shards: (0..shards).map(|_| Padded(Mutex::new(Shard::new()))).collect(),
                 hasher: DefaultHashBuilder::default(),
                 clock,
                 max_keys,
@@ -105,7 +103,7 @@ impl MemoryStore {
     /// How many (rule, key) states are held, expired ones not yet dropped included.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).len()).sum()
     }
 
     /// Whether no state is held.
@@ -129,8 +127,8 @@ impl MemoryStore {
         high & (self.inner.shards.len() - 1)
     }
 
-    fn hash(&self, rule: &str, algorithm: Algorithm, key: &Key) -> u64 {
-        self.inner.hash(rule, algorithm, key)
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        lock(&self.inner.shards[self.shard_of(hash)])
     }
 
     /// The time-based sweep: one shard per `SWEEP_PERIOD / shards` of time that has
@@ -160,17 +158,22 @@ impl MemoryStore {
     /// [`StoreError::Full`] when the rule's key has no state yet and the store holds
     /// [`MemoryStore::max_keys`] live states.
     pub fn check_one_at(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
+        by_algorithm!(check.algorithm, K => self.check_one_of::<K>(check, now))
+    }
+
+    fn check_one_of<K: Tabled>(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
         self.sweep_due(now);
-        let hash = self.hash(&check.rule, check.algorithm, &check.key);
+        let probe = Probe::of(&check.key);
+        let hash = self.inner.hash(check.rule, &probe);
         // One frame, the decision written straight into the answer: a wrapper returning
         // the `Result` through a second call measured 7 % more instructions a decision.
         let mut swept = false;
         loop {
             let full = {
-                let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-                match shard.entry(hash, check, now, &self.inner, false) {
+                let mut shard = self.shard(hash);
+                match shard.entry::<K>(hash, check, &probe, now, &self.inner, false) {
                     Ok(entry) => {
-                        let decision = entry.decide(check, now, true);
+                        let decision = entry.decide(check, now);
                         // A probe (cost 0, a charged rule's admission) takes nothing.
                         let taken = (decision.allowed && check.params.cost > 0).then(|| entry.commit(check, now));
                         return Ok(Outcome { decision, taken });
@@ -226,7 +229,8 @@ impl MemoryStore {
         self.sweep_due(now);
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
         // commit only if every enforced one passes (and then each shadow one that passes).
-        let hashes: Vec<u64> = checks.iter().map(|c| self.hash(&c.rule, c.algorithm, &c.key)).collect();
+        let probes: Vec<Probe<'_>> = checks.iter().map(|c| Probe::of(&c.key)).collect();
+        let hashes: Vec<u64> = checks.iter().zip(&probes).map(|(c, p)| self.inner.hash(c.rule, p)).collect();
         let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
@@ -237,12 +241,13 @@ impl MemoryStore {
         for (_, shard) in &mut guards {
             shard.maybe_sweep(now, &self.inner);
         }
+        let each = || checks.iter().zip(&probes).zip(&hashes).map(|((c, p), &h)| (c, p, h));
         let missing = |guards: &mut [(usize, MutexGuard<'_, Shard>)]| {
-            let mut absent = |(c, &h): (&Check, &u64)| {
+            let mut absent = |&(c, p, h): &(&Check, &Probe<'_>, u64)| {
                 let shard = guard_for(guards, self.shard_of(h));
-                shard.table.find(h, |e| matches(e, &c.rule, c.algorithm, &c.key)).is_none()
+                by_algorithm!(c.algorithm, K => shard.find::<K>(h, c.rule, p).is_none())
             };
-            checks.iter().zip(&hashes).filter(|&pair| absent(pair)).count()
+            each().filter(|x| absent(x)).count()
         };
         let new = missing(&mut guards);
         if new > 0 && !self.inner.reserve(new) {
@@ -253,21 +258,20 @@ impl MemoryStore {
                 return Err(StoreError::Full(self.inner.max_keys.unwrap_or(usize::MAX)));
             }
         }
-        let decisions: Vec<Decision> = checks
-            .iter()
-            .zip(&hashes)
-            .map(|(c, &h)| {
+        let decisions: Vec<Decision> = each()
+            .map(|(c, p, h)| {
                 let shard = guard_for(&mut guards, self.shard_of(h));
-                let e = shard.entry(h, c, now, &self.inner, true).expect("room reserved");
-                e.decide(c, now, true)
+                by_algorithm!(c.algorithm, K => {
+                    shard.entry::<K>(h, c, p, now, &self.inner, true).expect("room reserved").decide(c, now)
+                })
             })
             .collect();
         let all = decisions.iter().zip(checks).all(|(d, c)| d.allowed || c.params.shadow);
         let mut outcomes = Vec::with_capacity(checks.len());
-        for ((c, &h), decision) in checks.iter().zip(&hashes).zip(decisions) {
+        for ((c, p, h), decision) in each().zip(decisions) {
             let taken = if all && decision.allowed && c.params.cost > 0 {
-                let e = guard_for(&mut guards, self.shard_of(h)).entry(h, c, now, &self.inner, true)?;
-                Some(e.commit(c, now))
+                let shard = guard_for(&mut guards, self.shard_of(h));
+                Some(by_algorithm!(c.algorithm, K => shard.entry::<K>(h, c, p, now, &self.inner, true)?.commit(c, now)))
             } else {
                 None
             };
@@ -291,11 +295,14 @@ impl MemoryStore {
     fn charge_once(&self, charges: &[Check], now: u64) -> Result<(), StoreError> {
         self.sweep_due(now);
         for c in charges.iter().filter(|c| c.params.cost > 0) {
-            let hash = self.hash(&c.rule, c.algorithm, &c.key);
-            let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-            let e = shard.entry(hash, c, now, &self.inner, false)?;
-            e.state.charge(&c.params, now);
-            e.expires_at = e.expires_at.max(e.state.expires_at(&c.params));
+            let probe = Probe::of(&c.key);
+            let hash = self.inner.hash(c.rule, &probe);
+            let mut shard = self.shard(hash);
+            by_algorithm!(c.algorithm, K => {
+                let e = shard.entry::<K>(hash, c, &probe, now, &self.inner, false)?;
+                e.state.charge(&c.params, now);
+                e.expires_at = e.expires_at.max(e.state.expires_at(&c.params));
+            });
         }
         Ok(())
     }
@@ -304,28 +311,26 @@ impl MemoryStore {
     pub fn refund_at(&self, refunds: &[Refund], now: u64) {
         for r in refunds {
             let c = &r.check;
-            self.with_existing(&c.rule, c.algorithm, &c.key, |t, h| {
-                if let Some(e) = t.find_mut(h, |e| matches(e, &c.rule, c.algorithm, &c.key)) {
-                    e.state.refund(&c.params, r.taken.at, now);
-                    // Given back to "never seen": forgotten, as Redis deletes the key (the
-                    // two differ once the clock steps back).
-                    if e.state.expires_at(&c.params) <= now {
-                        e.state = State::new(c.algorithm);
+            self.at(c.rule, &c.key, |shard, h, probe| {
+                by_algorithm!(c.algorithm, K => {
+                    if let Some(e) = shard.find::<K>(h, c.rule, probe) {
+                        e.state.refund(&c.params, r.taken.at, now);
+                        // Given back to "never seen": forgotten, as Redis deletes the key (the
+                        // two differ once the clock steps back).
+                        if e.state.expires_at(&c.params) <= now {
+                            e.state = K::default();
+                        }
                     }
-                }
+                });
             });
         }
     }
 
-    fn with_existing<R>(
-        &self,
-        rule: &str,
-        algorithm: Algorithm,
-        key: &Key,
-        f: impl FnOnce(&mut HashTable<Entry>, u64) -> R,
-    ) -> R {
-        let h = self.hash(rule, algorithm, key);
-        f(&mut lock(&self.inner.shards[self.shard_of(h)]).table, h)
+    /// `f` with the locked shard of `rule`'s state of `key`, its hash and its probe.
+    fn at<R>(&self, rule: RuleName, key: &Key, f: impl FnOnce(&mut Shard, u64, &Probe<'_>) -> R) -> R {
+        let probe = Probe::of(key);
+        let h = self.inner.hash(rule, &probe);
+        f(&mut self.shard(h), h, &probe)
     }
 }
 
@@ -349,20 +354,23 @@ impl LocalStore for MemoryStore {
 
     fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
         let now = self.inner.clock.now();
-        Ok(self.with_existing(&check.rule, check.algorithm, &check.key, |t, h| {
-            match t.find(h, |e| matches(e, &check.rule, check.algorithm, &check.key)) {
+        Ok(self.at(check.rule, &check.key, |shard, h, probe| {
+            by_algorithm!(check.algorithm, K => match shard.find::<K>(h, check.rule, probe) {
                 Some(e) if e.live_until() > now => e.peek(check, now),
-                _ => State::new(check.algorithm).decide(&check.params, now),
-            }
+                _ => K::default().decide(&check.params, now),
+            })
         }))
     }
 
     fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
-        self.with_existing(rule, algorithm, key, |t, h| {
-            if let Ok(e) = t.find_entry(h, |e| matches(e, rule, algorithm, key)) {
-                e.remove();
-                self.inner.release(1);
-            }
+        // A name no rule or check has used has no state to reset.
+        let Some(rule) = RuleName::existing(rule) else { return Ok(()) };
+        self.at(rule, key, |shard, h, probe| {
+            by_algorithm!(algorithm, K => {
+                if shard.remove::<K>(h, rule, probe) {
+                    self.inner.release(1);
+                }
+            });
         });
         Ok(())
     }
@@ -371,18 +379,22 @@ impl LocalStore for MemoryStore {
         let now = self.inner.clock.now();
         if duration.is_zero() {
             // Lifted: nothing to do for a key with no state, and no state to make.
-            self.with_existing(&check.rule, check.algorithm, &check.key, |t, h| {
-                if let Some(e) = t.find_mut(h, |e| matches(e, &check.rule, check.algorithm, &check.key)) {
-                    e.blocked_until = 0;
-                }
+            self.at(check.rule, &check.key, |shard, h, probe| {
+                by_algorithm!(check.algorithm, K => {
+                    if let Some(e) = shard.find::<K>(h, check.rule, probe) {
+                        e.blocked_until = 0;
+                    }
+                });
             });
             return Ok(());
         }
         let until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
         let block = || {
-            let h = self.hash(&check.rule, check.algorithm, &check.key);
-            let mut shard = lock(&self.inner.shards[self.shard_of(h)]);
-            shard.entry(h, check, now, &self.inner, false).map(|e| e.blocked_until = until)
+            self.at(check.rule, &check.key, |shard, h, probe| {
+                by_algorithm!(check.algorithm, K => {
+                    shard.entry::<K>(h, check, probe, now, &self.inner, false).map(|e| e.blocked_until = until)
+                })
+            })
         };
         match block() {
             Err(StoreError::Full(_)) if self.make_room_everywhere(now) => block(),

@@ -1,20 +1,26 @@
 //! The table of a [`MemoryStore`](super::MemoryStore): shards on cache lines of their own,
-//! entries (rule, key, algorithm, state, expiry, block), sweeping expired states, and the
-//! count of live states under `max_keys`.
+//! each with a table per algorithm of compact entries (key, rule, state, expiry, block),
+//! sweeping expired states, and the count of live states under `max_keys`.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use hashbrown::hash_table::Entry as Slot;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use crate::algorithm::{Algorithm, State};
+use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::gcra::Gcra;
+use crate::algorithm::leaky_bucket::LeakyBucket;
+use crate::algorithm::sliding_window_counter::SlidingWindowCounter;
+use crate::algorithm::sliding_window_log::SlidingWindowLog;
+use crate::algorithm::token_bucket::TokenBucket;
+use crate::algorithm::Kind;
 use crate::clock::SharedClock;
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::key::Key;
-use crate::store::{Check, Taken};
+use crate::key::{Key, SHORT};
+use crate::store::{Check, RuleName, Taken};
 
 /// A shard on a cache line of its own: neighbouring shards locked by different threads
 /// must not share one (false sharing made two threads slower than one).
@@ -48,21 +54,116 @@ pub(super) struct Inner {
     pub(super) next_full_sweep: AtomicU64,
 }
 
-pub(super) struct Entry {
-    pub(super) rule: Arc<str>,
-    pub(super) algorithm: Algorithm,
-    pub(super) key: Key,
-    pub(super) state: State,
+/// A key as the table holds it: a plain key of at most [`SHORT`] bytes inline (its length
+/// first, zero-padded, so that one fixed-size comparison matches it), a longer one or a
+/// digest out of line. 24 bytes.
+#[derive(PartialEq, Eq)]
+enum TableKey {
+    Short([u8; SHORT + 1]),
+    Long(Box<[u8]>, bool),
+}
+
+/// A check's key as it is looked up: made once per check, with no allocation.
+pub(super) enum Probe<'a> {
+    Short([u8; SHORT + 1]),
+    Long(&'a [u8], bool),
+}
+
+impl<'a> Probe<'a> {
+    pub(super) fn of(key: &'a Key) -> Self {
+        match key.short() {
+            Some(short) => Probe::Short(short),
+            None => Probe::Long(key.as_bytes(), key.is_hashed()),
+        }
+    }
+
+    fn matches(&self, key: &TableKey) -> bool {
+        match (self, key) {
+            (Probe::Short(a), TableKey::Short(b)) => a == b,
+            (Probe::Long(a, x), TableKey::Long(b, y)) => x == y && *a == &**b,
+            _ => false,
+        }
+    }
+
+    fn to_key(&self) -> TableKey {
+        match *self {
+            Probe::Short(short) => TableKey::Short(short),
+            Probe::Long(bytes, hashed) => TableKey::Long(bytes.into(), hashed),
+        }
+    }
+}
+
+impl TableKey {
+    fn probe(&self) -> Probe<'_> {
+        match self {
+            TableKey::Short(short) => Probe::Short(*short),
+            TableKey::Long(bytes, hashed) => Probe::Long(bytes, *hashed),
+        }
+    }
+}
+
+/// One (rule, key) state of algorithm `K`.
+pub(super) struct Entry<K> {
+    key: TableKey,
+    rule: RuleName,
+    pub(super) state: K,
     pub(super) expires_at: u64,
     /// The end of the key's block (`Rule::block_for`), µs since the epoch; 0: none.
     pub(super) blocked_until: u64,
 }
 
+// A GCRA entry fits a cache line (issue 28): 24 + 8 + 16 + 8 + 8 bytes.
+const _: () = assert!(std::mem::size_of::<Entry<Gcra>>() == 64);
+
+/// The tables of one shard, one per algorithm.
+#[derive(Default)]
 pub(super) struct Shard {
-    pub(super) table: HashTable<Entry>,
-    /// Sweep expired entries when the table reaches this size.
-    pub(super) sweep_at: usize,
+    fixed_window: HashTable<Entry<FixedWindow>>,
+    sliding_window_log: HashTable<Entry<SlidingWindowLog>>,
+    sliding_window_counter: HashTable<Entry<SlidingWindowCounter>>,
+    token_bucket: HashTable<Entry<TokenBucket>>,
+    leaky_bucket: HashTable<Entry<LeakyBucket>>,
+    gcra: HashTable<Entry<Gcra>>,
+    /// States held, in every table (one count, so that the sweep's check is one load).
+    len: usize,
+    /// Sweep expired entries when the shard holds this many.
+    sweep_at: usize,
 }
+
+/// An algorithm's state whose table a [`Shard`] holds.
+pub(super) trait Tabled: Kind {
+    /// This algorithm's table in `shard`, and the shard's count of states.
+    fn table(shard: &mut Shard) -> (&mut HashTable<Entry<Self>>, &mut usize);
+}
+
+macro_rules! tabled {
+    ($($t:ty => $field:ident),*) => {
+        $(impl Tabled for $t {
+            fn table(shard: &mut Shard) -> (&mut HashTable<Entry<Self>>, &mut usize) {
+                (&mut shard.$field, &mut shard.len)
+            }
+        })*
+
+        impl Shard {
+            /// Keeps the entries for which `keep(live_until)` holds; how many went.
+            fn retain(&mut self, keep: impl Fn(u64) -> bool) -> usize {
+                let before = self.len;
+                $(self.$field.retain(|e| keep(e.live_until()));)*
+                self.len = 0 $(+ self.$field.len())*;
+                before - self.len
+            }
+        }
+    };
+}
+
+tabled!(
+    FixedWindow => fixed_window,
+    SlidingWindowLog => sliding_window_log,
+    SlidingWindowCounter => sliding_window_counter,
+    TokenBucket => token_bucket,
+    LeakyBucket => leaky_bucket,
+    Gcra => gcra
+);
 
 pub(super) const MIN_SWEEP: usize = 64;
 /// How long past its expiry a state is kept before a sweep may drop it, µs.
@@ -82,13 +183,11 @@ pub(super) fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-pub(super) fn matches(e: &Entry, rule: &str, algorithm: Algorithm, key: &Key) -> bool {
-    // The rule's name is most often the very `Arc` the entry holds: no `memcmp` then.
-    let same_rule = std::ptr::eq(e.rule.as_ptr(), rule.as_ptr()) && e.rule.len() == rule.len() || &*e.rule == rule;
-    e.algorithm == algorithm && e.key == *key && same_rule
-}
+impl<K: Kind> Entry<K> {
+    pub(super) fn is(&self, rule: RuleName, probe: &Probe<'_>) -> bool {
+        self.rule == rule && probe.matches(&self.key)
+    }
 
-impl Entry {
     /// Until when the entry means something: its state's expiry, or its block's end.
     pub(super) fn live_until(&self) -> u64 {
         self.expires_at.max(self.blocked_until)
@@ -96,7 +195,7 @@ impl Entry {
 
     /// Decides `check` at `now`, with the key's block (see [`crate::algorithm::blocking`]);
     /// a rejection that starts a block stores it (the one change a rejection makes).
-    pub(super) fn decide(&mut self, check: &Check, now: u64, write: bool) -> Decision {
+    pub(super) fn decide(&mut self, check: &Check, now: u64) -> Decision {
         let d = self.state.decide(&check.params, now);
         if self.blocked_until <= now && (d.allowed || check.params.block_us == 0) {
             // Nothing to block, nor blocked (the common case): the decision is not moved
@@ -104,7 +203,7 @@ impl Entry {
             return d;
         }
         let (d, block) = crate::algorithm::blocking(d, self.blocked_until, &check.params, now);
-        if let (Some(until), true) = (block, write) {
+        if let Some(until) = block {
             self.blocked_until = until;
         }
         d
@@ -125,17 +224,27 @@ impl Entry {
 }
 
 impl Inner {
-    /// The hash of a (rule, algorithm, key) state.
-    pub(super) fn hash(&self, rule: &str, algorithm: Algorithm, key: &Key) -> u64 {
-        // Three writes rather than the six of hashing the tuple: both lengths in the last
-        // one keep the encoding unambiguous.
+    /// The hash of a rule's state of a key.
+    pub(super) fn hash(&self, rule: RuleName, probe: &Probe<'_>) -> u64 {
         let mut h = self.hasher.build_hasher();
-        h.write(rule.as_bytes());
-        h.write(key.as_bytes());
-        let lengths = (rule.len() as u64) << 32 | (key.as_bytes().len() as u64) << 8;
-        h.write_u64(lengths | u64::from(key.is_hashed()) << 7 | algorithm as u64);
+        h.write_usize(rule.id());
+        match probe {
+            // Three words (the last overlapping the second): foldhash takes a word in a
+            // multiply, where 23 bytes take its long path.
+            Probe::Short(short) => {
+                let word = |at: usize| u64::from_le_bytes(short[at..at + 8].try_into().unwrap_or_default());
+                h.write_u64(word(0));
+                h.write_u64(word(8));
+                h.write_u64(word(SHORT + 1 - 8));
+            }
+            Probe::Long(bytes, hashed) => {
+                h.write(bytes);
+                h.write_u8(u8::from(*hashed));
+            }
+        }
         h.finish()
     }
+
     /// Takes room for `n` new states under [`MemoryStore::max_keys`]; `false` when there
     /// is not that much left.
     pub(super) fn reserve(&self, n: usize) -> bool {
@@ -156,71 +265,144 @@ impl Inner {
 }
 
 impl Shard {
+    /// An empty shard.
+    pub(super) fn new() -> Self {
+        Self { sweep_at: MIN_SWEEP, ..Self::default() }
+    }
+
+    /// States held, in every table.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Drops the states expired more than the grace period ago (a key below its quota,
     /// whose state expires between requests, is not dropped and made again each time).
     pub(super) fn sweep(&mut self, now: u64, inner: &Inner) {
-        let before = self.table.len();
-        self.table.retain(|e| e.live_until().saturating_add(GRACE_US) > now);
-        inner.release(before - self.table.len());
-        self.sweep_at = (self.table.len() * 2).max(MIN_SWEEP);
+        inner.release(self.retain(|live| live.saturating_add(GRACE_US) > now));
+        self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
     }
 
-    /// [`Shard::sweep`], amortised: only once the table doubled since the last sweep.
+    /// [`Shard::sweep`], amortised: only once the shard doubled since the last sweep.
     pub(super) fn maybe_sweep(&mut self, now: u64, inner: &Inner) {
-        if self.table.len() >= self.sweep_at {
+        if self.len() >= self.sweep_at {
             self.sweep(now, inner);
         }
     }
 
     /// Makes room under `max_keys`: drops the expired states (any expiry, no grace).
     pub(super) fn make_room(&mut self, now: u64, inner: &Inner) {
-        let before = self.table.len();
-        self.table.retain(|e| e.live_until() > now);
-        inner.release(before - self.table.len());
+        inner.release(self.retain(|live| live > now));
+    }
+
+    /// The entry of `rule` and `probe` in `K`'s table, if there is one.
+    pub(super) fn find<K: Tabled>(&mut self, hash: u64, rule: RuleName, probe: &Probe<'_>) -> Option<&mut Entry<K>> {
+        K::table(self).0.find_mut(hash, |e| e.is(rule, probe))
+    }
+
+    /// Drops the entry of `rule` and `probe` in `K`'s table; whether there was one.
+    pub(super) fn remove<K: Tabled>(&mut self, hash: u64, rule: RuleName, probe: &Probe<'_>) -> bool {
+        let (table, len) = K::table(self);
+        let found = table.find_entry(hash, |e| e.is(rule, probe)).map(|e| e.remove()).is_ok();
+        *len -= usize::from(found);
+        found
     }
 
     /// The live entry for `check`, created (or reset, when expired) as needed; one probe.
     /// A new one needs room under `max_keys`, unless the caller `reserved` it (and then
     /// nothing is swept or dropped here).
-    pub(super) fn entry(
+    pub(super) fn entry<K: Tabled>(
         &mut self,
         hash: u64,
         check: &Check,
+        probe: &Probe<'_>,
         now: u64,
         inner: &Inner,
         reserved: bool,
-    ) -> Result<&mut Entry, StoreError> {
-        let rehash = |e: &Entry| inner.hash(&e.rule, e.algorithm, &e.key);
-        let find = |e: &Entry| matches(e, &check.rule, check.algorithm, &check.key);
+    ) -> Result<&mut Entry<K>, StoreError> {
         if !reserved {
             self.maybe_sweep(now, inner);
             // Under a bound only (one more probe): is this a new state, and is there room?
-            if inner.max_keys.is_some() && self.table.find(hash, find).is_none() && !inner.reserve(1) {
+            if inner.max_keys.is_some() && self.find::<K>(hash, check.rule, probe).is_none() && !inner.reserve(1) {
                 self.make_room(now, inner);
                 if !inner.reserve(1) {
                     return Err(StoreError::Full(inner.max_keys.unwrap_or(usize::MAX)));
                 }
             }
         }
-        let e = match self.table.entry(hash, find, rehash) {
+        let rehash = |e: &Entry<K>| inner.hash(e.rule, &e.key.probe());
+        let (table, len) = K::table(self);
+        let e = match table.entry(hash, |e| e.is(check.rule, probe), rehash) {
             Slot::Occupied(o) => o.into_mut(),
-            Slot::Vacant(v) => v
-                .insert(Entry {
-                    rule: check.rule.clone(),
-                    algorithm: check.algorithm,
-                    key: check.key.clone(),
-                    state: State::new(check.algorithm),
+            Slot::Vacant(v) => {
+                *len += 1;
+                v.insert(Entry {
+                    key: probe.to_key(),
+                    rule: check.rule,
+                    state: K::default(),
                     expires_at: 0,
                     blocked_until: 0,
                 })
-                .into_mut(),
+                .into_mut()
+            }
         };
         let live = e.live_until();
         if live <= now && live != 0 {
-            e.state = State::new(check.algorithm);
+            e.state = K::default();
             e.expires_at = 0;
             e.blocked_until = 0;
         }
         Ok(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Params;
+    use crate::quota::Quota;
+    use crate::store::memory::MemoryStore;
+
+    /// Keys on both sides of the lines: 22 bytes inline, 23 out of line, digests beside the
+    /// plain keys of their 32 bytes.
+    fn keys() -> Vec<Key> {
+        let mut keys = Vec::new();
+        for len in [1, 22, 23, 47, 129] {
+            for last in [b'a', b'b'] {
+                let mut bytes = vec![b'k'; len];
+                bytes[len - 1] = last;
+                let key = Key::new(&bytes);
+                if key.is_hashed() {
+                    keys.push(Key::new(key.as_bytes()));
+                }
+                keys.push(key);
+            }
+        }
+        keys
+    }
+
+    #[test]
+    fn entries_are_told_apart_by_rule_key_and_digest_alone() {
+        // Every probe under one hash: only the comparison can tell the entries apart.
+        let store = MemoryStore::new();
+        let inner = &store.inner;
+        let mut shard = Shard::new();
+        shard.gcra.reserve(64, |_| 0);
+        let (now, params) = (1_000_000, Params::new(Quota::per_hour(10)));
+        let checks: Vec<Check> = ["r1", "r2"]
+            .into_iter()
+            .flat_map(|rule| keys().into_iter().map(move |key| (rule, key)))
+            .map(|(rule, key)| Check { rule: rule.into(), key, algorithm: crate::Algorithm::Gcra, params })
+            .collect();
+        for (i, c) in checks.iter().enumerate() {
+            let probe = Probe::of(&c.key);
+            let e = shard.entry::<Gcra>(0, c, &probe, now, inner, true).unwrap();
+            assert_eq!(e.state, Gcra::default(), "check {i} ({c:?}) found another's entry");
+            e.commit(c, now);
+        }
+        assert_eq!(shard.len(), checks.len());
+        for c in &checks {
+            let probe = Probe::of(&c.key);
+            assert!(shard.find::<Gcra>(0, c.rule, &probe).is_some_and(|e| e.state.tat > now), "{c:?}");
+        }
     }
 }
