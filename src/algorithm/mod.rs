@@ -175,6 +175,10 @@ pub(crate) const MAX_DEBT: u64 = 1 << 46;
 /// wipe the counts). Only the next one: a stored window of another period (a tier) is not
 /// comparable. The window algorithms' clock.
 fn window_of(stored: u64, period: u64, now: u64) -> u64 {
+    // `now` in the stored window, the common case: no division.
+    if stored.checked_mul(period).is_some_and(|start| start <= now && now - start < period) {
+        return stored;
+    }
     let w = now / period;
     if stored == w + 1 {
         stored

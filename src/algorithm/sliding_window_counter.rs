@@ -24,6 +24,10 @@ pub(crate) struct SlidingWindowCounter {
 #[must_use]
 #[allow(clippy::cast_precision_loss)]
 pub(crate) fn estimate(prev: u64, curr: u64, elapsed: u64, period: u64) -> f64 {
+    if prev == 0 {
+        // What the doubles give (`0 · x / W + curr` is `curr`), without the division.
+        return curr as f64;
+    }
     prev as f64 * (period - elapsed) as f64 / period as f64 + curr as f64
 }
 
@@ -127,11 +131,45 @@ fn retry(prev: u64, curr: u64, c: u64, l: u64, period: u64, e: u64) -> u64 {
 
 /// The remaining time `W - e'` at the earliest elapsed `e' >= from` of a window at which
 /// `prev·(W - e')/W + curr + c <= L` holds (the caller knows it holds at `e' = W`).
-/// Starts from the exact rational answer and steps to where the double predicate flips.
-fn first_fit(prev: u64, curr: u64, c: u64, l: u64, period: u64, from: u64) -> u64 {
-    let fits_at = |e: u64| fits(prev, curr, e, period, c, l);
+/// Starts from the exact rational answer, and steps to where the double predicate flips
+/// only when the two could differ (at a tie, or within the doubles' rounding of one).
+pub(super) fn first_fit(prev: u64, curr: u64, c: u64, l: u64, period: u64, from: u64) -> u64 {
+    if prev == 0 {
+        // `0 · x / W` is 0 in doubles too: `curr + c <= l` fits at once.
+        return period - from;
+    }
     // Exact: W - e' <= room·W/prev.
-    let mut e = if prev == 0 { from } else { (period - most_left(l - curr - c, period, prev)).max(from) };
+    let room = l - curr - c;
+    let e = (period - most_left(room, period, prev)).max(from);
+    // Off a tie by more than the doubles' rounding, they decide as the integers do: `e`
+    // fits and `e - 1` does not, and the search below would not move. No division then.
+    let clear = |e: u64| clear_of_rounding(prev, curr + c, room, period, e);
+    if (e == period || clear(e)) && (e == from || clear(e - 1)) {
+        return period - e;
+    }
+    first_fit_by_doubles(prev, curr, c, l, period, from, e)
+}
+
+/// Whether `prev·(W-e)/W + rest <= rest + room` (`rest` = `curr + c`) comes out the same
+/// in doubles as in integers: the sides differ by more than the doubles' rounding. Every
+/// input is an integer below 2⁵³ (periods up to a year, counts up to `MAX_DEBT` plus a
+/// limit), so exact as a double; each of the four operations of [`fits`] is within 2⁻⁵³ of
+/// exact, so the `V` it computes is within `4.01·2⁻⁵³·V < 2⁻⁵⁰·(prev + rest)` of the true
+/// value. A difference of the sides of at least that (times `W`, in integers) stands; so
+/// does no difference at all when every step is exact.
+fn clear_of_rounding(prev: u64, rest: u64, room: u64, period: u64, e: u64) -> bool {
+    let used = u128::from(prev) * u128::from(period - e);
+    let free = u128::from(room) * u128::from(period);
+    let bound = (((u128::from(prev) + u128::from(rest)) * u128::from(period)) >> 50) + 1;
+    let off = used.abs_diff(free);
+    // An exact tie (`W` a multiple of `prev`, as 60 s is of small counts) is computed
+    // exactly in doubles when the product is: `used / W` is then the integer `room`.
+    off >= bound || (off == 0 && used < 1 << 53)
+}
+
+/// The first fit found by evaluating [`fits`] itself from the exact guess `e`.
+pub(super) fn first_fit_by_doubles(prev: u64, curr: u64, c: u64, l: u64, period: u64, from: u64, mut e: u64) -> u64 {
+    let fits_at = |e: u64| fits(prev, curr, e, period, c, l);
     while e < period && !fits_at(e) {
         e += 1;
     }
@@ -143,7 +181,7 @@ fn first_fit(prev: u64, curr: u64, c: u64, l: u64, period: u64, from: u64) -> u6
 
 /// `min(room·period/prev, period)`, in 64 bits when the product fits (a 128-bit division is
 /// a library call, on the allowed path of every decision). `prev` is not 0.
-fn most_left(room: u64, period: u64, prev: u64) -> u64 {
+pub(super) fn most_left(room: u64, period: u64, prev: u64) -> u64 {
     match room.checked_mul(period) {
         Some(product) => (product / prev).min(period),
         None => {

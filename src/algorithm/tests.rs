@@ -649,3 +649,73 @@ fn the_emission_interval_is_at_least_one_microsecond() {
         assert!(q.divided(1 << 20).emission_interval_micros() >= 1);
     }
 }
+
+/// A number of up to `bits` bits, of a random length: small and large alike.
+fn log_uniform(bits: u32) -> impl Strategy<Value = u64> {
+    (1..=bits).prop_flat_map(|b| 1u64..=1 << b)
+}
+
+/// Counts for the sliding window counter's first fit: small ones (ties are common), and
+/// large ones, where the doubles round (about one case in a thousand flips a comparison
+/// near the exact guess; the shortcut must leave those to the doubles).
+fn swc_case() -> impl Strategy<Value = (u64, u64, u64, u64, u64, u64)> {
+    let small = (1u64..40, 0u64..60, 0u64..60, 1u64..60, 1u64..80, 0u64..80);
+    let large =
+        (log_uniform(32), 0u64..=u64::MAX, 0u64..=u64::MAX, log_uniform(46), 1u64..=366 * 86_400_000_000, 0u64..4);
+    let cases = prop_oneof![small, large].prop_map(|(l, curr, c, prev, period, from)| {
+        let curr = curr % (l + 1);
+        let c = c % (l - curr + 1);
+        (prev, curr, c, l, period, from % period)
+    });
+    // Exact ties: `W` a multiple of `prev`, the guess exactly on the limit; with large
+    // products, the doubles round them either way.
+    let ties = (log_uniform(32), 0u64..=u64::MAX, 0u64..=u64::MAX).prop_map(|(prev, m, room)| {
+        let period = prev * (1 + m % (366 * 86_400_000_000 / prev));
+        (prev, 0, 0, 1 + room % prev, period, 0)
+    });
+    prop_oneof![3 => cases, 1 => ties]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 20_000, ..ProptestConfig::default() })]
+
+    /// The first fit with its integer shortcut answers what the search in doubles from the
+    /// exact guess answers (the code before the shortcut), in every case: bit for bit the
+    /// same decisions as before, and as the Redis script's.
+    #[test]
+    fn the_counters_first_fit_shortcut_answers_as_the_doubles(
+        (prev, curr, c, l, period, from) in swc_case(),
+        prev_zero in prop::bool::weighted(0.1),
+    ) {
+        let prev = if prev_zero { 0 } else { prev };
+        let guess = if prev == 0 {
+            from
+        } else {
+            (period - sliding_window_counter::most_left(l - curr - c, period, prev)).max(from)
+        };
+        let before = sliding_window_counter::first_fit_by_doubles(prev, curr, c, l, period, from, guess);
+        prop_assert_eq!(sliding_window_counter::first_fit(prev, curr, c, l, period, from), before);
+        if period <= 80 {
+            // And what a scan of every µs finds.
+            let fit = (from..=period).find(|&e| e == period || sliding_window_counter::estimate(prev, curr, e, period) + c as f64 <= l as f64);
+            prop_assert_eq!(period - fit.unwrap(), before);
+        }
+    }
+}
+
+proptest! {
+    /// The window clock's shortcut (no division while `now` is in the stored window)
+    /// answers what the division does.
+    #[test]
+    fn the_window_clock_answers_as_the_division(
+        period in log_uniform(45),
+        now in 0u64..1 << 62,
+        back in 0u64..3,
+        ahead in prop::bool::ANY,
+    ) {
+        let w = now / period;
+        let stored = if ahead { w + back } else { w.saturating_sub(back) };
+        let want = if stored == w + 1 { stored } else { w };
+        prop_assert_eq!(super::window_of(stored, period, now), want);
+    }
+}
