@@ -24,10 +24,15 @@ const WALK: usize = 8;
 /// Accepted units as `(timestamp, units)`, oldest first, with their running total.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SlidingWindowLog {
+    /// The oldest and the newest entry's µs (0 when empty), beside the log: the common
+    /// decision (nothing has expired, the request fits) and commit (a later µs) read no
+    /// entry, whose buffer is a cache miss of its own.
     /// `(µs since the epoch, units accepted then)`, in non-decreasing time order.
     entries: VecDeque<(u64, u64)>,
     /// The units of every entry, expired or not: `commit` and `refund` keep it in step.
     total: u64,
+    oldest: u64,
+    newest: u64,
 }
 
 /// What a decision needs to know of a log: what the Redis script reports.
@@ -78,6 +83,9 @@ impl SlidingWindowLog {
     /// their units.
     fn expired(&self, p: &Params, now: u64) -> (usize, u64) {
         let w = p.quota.period_micros();
+        if self.entries.is_empty() || self.oldest + w > now {
+            return (0, 0);
+        }
         let mut units = 0;
         for (i, &(ts, n)) in self.entries.iter().enumerate().take(WALK) {
             if ts + w > now {
@@ -107,7 +115,11 @@ impl SlidingWindowLog {
         let k = Summary::units_to_leave(in_window, p);
         let mut kth = 0;
         if in_window.saturating_add(p.cost) <= p.quota.limit() {
-            kth = self.entries.get(first).map_or(0, |&(ts, _)| ts);
+            kth = match first {
+                _ if first >= self.entries.len() => 0,
+                0 => self.oldest,
+                _ => self.entries[first].0,
+            };
         } else if k > 0 {
             let mut seen = 0;
             for &(ts, n) in self.entries.range(first..) {
@@ -118,8 +130,7 @@ impl SlidingWindowLog {
                 }
             }
         }
-        let newest = self.entries.back().map_or(0, |&(ts, _)| ts);
-        Summary { in_window, kth, newest: if in_window == 0 { 0 } else { newest } }
+        Summary { in_window, kth, newest: if in_window == 0 { 0 } else { self.newest } }
     }
 
     /// Decides without changing anything.
@@ -138,21 +149,33 @@ impl SlidingWindowLog {
     /// the clock stepped back).
     pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         let (first, expired) = self.expired(p, now);
-        self.entries.drain(..first);
-        self.total -= expired;
-        let at = match self.entries.back_mut() {
+        if first > 0 {
+            self.entries.drain(..first);
+            self.total -= expired;
+            self.ends();
+        }
+        self.total += p.cost;
+        match self.entries.back_mut() {
             // A clock that stepped back still records in order.
-            Some((ts, n)) if *ts >= now => {
+            Some((ts, n)) if self.newest >= now => {
                 *n += p.cost;
                 *ts
             }
             _ => {
+                if self.entries.is_empty() {
+                    self.oldest = now;
+                }
                 self.entries.push_back((now, p.cost));
+                self.newest = now;
                 now
             }
-        };
-        self.total += p.cost;
-        at
+        }
+    }
+
+    /// The oldest and newest µs again, after entries left from either end.
+    fn ends(&mut self) {
+        self.oldest = self.entries.front().map_or(0, |&(ts, _)| ts);
+        self.newest = self.entries.back().map_or(0, |&(ts, _)| ts);
     }
 
     /// Gives back the units of the commit recorded at `at`: from its own entry, while that
@@ -171,12 +194,17 @@ impl SlidingWindowLog {
         self.total -= take;
         if *n == 0 {
             self.entries.remove(i);
+            self.ends();
         }
     }
 
     /// When the newest entry leaves the window.
     #[must_use]
     pub(crate) fn expires_at(&self, p: &Params) -> u64 {
-        self.entries.back().map_or(0, |&(ts, _)| ts + p.quota.period_micros())
+        if self.entries.is_empty() {
+            0
+        } else {
+            self.newest + p.quota.period_micros()
+        }
     }
 }
