@@ -208,3 +208,69 @@ impl SlidingWindowLog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::algorithm::Kind;
+    use crate::quota::Quota;
+
+    /// The inline ends are the deque's ends (0 and 0 when it is empty).
+    fn ends_hold(log: &SlidingWindowLog) -> Result<(), TestCaseError> {
+        let front = log.entries.front().map_or(0, |&(ts, _)| ts);
+        let back = log.entries.back().map_or(0, |&(ts, _)| ts);
+        prop_assert_eq!((log.oldest, log.newest), (front, back), "ends of {:?}", log.entries);
+        prop_assert_eq!(log.total, log.entries.iter().map(|&(_, n)| n).sum::<u64>());
+        prop_assert!(log.entries.iter().all(|&(_, n)| n > 0), "an empty entry in {:?}", log.entries);
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+        /// Commits at equal µs, a clock stepping back, charges past the limit, refunds of
+        /// the first, last and middle entries, drains to empty, long expired prefixes (past
+        /// the walk of 8): the inline `oldest`/`newest` never disagree with the deque.
+        #[test]
+        fn the_logs_inline_ends_are_the_deques_ends(
+            limit in 1u64..40,
+            w in prop_oneof![Just(1u64), Just(5), Just(100)],
+            steps in prop::collection::vec((0u8..6, -120i64..150, 1u64..5, 0usize..64), 1..200),
+        ) {
+            let q = Quota::new(limit, Duration::from_micros(w));
+            let mut log = SlidingWindowLog::default();
+            let mut commits: Vec<(u64, u64)> = Vec::new();
+            let mut now = 1_000_000u64;
+            for (op, pct, cost, pick) in steps {
+                // Now and then the same µs, or back in time.
+                now = now.saturating_add_signed(if op == 5 { 0 } else { pct * w as i64 / 100 });
+                let p = Params::new(q).cost(cost);
+                match op {
+                    0 | 5 if log.decide(&p, now).allowed => commits.push((log.commit(&p, now), cost)),
+                    0 | 5 => {}
+                    1 => commits.push((log.commit(&p, now), cost)),
+                    2 => Kind::charge(&mut log, &p, now),
+                    _ if !commits.is_empty() => {
+                        // The oldest, the newest or any commit, refunded by its identity.
+                        let i = match op { 3 => 0, 4 => commits.len() - 1, _ => pick % commits.len() };
+                        let (at, cost) = commits.remove(i);
+                        log.refund(&p.cost(cost), at, now);
+                    }
+                    _ => {}
+                }
+                ends_hold(&log)?;
+                // And what it decides is what a log with its ends read off the deque does.
+                let mut rebuilt = log.clone();
+                rebuilt.ends();
+                for later in [now, now + w / 2, now + w] {
+                    prop_assert_eq!(log.decide(&p, later), rebuilt.decide(&p, later));
+                    prop_assert_eq!(log.expires_at(&p), rebuilt.expires_at(&p));
+                }
+            }
+        }
+    }
+}

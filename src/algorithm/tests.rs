@@ -719,3 +719,83 @@ proptest! {
         prop_assert_eq!(super::window_of(stored, period, now), want);
     }
 }
+
+/// The longest period a quota takes (366 days), µs.
+const MAX_PERIOD: u64 = 366 * 86_400_000_000;
+
+/// First fits aimed at the doubles' rounding: the exact answer `e*` of a room `r`, the
+/// room moved a unit either way, looked at from just before, at and after `e*`, with the
+/// largest periods and counts a store can hold (a charged key's `MAX_DEBT` plus a limit of
+/// up to 2³²), and with the `prev` of the next window (the retry of a charged key).
+fn swc_near_tie() -> impl Strategy<Value = (u64, u64, u64, u64, u64, u64)> {
+    let period = prop_oneof![
+        Just(MAX_PERIOD),
+        Just(MAX_PERIOD - 1),
+        Just(86_400_000_000),
+        Just(60_000_000),
+        log_uniform(45).prop_map(|p| p.min(MAX_PERIOD)),
+    ];
+    let prev = prop_oneof![
+        Just(MAX_DEBT),
+        Just(MAX_DEBT + (1 << 32)),
+        Just(MAX_DEBT - 1),
+        Just((1 << 32) - 1),
+        log_uniform(47).prop_map(|p| p.min(MAX_DEBT + (1 << 32))),
+    ];
+    (prev, period, log_uniform(32), 0u64..=1 << 32, 0u64..=1 << 32, -2i64..=2, -2i64..=2, 0u8..3).prop_filter_map(
+        "a room the limit holds",
+        |(prev, period, r, curr, c, dr, df, which)| {
+            let r = r.min(prev);
+            // e* = W - r·W/prev, rounded: the elapsed time at which the estimate is at the limit.
+            let tie = period - u64::try_from(u128::from(r) * u128::from(period) / u128::from(prev)).ok()?;
+            let room = r.checked_add_signed(dr)?;
+            let (curr, c) = if which == 0 { (0, c % (1 << 20)) } else { (curr % (1 << 20), c % (1 << 20)) };
+            let l = room + curr + c;
+            if l == 0 || l > 1 << 32 {
+                return None;
+            }
+            let from = if which == 2 { 0 } else { tie.checked_add_signed(df)?.min(period - 1) };
+            Some((prev, curr, c, l, period, from))
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 50_000, ..ProptestConfig::default() })]
+
+    /// Near ties, at the largest periods and counts: the shortcut answers what the search
+    /// in doubles from the exact guess answers, and that answer is where the double
+    /// predicate flips (it fits there, and not a µs earlier unless that is `from`).
+    #[test]
+    fn the_counters_first_fit_shortcut_holds_at_near_ties((prev, curr, c, l, period, from) in swc_near_tie()) {
+        let guess = (period - sliding_window_counter::most_left(l - curr - c, period, prev)).max(from);
+        let before = sliding_window_counter::first_fit_by_doubles(prev, curr, c, l, period, from, guess);
+        prop_assert_eq!(sliding_window_counter::first_fit(prev, curr, c, l, period, from), before);
+        let e = period - before;
+        #[allow(clippy::cast_precision_loss)]
+        let fits = |e: u64| e == period || sliding_window_counter::estimate(prev, curr, e, period) + c as f64 <= l as f64;
+        prop_assert!(fits(e), "the answer fits");
+        prop_assert!(e == from || !fits(e - 1), "and a µs earlier does not");
+    }
+}
+
+/// Cases found by loosening the shortcut's rounding bound by 8 (`>> 53` for `>> 50`): the
+/// shortcut then answers other than the doubles at each. Kept as fixed cases.
+#[test]
+fn the_counters_first_fit_shortcut_at_cases_a_looser_bound_gets_wrong() {
+    for (prev, curr, c, l, period, from) in [
+        (1531, 536, 9180, 10784, 8_596_390_918_723, 0),
+        (375, 0, 131_072, 131_073, 31_622_400_000_000, 31_453_747_200_000),
+        (186, 230, 132, 528, 31_432_332_334_909, 1),
+        (4575, 812_045, 236_529, 1_048_576, 31_622_400_000_000, 0),
+        (813, 0, 0, 775, 11_643_198_712_377, 0),
+    ] {
+        let guess = (period - sliding_window_counter::most_left(l - curr - c, period, prev)).max(from);
+        let before = sliding_window_counter::first_fit_by_doubles(prev, curr, c, l, period, from, guess);
+        assert_eq!(
+            sliding_window_counter::first_fit(prev, curr, c, l, period, from),
+            before,
+            "{prev} {curr} {c} {l} {period} {from}"
+        );
+    }
+}

@@ -324,3 +324,80 @@ fn resetting_a_name_no_rule_used_is_a_no_op_that_interns_nothing() {
     LocalStore::reset(&store, name, &Key::from("k"), Algorithm::Gcra).unwrap();
     assert_eq!(RuleName::existing(name), None);
 }
+
+/// Keys that differ only where the table's compact form could lose it (a trailing NUL,
+/// the empty key, the 22/23, 46/47 and 128/129 byte lines, a digest beside its 32 bytes),
+/// and keys made in different ways that are the same key (`display`, numbers, addresses):
+/// the store shares a state exactly between keys that are `==`, under names interned on
+/// other threads, in every algorithm's table, through one-rule and multi-rule checks.
+#[test]
+fn keys_share_a_state_exactly_when_they_are_equal() {
+    let mut keys: Vec<Key> = vec![
+        Key::new(b""),
+        Key::new(b"\0"),
+        Key::new(b"a"),
+        Key::new(b"a\0"),
+        Key::new(b"a\0\0"),
+        Key::new(b"\0a"),
+        Key::display("a"),
+        Key::from(7u64),
+        Key::from("7"),
+        Key::from("1.2.3.4".parse::<std::net::IpAddr>().unwrap()),
+        Key::from("1.2.3.4"),
+        Key::from("::1".parse::<std::net::IpAddr>().unwrap()),
+        Key::display("::1"),
+    ];
+    for len in [21, 22, 23, 45, 46, 47, 127, 128, 129] {
+        let k = vec![b'k'; len];
+        keys.push(Key::new(&k));
+        let mut nul = vec![b'k'; len - 1];
+        nul.push(0);
+        keys.push(Key::new(&nul)); // same length, a NUL last
+        keys.push(Key::new(&k[..len - 1])); // one shorter: `k` without its last byte
+        let hashed = Key::new(&k);
+        if hashed.is_hashed() {
+            keys.push(Key::new(hashed.as_bytes())); // the digest's 32 bytes, as a plain key
+        }
+        keys.push(Key::display(String::from_utf8(k).unwrap()));
+    }
+    keys.push(Key::new(&[0; 32]));
+    keys.push(Key::new(&[0; 22]));
+    keys.push(Key::new(&[0; 23]));
+    // The same names, interned first on other threads.
+    let names: Vec<RuleName> = std::thread::scope(|s| {
+        ["same-key-a", "same-key-b"].map(|n| s.spawn(move || RuleName::new(n))).map(|h| h.join().unwrap()).to_vec()
+    });
+    for multi in [false, true] {
+        let store = MemoryStore::with_clock(ManualClock::new(T0));
+        for algorithm in Algorithm::ALL {
+            for (i, key) in keys.iter().enumerate() {
+                let seen = keys[..i].iter().any(|k| k == key);
+                let one = |rule: &str| Check {
+                    rule: rule.into(),
+                    key: key.clone(),
+                    algorithm,
+                    params: Params::new(Quota::per_hour(1).burst(1)),
+                };
+                let allowed: Vec<bool> = if multi {
+                    let cs = [one("same-key-a"), one("same-key-b")];
+                    store.check_at(&cs, T0).unwrap().iter().map(|o| o.decision.allowed).collect()
+                } else {
+                    ["same-key-a", "same-key-b"]
+                        .map(|r| store.check_one_at(&one(r), T0).unwrap().decision.allowed)
+                        .to_vec()
+                };
+                assert_eq!(allowed, [!seen, !seen], "{algorithm} key {i} {key:?} (seen before: {seen})");
+            }
+        }
+        let distinct = keys.iter().enumerate().filter(|(i, k)| !keys[..*i].contains(k)).count();
+        assert_eq!(store.len(), distinct * 2 * Algorithm::ALL.len(), "one state per (rule, algorithm, key)");
+        for (n, name) in names.iter().enumerate() {
+            assert_eq!(*name, RuleName::new(["same-key-a", "same-key-b"][n]));
+            // A reset by text finds what the checks made under the other thread's name.
+            for key in &keys {
+                LocalStore::reset(&store, name, key, Algorithm::Gcra).unwrap();
+            }
+        }
+        assert_eq!(store.len(), distinct * 2 * (Algorithm::ALL.len() - 1), "reset dropped each GCRA state once");
+    }
+}

@@ -405,4 +405,154 @@ mod tests {
             assert!(shard.find::<Gcra>(0, c.rule, &probe).is_some_and(|e| e.state.tat > now), "{c:?}");
         }
     }
+
+    /// The entries a shard really holds, table by table (not its `len` counter).
+    fn held(shard: &Shard) -> usize {
+        shard.fixed_window.len()
+            + shard.sliding_window_log.len()
+            + shard.sliding_window_counter.len()
+            + shard.token_bucket.len()
+            + shard.leaky_bucket.len()
+            + shard.gcra.len()
+    }
+
+    /// `len` of every shard against the entries held, and `live` (room under `max_keys`)
+    /// against the states held: a drift either way leaks room or over-admits states.
+    fn assert_counts(store: &MemoryStore, what: &str) {
+        let (mut counted, mut real) = (0, 0);
+        for (i, s) in store.inner.shards.iter().enumerate() {
+            let shard = lock(s);
+            assert_eq!(shard.len(), held(&shard), "shard {i}'s len after {what}");
+            counted += shard.len();
+            real += held(&shard);
+        }
+        assert_eq!(store.len(), real, "len after {what}");
+        assert_eq!(counted, real);
+        let live = store.inner.live.load(Ordering::SeqCst);
+        assert_eq!(live, real, "live (max_keys room taken) after {what}");
+        assert!(live <= store.inner.max_keys.unwrap(), "over the bound after {what}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+        /// Every way a state is made, changed or dropped, across the algorithms of one
+        /// store (several share each shard): `len` and `live` stay the count of entries.
+        #[test]
+        fn len_and_live_stay_the_count_of_entries_held(
+            bound in 1usize..12,
+            ops in proptest::collection::vec((0u8..12, 0usize..6, 0usize..3, 0usize..6, 0u64..4), 1..120),
+        ) {
+            use crate::clock::{Clock, ManualClock};
+            use crate::store::{LocalStore, Refund};
+            use crate::Algorithm::*;
+            let algorithms = [FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, Gcra];
+            let keys: Vec<Key> = ["", "a", "a\0", &"k".repeat(22), &"k".repeat(23), &"k".repeat(129)]
+                .into_iter()
+                .map(Key::from)
+                .collect();
+            let clock = ManualClock::new(1_700_000_000_000_000);
+            let store = MemoryStore::with_clock(clock.clone()).max_keys(bound);
+            let check = |a: usize, r: usize, k: usize, cost: u64| Check {
+                rule: ["count-r0", "count-r1", "count-r2"][r].into(),
+                key: keys[k].clone(),
+                algorithm: algorithms[a],
+                params: Params { cost, ..Params::new(Quota::per_second(2)) },
+            };
+            let mut taken: Vec<Refund> = Vec::new();
+            for (op, a, r, k, x) in ops {
+                let c = check(a, r, k, x.min(3));
+                let now = clock.now_micros();
+                let what = format!("op {op} on {c:?}");
+                match op {
+                    0..=2 => {
+                        if let Ok(o) = store.check_one_at(&c, now) {
+                            taken.extend(o.taken.map(|t| Refund { check: c.clone(), taken: t }));
+                        }
+                    }
+                    3 => {
+                        // Two or three distinct checks in one call, some maybe new.
+                        let mut cs = vec![c.clone(), check((a + 1) % 6, r, k, 1)];
+                        if x > 1 {
+                            cs.push(check(a, (r + 1) % 3, (k + 1) % 6, 1));
+                        }
+                        if let Ok(os) = store.check_at(&cs, now) {
+                            for (c, o) in cs.iter().zip(os) {
+                                taken.extend(o.taken.map(|t| Refund { check: c.clone(), taken: t }));
+                            }
+                        }
+                    }
+                    4 => drop(store.charge_at(&[c.clone(), check(a, (r + 1) % 3, k, 2)], now)),
+                    5 => {
+                        if !taken.is_empty() {
+                            let i = (a * 7 + k) % taken.len();
+                            store.refund_at(&[taken.swap_remove(i)], now);
+                        }
+                    }
+                    6 => drop(LocalStore::block(&store, &c, std::time::Duration::from_micros(x * 700_000))),
+                    7 => LocalStore::reset(&store, &c.rule, &c.key, c.algorithm).unwrap(),
+                    8 => drop(LocalStore::peek(&store, &c)),
+                    9 => clock.set(now + x * 400_000),
+                    10 => clock.set(now + 2_000_000 + x * 5_000_000), // past expiry and grace: sweeps
+                    _ => clock.set(now.saturating_sub(x * 300_000)),   // the clock steps back
+                }
+                assert_counts(&store, &what);
+            }
+            // Far ahead: the time-based sweep drops every state, and gives back all room.
+            clock.set(clock.now_micros() + 3_600_000_000);
+            drop(store.check_one_at(&check(0, 0, 0, 0), clock.now_micros()));
+            drop(store.check_one_at(&check(0, 0, 0, 0), clock.now_micros() + 20_000_000));
+            assert_counts(&store, "an hour later");
+            proptest::prop_assert!(store.len() <= 1);
+        }
+    }
+
+    /// Threads making, charging, blocking, resetting and sweeping states of a full store at
+    /// once: when they are done, `len` and `live` are still the count of entries, and the
+    /// bound was never passed.
+    #[test]
+    fn len_and_live_stay_the_count_of_entries_under_contention() {
+        use crate::clock::{Clock, ManualClock};
+        use crate::store::LocalStore;
+        use crate::Algorithm::*;
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone()).max_keys(40);
+        let algorithms = [FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, Gcra];
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (store, clock) = (&store, &clock);
+                s.spawn(move || {
+                    let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                    let mut next = || {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x
+                    };
+                    for _ in 0..3_000 {
+                        let r = next();
+                        let check = |r: u64| Check {
+                            rule: ["contended-a", "contended-b"][(r % 2) as usize].into(),
+                            key: Key::from(r / 2 % 30),
+                            algorithm: algorithms[(r / 64 % 6) as usize],
+                            params: Params::new(Quota::per_second(3)),
+                        };
+                        let c = check(r);
+                        let now = clock.now_micros();
+                        match r >> 60 {
+                            0..=5 => drop(store.check_one_at(&c, now)),
+                            6..=8 => drop(store.check_at(&[c.clone(), check(next())], now)),
+                            9 => drop(store.charge_at(&[c], now)),
+                            10 => drop(LocalStore::block(store, &c, std::time::Duration::from_millis(r % 3 * 500))),
+                            11 => LocalStore::reset(store, &c.rule, &c.key, c.algorithm).unwrap(),
+                            12 => clock.advance(std::time::Duration::from_millis(r % 700)),
+                            _ => drop(LocalStore::peek(store, &c)),
+                        }
+                        assert!(store.inner.live.load(Ordering::SeqCst) <= 40, "over the bound");
+                    }
+                });
+            }
+        });
+        assert_counts(&store, "the threads");
+    }
 }
