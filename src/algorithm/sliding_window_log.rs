@@ -24,13 +24,13 @@ const WALK: usize = 8;
 /// Accepted units as `(timestamp, units)`, oldest first, with their running total.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SlidingWindowLog {
-    /// The oldest and the newest entry's µs (0 when empty), beside the log: the common
-    /// decision (nothing has expired, the request fits) and commit (a later µs) read no
-    /// entry, whose buffer is a cache miss of its own.
     /// `(µs since the epoch, units accepted then)`, in non-decreasing time order.
     entries: VecDeque<(u64, u64)>,
     /// The units of every entry, expired or not: `commit` and `refund` keep it in step.
     total: u64,
+    /// The oldest and the newest entry's µs (0 when empty), beside the log: the common
+    /// decision (nothing has expired, the request fits) and commit (a later µs) read no
+    /// entry, whose buffer is a cache miss of its own.
     oldest: u64,
     newest: u64,
 }

@@ -11,6 +11,10 @@ use std::sync::{Mutex, OnceLock};
 /// Each distinct name is kept once, forever: a process that makes rules under an unbounded
 /// number of names (a name per tenant, say) keeps all of them. Give such a process one
 /// rule and a key per tenant instead.
+///
+/// Making one ([`RuleName::new`], or `.into()` from a string) takes a process-wide lock:
+/// make a name once, as a `Rule` does, and copy it into each [`Check`](crate::store::Check),
+/// rather than making it again for every check.
 #[derive(Clone, Copy)]
 pub struct RuleName(&'static Interned);
 
@@ -130,6 +134,18 @@ impl PartialEq<&str> for RuleName {
     }
 }
 
+impl PartialEq<RuleName> for str {
+    fn eq(&self, other: &RuleName) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<RuleName> for &str {
+    fn eq(&self, other: &RuleName) -> bool {
+        *self == other.as_str()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +160,7 @@ mod tests {
         assert_eq!(made[0], RuleName::from(String::from("interned-race")));
         assert_ne!(made[0], RuleName::new("interned-race2"));
         assert_eq!(&*made[0], "interned-race");
+        assert!(made[0] == "interned-race" && "interned-race" == made[0] && *"interned-race" == made[0]);
         assert_eq!(RuleName::existing("interned-race"), Some(made[0]));
         assert_eq!(RuleName::existing("never-made-by-anyone"), None);
     }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use hashbrown::DefaultHashBuilder;
+use smallvec::SmallVec;
 
 mod table;
 
@@ -229,8 +230,8 @@ impl MemoryStore {
         self.sweep_due(now);
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
         // commit only if every enforced one passes (and then each shadow one that passes).
-        let probes: Vec<Probe<'_>> = checks.iter().map(|c| Probe::of(&c.key)).collect();
-        let hashes: Vec<u64> = checks.iter().zip(&probes).map(|(c, p)| self.inner.hash(c.rule, p)).collect();
+        let probes: SmallVec<[Probe<'_>; 4]> = checks.iter().map(|c| Probe::of(&c.key)).collect();
+        let hashes: SmallVec<[u64; 4]> = checks.iter().zip(&probes).map(|(c, p)| self.inner.hash(c.rule, p)).collect();
         let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
