@@ -288,6 +288,13 @@ fn main() {
         ("`MemoryStore` sliding log, W1, 1 thread", Workload::W1, Algorithm::SlidingWindowLog, 1),
         ("`MemoryStore` sliding counter, W1, 1 thread", Workload::W1, Algorithm::SlidingWindowCounter, 1),
     ];
+    let over: usize = std::env::var("OVER").ok().and_then(|t| t.parse().ok()).unwrap_or(0);
+    let extra: Vec<(&str, Workload, Algorithm, usize)> = if over > 0 {
+        vec![("W1 over", Workload::W1, Algorithm::Gcra, over), ("W2 over", Workload::W2, Algorithm::Gcra, over)]
+    } else {
+        Vec::new()
+    };
+    let cells: Vec<(&str, Workload, Algorithm, usize)> = if over > 0 { extra } else { cells.to_vec() };
     let mut ours = vec![Vec::new(); cells.len()];
     let mut theirs = vec![Vec::new(); cells.len()];
     for run in 0..runs {

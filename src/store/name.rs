@@ -160,7 +160,9 @@ mod tests {
         assert_eq!(made[0], RuleName::from(String::from("interned-race")));
         assert_ne!(made[0], RuleName::new("interned-race2"));
         assert_eq!(&*made[0], "interned-race");
-        assert!(made[0] == "interned-race" && "interned-race" == made[0] && *"interned-race" == made[0]);
+        assert!(made[0] == "interned-race");
+        assert!("interned-race" == made[0]);
+        assert!(*"interned-race" == made[0]);
         assert_eq!(RuleName::existing("interned-race"), Some(made[0]));
         assert_eq!(RuleName::existing("never-made-by-anyone"), None);
     }
