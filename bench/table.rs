@@ -13,7 +13,9 @@
 //!   store (so W1 times inserts too); one thread, or two splitting the keys by parity.
 //! - **W2**: one key, 1,000 per 60 s, 50,000 decisions a pass (25 passes).
 //!
-//! `ONLY` keeps the cells whose name holds it; `PASSES` sets the passes a cell.
+//! `ONLY` keeps the cells whose name holds it; `PASSES` sets the passes a cell; `OVER=8`
+//! runs instead W1 and W2 (GCRA) on 8 threads, more than the machine's cores (how the
+//! shards' lock behaves when its holders are preempted).
 //!
 //! After the table: the heap bytes a key takes at 100,000 keys (one GCRA decision each, a
 //! counting allocator around the system's), tollgate's and governor's; and, with
