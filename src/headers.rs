@@ -80,10 +80,12 @@ const SMALL: u64 = 10_000;
 
 /// `n` as a header value. Below [`SMALL`] (counts, limits, seconds to wait: nearly every
 /// value sent) it is a slice of [`DIGITS`] and costs no allocation; larger numbers are
-/// formatted as usual.
+/// formatted on the stack and copied once (`HeaderValue::from(u64)` allocates twice: a
+/// buffer, then the shared header it freezes into).
 pub(crate) fn number(n: u64) -> HeaderValue {
     if n >= SMALL {
-        return HeaderValue::from(n);
+        let mut digits = itoa::Buffer::new();
+        return HeaderValue::from_str(digits.format(n)).expect("digits are a valid header value");
     }
     // Where n starts in DIGITS: after every shorter number.
     let (first, width, start) = match n {
