@@ -5,6 +5,7 @@
 mod support;
 
 mod by_key;
+mod contention;
 mod keys;
 mod max_keys;
 mod memory_store;

@@ -10,6 +10,9 @@ use smallvec::SmallVec;
 
 mod table;
 
+#[cfg(test)]
+mod held;
+
 use self::table::{
     guard_for, lock, Inner, Padded, Probe, Shard, ShardGuard, ShardLock, Tabled, FULL_SWEEP_US, SWEEP_PERIOD_US,
 };
