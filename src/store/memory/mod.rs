@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use hashbrown::DefaultHashBuilder;
@@ -13,9 +13,7 @@ mod table;
 #[cfg(test)]
 mod held;
 
-use self::table::{
-    guard_for, lock, Inner, Padded, Probe, Shard, ShardGuard, ShardLock, Tabled, FULL_SWEEP_US, SWEEP_PERIOD_US,
-};
+use self::table::{guard_for, lock, Inner, Padded, Probe, Shard, Tabled, FULL_SWEEP_US, SWEEP_PERIOD_US};
 use super::{Check, LocalStore, Outcome, Refund, RuleName};
 use crate::algorithm::{by_algorithm, Algorithm, Kind};
 use crate::clock::{Clock, SharedClock, SystemClock};
@@ -93,7 +91,7 @@ impl MemoryStore {
         let shards = (n * 16).next_power_of_two().max(16);
         Self {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| Padded(ShardLock::new(Shard::new()))).collect(),
+                shards: (0..shards).map(|_| Padded(Mutex::new(Shard::new()))).collect(),
                 hasher: DefaultHashBuilder::default(),
                 clock,
                 max_keys,
@@ -133,7 +131,7 @@ impl MemoryStore {
         high & (self.inner.shards.len() - 1)
     }
 
-    fn shard(&self, hash: u64) -> ShardGuard<'_> {
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
         lock(&self.inner.shards[self.shard_of(hash)])
     }
 
@@ -240,7 +238,7 @@ impl MemoryStore {
         let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, ShardGuard<'_>)> =
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, lock(&self.inner.shards[i]))).collect();
         // Room for every new state first, all or nothing, before anything is created,
         // dropped or decided: a state made for one rule is never dropped for the next.
@@ -248,7 +246,7 @@ impl MemoryStore {
             shard.maybe_sweep(now, &self.inner);
         }
         let each = || checks.iter().zip(&probes).zip(&hashes).map(|((c, p), &h)| (c, p, h));
-        let missing = |guards: &mut [(usize, ShardGuard<'_>)]| {
+        let missing = |guards: &mut [(usize, MutexGuard<'_, Shard>)]| {
             let mut absent = |&(c, p, h): &(&Check, &Probe<'_>, u64)| {
                 let shard = guard_for(guards, self.shard_of(h));
                 by_algorithm!(c.algorithm, K => shard.find::<K>(h, c.rule, p).is_none())

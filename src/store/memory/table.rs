@@ -2,11 +2,9 @@
 //! each with a table per algorithm of compact entries (key, rule, state, expiry, block),
 //! sweeping expired states, and the count of live states under `max_keys`.
 
-use spinning_top::lock_api;
-use spinning_top::relax::Relax;
-use spinning_top::RawSpinlock;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use hashbrown::hash_table::Entry as Slot;
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -24,40 +22,15 @@ use crate::error::StoreError;
 use crate::key::{Key, SHORT};
 use crate::store::{Check, RuleName, Taken};
 
-/// A shard's lock: a spinlock whose unlock is a plain store. A mutex's unlock is an atomic
-/// read-modify-write (it must learn whether to wake a sleeper), which waits for the
-/// entry just written to reach the cache: measured, that second atomic cost 15 % of a
-/// one-thread decision and 40 % on two threads over 10,000 keys. What a shard is held
-/// for is short (a probe, a decision, a commit; a sweep at worst), so a waiter spins
-/// briefly and then yields its time slice rather than sleeping.
-pub(super) type ShardLock = lock_api::Mutex<RawSpinlock<Patient>, Shard>;
-pub(super) type ShardGuard<'a> = lock_api::MutexGuard<'a, RawSpinlock<Patient>, Shard>;
-
-/// How a shard's waiter waits: 64 spins, then a yield of its time slice per try (a holder
-/// preempted, or sweeping a large shard, is not spun on for long).
-#[derive(Default)]
-pub(super) struct Patient(u8);
-
-impl Relax for Patient {
-    fn relax(&mut self) {
-        if self.0 < 64 {
-            self.0 += 1;
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
 /// A shard on a cache line of its own: neighbouring shards locked by different threads
 /// must not share one (false sharing made two threads slower than one).
 #[repr(align(128))]
-pub(super) struct Padded(pub(super) ShardLock);
+pub(super) struct Padded(pub(super) Mutex<Shard>);
 
 impl std::ops::Deref for Padded {
-    type Target = ShardLock;
+    type Target = Mutex<Shard>;
 
-    fn deref(&self) -> &ShardLock {
+    fn deref(&self) -> &Mutex<Shard> {
         &self.0
     }
 }
@@ -200,14 +173,14 @@ pub(super) const SWEEP_PERIOD_US: u64 = 10_000_000;
 /// A full store sweeps every shard for room at most once per this much time, µs.
 pub(super) const FULL_SWEEP_US: u64 = 100_000;
 
-pub(super) fn guard_for<'a, 'g>(guards: &'a mut [(usize, ShardGuard<'g>)], i: usize) -> &'a mut Shard {
+pub(super) fn guard_for<'a, 'g>(guards: &'a mut [(usize, MutexGuard<'g, Shard>)], i: usize) -> &'a mut Shard {
     let pos = guards.iter().position(|(j, _)| *j == i).expect("shard locked");
     &mut guards[pos].1
 }
 
-pub(super) fn lock(m: &ShardLock) -> ShardGuard<'_> {
-    // No poisoning: a panic while holding a shard cannot leave an entry half-written.
-    m.lock()
+pub(super) fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding a shard cannot leave an entry half-written: recover.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl<K: Kind> Entry<K> {
