@@ -304,7 +304,7 @@ impl MemoryStore {
             let mut shard = self.shard(hash);
             by_algorithm!(c.algorithm, K => {
                 let e = shard.entry::<K>(hash, c, &probe, now, &self.inner, false)?;
-                e.state.charge(&c.params, now);
+                Kind::charge(&mut e.state, &c.params, now);
                 e.expires_at = e.expires_at.max(e.state.expires_at(&c.params));
             });
         }
