@@ -2,10 +2,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hashbrown::DefaultHashBuilder;
+use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 mod table;
