@@ -415,6 +415,19 @@ mod tests {
         }
     }
 
+    /// A shard's guard must stay `!Send` (parking_lot without its `send_guard` feature), so
+    /// that a future holding one across an `.await` cannot be spawned: this fails to
+    /// compile (the trait's item is ambiguous) if some dependency turns the feature on.
+    #[test]
+    fn a_shard_guard_is_not_send() {
+        trait AmbiguousIfSend<A> {
+            fn some_item() {}
+        }
+        impl<T: ?Sized> AmbiguousIfSend<()> for T {}
+        impl<T: ?Sized + Send> AmbiguousIfSend<u8> for T {}
+        let _ = <MutexGuard<'static, Shard> as AmbiguousIfSend<_>>::some_item;
+    }
+
     /// The entries a shard really holds, table by table (not its `len` counter).
     fn held(shard: &Shard) -> usize {
         shard.fixed_window.len()
