@@ -188,7 +188,11 @@ pub(super) fn guard_for<'a, 'g>(guards: &'a mut [(usize, MutexGuard<'g, Shard>)]
 }
 
 pub(super) fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // No poisoning: a panic while holding a shard cannot leave an entry half-written.
+    // parking_lot has no poisoning: a panic while a shard is held unlocks it as it was.
+    // No user code runs under a shard (the clock is read before), and nothing under one
+    // panics but on a bug; if something did, an entry's state could be committed without its
+    // expiry raised (`Entry::commit`), a multi-rule check could be left with only its first
+    // rules committed, and room reserved under `max_keys` could be left unused for good.
     m.lock()
 }
 
