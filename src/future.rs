@@ -101,7 +101,7 @@ where
                 KindProj::Boxed { future } => return future.as_mut().poll(cx),
                 KindProj::Unpolled { forward } => {
                     let (mut inner, mut req, lease) = forward.take().expect("ResponseFuture polled after completion");
-                    if let Some(most) = this.report.as_ref().and_then(Report::most_restrictive) {
+                    if let Some(most) = this.report.as_ref().map(Report::most_restrictive) {
                         req.extensions_mut().insert(most.clone());
                     }
                     let forwarded = lease.map(Lease::forward);

@@ -168,12 +168,15 @@ pub(crate) fn apply(
         let d = most.decision;
         // The inner layer's remaining units: from its legacy headers, else its IETF ones.
         // One walk over the response's few headers costs less than two hashed lookups.
-        let (mut legacy, mut ietf) = (None, None);
+        // And whether a rule is named there (only then is there a name to remove).
+        let (mut legacy, mut ietf, mut named) = (None, None, false);
         for (name, value) in headers.iter() {
             if *name == X_RATELIMIT_REMAINING {
                 legacy = legacy.or(Some(value));
             } else if *name == RATELIMIT {
                 ietf = ietf.or(Some(value));
+            } else if *name == X_RATELIMIT_RULE {
+                named = true;
             }
         }
         let inner = legacy
@@ -192,7 +195,8 @@ pub(crate) fn apply(
             let rule = (name_rule || inner.is_some()).then_some(most.rule).filter(|r| !r.is_empty());
             match rule.and_then(|r| HeaderValue::from_str(r).ok()) {
                 Some(v) => drop(headers.insert(X_RATELIMIT_RULE, v)),
-                None => drop(headers.remove(X_RATELIMIT_RULE)),
+                None if named => drop(headers.remove(X_RATELIMIT_RULE)),
+                None => {}
             }
         }
     }

@@ -5,12 +5,13 @@
 use std::sync::Arc;
 
 use http::Response;
+use smallvec::SmallVec;
 
 use crate::decision::Decision;
 use crate::head::RequestHead;
 use crate::limiter::{Limiter, RuleSet};
 use crate::response::{Names, Responder};
-use crate::verdict::Verdict;
+use crate::verdict::{Decided, Verdict};
 
 /// What every clone of the service and every request's future share: one reference
 /// count to move per clone (servers clone the service per request, on every thread).
@@ -19,30 +20,35 @@ pub(crate) struct Shared<St, R, U> {
     pub(crate) responder: Responder<R, U>,
 }
 
-/// What an admitted request's response says: the rate-limit headers of its verdict.
+/// What an admitted request's response says: the rate-limit headers of its decisions.
+/// Only what the headers need (the decisions, not the checks nor what they took), so that
+/// the response future it lives in stays small.
 pub(crate) struct Report<St, R, U> {
     shared: Arc<Shared<St, R, U>>,
-    verdict: Verdict,
     set: Arc<RuleSet<RequestHead>>,
+    decided: SmallVec<[Decided; 1]>,
+    /// The most restrictive decision, the one the headers describe (an index in `decided`).
+    most: usize,
 }
 
 impl<St, R, U> Report<St, R, U> {
-    pub(crate) fn new(shared: Arc<Shared<St, R, U>>, verdict: Verdict, set: Arc<RuleSet<RequestHead>>) -> Self {
-        Self { shared, verdict, set }
+    /// What the response to an admitted `verdict` says; `None` when no rule was decided
+    /// (shadow rules only, or the store failed open): no headers then.
+    pub(crate) fn new(shared: Arc<Shared<St, R, U>>, verdict: Verdict, set: Arc<RuleSet<RequestHead>>) -> Option<Self> {
+        let most = verdict.most()?;
+        Some(Self { shared, set, decided: verdict.decided, most })
     }
 
     /// The decision handlers find in the request's extensions.
-    pub(crate) fn most_restrictive(&self) -> Option<&Decision> {
-        self.verdict.most_restrictive().map(|most| most.decision)
+    pub(crate) fn most_restrictive(&self) -> &Decision {
+        &self.decided[self.most].decision
     }
 
     /// The rate-limit headers of the most restrictive rule, on `res` (an inner layer's own
     /// refusal keeps its own).
     pub(crate) fn headers<ResBody>(self, res: &mut Response<ResBody>) {
-        if let Some(most) = self.verdict.most() {
-            let refused = crate::response::is_refusal(res);
-            self.shared.responder.add_headers(res.headers_mut(), &self.verdict, &names(&self.set), most, refused);
-        }
+        let refused = crate::response::is_refusal(res);
+        self.shared.responder.add_headers(res.headers_mut(), &self.decided, &names(&self.set), self.most, refused);
     }
 }
 

@@ -15,7 +15,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::headers::{self, HeaderStyle};
 use crate::key::Key;
-use crate::verdict::{DecidedBy, RuleDecision, Verdict};
+use crate::verdict::{Decided, DecidedBy, RuleDecision, Verdict};
 
 /// A rejected request, for [`RateLimitLayer::on_rejected`](crate::RateLimitLayer::on_rejected):
 /// the rule that rejected, its decision, and the request's head (for content negotiation).
@@ -232,6 +232,7 @@ impl<R, U> Responder<R, U> {
     pub(crate) fn rejected<ResBody, B>(
         &self,
         verdict: &Verdict,
+        (worst, key): (usize, &Key),
         names: &Names<'_>,
         req: &Request<B>,
     ) -> Response<ResBody>
@@ -239,7 +240,6 @@ impl<R, U> Responder<R, U> {
         R: OnRejected<ResBody>,
         ResBody: Default,
     {
-        let worst = verdict.worst().expect("a rejected verdict has a rejecting rule");
         let worst_rule = &verdict.decided[worst];
         let d = &worst_rule.decision;
         let grpc = is_grpc(req);
@@ -248,7 +248,7 @@ impl<R, U> Responder<R, U> {
         } else {
             self.on_rejected.response(&Rejection {
                 rule: &names.public[worst_rule.rule],
-                key: &worst_rule.check.key,
+                key,
                 decision: d,
                 decided_by: verdict.source.unwrap_or(DecidedBy::Store),
                 method: req.method(),
@@ -264,7 +264,7 @@ impl<R, U> Responder<R, U> {
                 h.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
             }
         }
-        self.add_headers(h, verdict, names, worst, false);
+        self.add_headers(h, &verdict.decided, names, worst, false);
         // Whatever its status (a gRPC refusal is HTTP 200; `on_rejected` may pick any):
         // an outer layer knows this response for a refusal.
         res.extensions_mut().insert(Refused);
@@ -277,7 +277,7 @@ impl<R, U> Responder<R, U> {
     pub(crate) fn add_headers(
         &self,
         h: &mut HeaderMap,
-        verdict: &Verdict,
+        decided: &[Decided],
         names: &Names<'_>,
         most: usize,
         inner_refused: bool,
@@ -287,11 +287,8 @@ impl<R, U> Responder<R, U> {
         if style == HeaderStyle::None {
             return;
         }
-        let all: SmallVec<[RuleDecision<'_>; 2]> = verdict
-            .decisions()
-            .zip(&verdict.decided)
-            .map(|(d, decided)| RuleDecision { rule: &names.public[decided.rule], ..d })
-            .collect();
+        let all: SmallVec<[RuleDecision<'_>; 2]> =
+            decided.iter().map(|d| d.as_shown(&names.public[d.rule], None)).collect();
         // Several rules: say which one the legacy headers describe.
         headers::apply(h, style, &all[most], &all, names.public.len() > 1, inner_refused);
     }

@@ -106,7 +106,7 @@ where
             Now::Decided(verdict, set) => match Step::of(&self.shared, verdict, set, &head) {
                 Step::Refused(res) => ResponseFuture::ready(Ok(res)),
                 Step::Admitted(Admitted { report, lease, slot: None }) => {
-                    ResponseFuture::unpolled(inner, with_body(head, body), Some(lease), Some(report))
+                    ResponseFuture::unpolled(inner, with_body(head, body), Some(lease), report)
                 }
                 Step::Admitted(admitted) => ResponseFuture::boxed(Box::pin(admitted.run(inner, head, body))),
             },
@@ -146,7 +146,9 @@ where
         req: &RequestHead,
     ) -> Self {
         match &verdict.ruling {
-            Ruling::Rejected => Step::Refused(shared.responder.rejected(&verdict, &names(&set), req)),
+            Ruling::Rejected { worst, key } => {
+                Step::Refused(shared.responder.rejected(&verdict, (*worst, key), &names(&set), req))
+            }
             Ruling::Failed { error, closed: true } => Step::Refused(shared.responder.unavailable(error, req)),
             Ruling::Failed { closed: false, .. } | Ruling::Allowed => {
                 // A leaky bucket's slot is `delay` after the decision, however late the
@@ -155,7 +157,8 @@ where
                 let slot = (!delay.is_zero()).then(|| Instant::now() + delay);
                 let held = std::mem::take(&mut verdict.held);
                 let lease = shared.limiter.lease(held, "a request dropped before it was forwarded");
-                Step::Admitted(Admitted { report: Report::new(shared.clone(), verdict, set), lease, slot })
+                let report = Report::new(shared.clone(), verdict, set);
+                Step::Admitted(Admitted { report, lease, slot })
             }
         }
     }
@@ -163,7 +166,7 @@ where
 
 /// An admitted request, before it is forwarded.
 struct Admitted<St: Store, R, U> {
-    report: Report<St, R, U>,
+    report: Option<Report<St, R, U>>,
     lease: Lease<St>,
     slot: Option<Instant>,
 }
@@ -191,7 +194,7 @@ impl<St: Store, R, U> Admitted<St, R, U> {
                 inner = Box::pin(wait_for_slot(inner, slot)).await?;
             }
             // Then the life of an in-process decision's request, on the same code.
-            ResponseFuture::unpolled(inner, with_body(head, body), Some(lease), Some(report)).await
+            ResponseFuture::unpolled(inner, with_body(head, body), Some(lease), report).await
         }
     }
 }

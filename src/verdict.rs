@@ -6,9 +6,10 @@ use smallvec::SmallVec;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::limiter::held::Held;
 use crate::quota::Quota;
-use crate::store::{Check, Taken};
+use crate::store::{RuleName, Taken};
 
 /// What a [`Limiter`](crate::Limiter) decided for one input: allowed, rejected, or
 /// undecided because the store failed (and then what the fail mode chose), with each
@@ -37,20 +38,33 @@ pub struct Verdict {
     pub(crate) held: Held,
 }
 
-/// One enforced rule's decision, with its check (as planned) and its rule's index.
-#[derive(Debug)]
+/// One enforced rule's decision: the rule's index, its name and the quota it decided
+/// under (a tier's), and what it decided. What the headers and [`RuleDecision`] say, and
+/// nothing more: a response future carries these (not the checks, whose keys only a
+/// rejection shows: see [`Ruling::Rejected`]).
+#[derive(Debug, Clone)]
 pub(crate) struct Decided {
-    pub(crate) check: Check,
     pub(crate) rule: usize,
+    pub(crate) name: RuleName,
+    pub(crate) quota: Quota,
     pub(crate) decision: Decision,
+}
+
+impl Decided {
+    /// As [`RuleDecision`], its rule shown as `shown`.
+    pub(crate) fn as_shown<'a>(&'a self, shown: &'a str, taken: Option<Taken>) -> RuleDecision<'a> {
+        RuleDecision { rule: shown, quota: self.quota, decision: &self.decision, taken }
+    }
 }
 
 #[derive(Debug, Clone)]
 pub(crate) enum Ruling {
     /// Every enforced rule accepted (or none applied).
     Allowed,
-    /// At least one enforced rule rejected.
-    Rejected,
+    /// At least one enforced rule rejected: `worst` (an index in `decided`) makes the
+    /// caller wait longest (one that can never accept counts as longest; the last of
+    /// equals), and `key` is the key it limits.
+    Rejected { worst: usize, key: Key },
     /// The store could not decide; `closed`: a rule's fail mode refuses.
     Failed { error: StoreError, closed: bool },
 }
@@ -93,13 +107,13 @@ impl Verdict {
     /// [`FailMode::Open`](crate::FailMode::Open).
     #[must_use]
     pub fn is_allowed(&self) -> bool {
-        !matches!(self.ruling, Ruling::Rejected | Ruling::Failed { closed: true, .. })
+        !matches!(self.ruling, Ruling::Rejected { .. } | Ruling::Failed { closed: true, .. })
     }
 
     /// Whether a rule rejected: the input is over a limit.
     #[must_use]
     pub fn is_rejected(&self) -> bool {
-        matches!(self.ruling, Ruling::Rejected)
+        matches!(self.ruling, Ruling::Rejected { .. })
     }
 
     /// The store's error when it could not decide (then [`Verdict::is_allowed`] says what
@@ -126,32 +140,23 @@ impl Verdict {
         (0..self.decided.len()).map(|i| self.at(i))
     }
 
-    /// The index (in `decided`) of the rejecting rule that makes the caller wait longest
-    /// (a rule that can never accept counts as longest).
+    /// The index (in `decided`) of the rejecting rule that makes the caller wait longest.
     pub(crate) fn worst(&self) -> Option<usize> {
-        self.decided
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| !d.decision.allowed)
-            .max_by_key(|(_, d)| d.decision.retry_after.unwrap_or(Duration::MAX))
-            .map(|(i, _)| i)
+        match self.ruling {
+            Ruling::Rejected { worst, .. } => Some(worst),
+            _ => None,
+        }
     }
 
     /// The index of the most restrictive rule: the worst rejecting one, else the one with
     /// the fewest units left.
     pub(crate) fn most(&self) -> Option<usize> {
-        self.worst()
-            .or_else(|| self.decided.iter().enumerate().min_by_key(|(_, d)| d.decision.remaining).map(|(i, _)| i))
+        self.worst().or_else(|| fewest_left(&self.decided))
     }
 
     fn at(&self, i: usize) -> RuleDecision<'_> {
         let d = &self.decided[i];
-        RuleDecision {
-            rule: &d.check.rule,
-            quota: d.check.params.quota,
-            decision: &d.decision,
-            taken: self.held.units.iter().find(|u| u.rule == d.rule).map(|u| u.refund.taken),
-        }
+        d.as_shown(&d.name, self.held.units.iter().find(|u| u.rule == d.rule).map(|u| u.refund.taken))
     }
 
     /// The rejecting rule that makes the caller wait longest.
@@ -183,4 +188,9 @@ impl Verdict {
         }
         self.decided.iter().map(|d| d.decision.delay).max().unwrap_or(Duration::ZERO)
     }
+}
+
+/// The index of the decision with the fewest units left (the first of equals).
+pub(crate) fn fewest_left(decided: &[Decided]) -> Option<usize> {
+    decided.iter().enumerate().min_by_key(|(_, d)| d.decision.remaining).map(|(i, _)| i)
 }

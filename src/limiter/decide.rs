@@ -4,6 +4,7 @@
 //! what the input holds ([`Held`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
@@ -13,6 +14,7 @@ use super::holders::{lost, never_sent};
 use super::{Limiter, Plan, RuleSet};
 use crate::decision::Decision;
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::rule::FailMode;
 use crate::runtime::{BlockedCache, Late, RuleId, Shares, StoreCopy};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
@@ -106,6 +108,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let mut verdict = Verdict::empty(Ruling::Allowed, Held::default());
         // No enforced rule (shadow rules only): nothing was decided.
         verdict.source = (enforced > 0).then_some(by);
+        // The rejecting rule that makes the caller wait longest (one that can never accept
+        // counts as longest; the last of equals): its wait, its index in `decided`, its key.
+        let mut worst: Option<(Duration, usize, &Key)> = None;
         for (i, (check, &rule)) in checks.iter().zip(&rules).enumerate() {
             let Some(Outcome { decision: d, taken }) = &outcomes[i] else { continue };
             let shadow = i >= enforced;
@@ -121,17 +126,24 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
             if !shadow {
                 if !d.allowed {
-                    verdict.ruling = Ruling::Rejected;
+                    let wait = d.retry_after.unwrap_or(Duration::MAX);
+                    if worst.is_none_or(|(longest, ..)| wait >= longest) {
+                        worst = Some((wait, verdict.decided.len(), &check.key));
+                    }
                 }
-                verdict.decided.push(Decided { check: check.clone(), rule, decision: d.clone() });
+                let decided = Decided { rule, name: check.rule, quota: check.params.quota, decision: d.clone() };
+                verdict.decided.push(decided);
             }
+        }
+        if let Some((_, worst, key)) = worst {
+            verdict.ruling = Ruling::Rejected { worst, key: key.clone() };
         }
         if verdict.is_allowed() {
             held.probes = probes(&set, &checks, as_held, &rules, holder);
             // Near the limit: what this input leaves in use (a rejected one takes nothing).
             for d in &verdict.decided {
                 if d.decision.is_near_limit(self.runtime.settings.near_limit) {
-                    crate::metrics::near_limit(d.check.rule);
+                    crate::metrics::near_limit(d.name);
                 }
             }
         } else {
@@ -291,9 +303,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             {
                 crate::metrics::decision(check.rule, "local_rejected");
                 let held = set.held();
-                let mut verdict = Verdict::empty(Ruling::Rejected, held);
+                let mut verdict = Verdict::empty(Ruling::Rejected { worst: 0, key: check.key.clone() }, held);
                 verdict.source = Some(DecidedBy::LocalCache);
-                verdict.decided.push(Decided { check: check.clone(), rule, decision });
+                verdict.decided.push(Decided { rule, name: check.rule, quota, decision });
                 return Some(verdict);
             }
         }

@@ -227,7 +227,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         loop {
             let mut verdict = self.handed(plan.clone()).await;
             match (&verdict.ruling, verdict.retry_after()) {
-                (Ruling::Rejected, Some(retry)) if Instant::now() + retry <= until => {
+                (Ruling::Rejected { .. }, Some(retry)) if Instant::now() + retry <= until => {
                     tokio::time::sleep(retry).await;
                 }
                 (Ruling::Allowed, _) => {

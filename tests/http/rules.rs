@@ -179,3 +179,42 @@ async fn a_joined_layer_shares_only_its_default() {
     assert!(matches!(&same, Err(BuildError::RuleInUse { rule, .. }) if rule == "search"), "{same:?}");
     drop((jobs, layer, search, upload));
 }
+
+/// A rejection names the rule that makes the client wait longest and that rule's own key
+/// (each rule here has its own): not the first rule's, nor the first rejecting one's.
+#[tokio::test]
+async fn a_rejection_names_the_worst_rule_and_its_own_key() {
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .rule("by-ip", Quota::per_minute(100), key::header("x-ip"))
+        .rule("per-minute", Quota::per_minute(1), key::header("x-api-key"))
+        .rule("per-hour", Quota::per_hour(1), key::header("x-account"))
+        .build()
+        .unwrap()
+        .on_rejected(|r| {
+            let said = format!("{} {}", r.rule, String::from_utf8_lossy(r.key.as_bytes()));
+            let mut res = http::Response::new(axum::body::Body::from(said));
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            res
+        });
+    let svc = layer.layer(app(Arc::default()));
+    let said = |account: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let req = http::Request::get("/")
+                .header("x-ip", "192.0.2.7")
+                .header("x-api-key", "ak_1")
+                .header("x-account", account)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let res = svc.oneshot(req).await.unwrap();
+            let status = res.status();
+            let body = axum::body::to_bytes(res.into_body(), 1 << 10).await.unwrap();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    assert_eq!(said("acct_1").await.0, StatusCode::OK);
+    // Both the minute's and the hour's rule reject: the hour's makes the client wait longer.
+    assert_eq!(said("acct_1").await, (StatusCode::TOO_MANY_REQUESTS, "per-hour acct_1".into()));
+    // Another account: only the minute's rule (keyed by the API key) rejects.
+    assert_eq!(said("acct_2").await, (StatusCode::TOO_MANY_REQUESTS, "per-minute ak_1".into()));
+}
