@@ -104,7 +104,7 @@ where
                     if let Some(most) = this.report.as_ref().map(Report::most_restrictive) {
                         req.extensions_mut().insert(most.clone());
                     }
-                    let forwarded = lease.map(Lease::forward);
+                    let forwarded = lease.and_then(Lease::forward);
                     let future = inner.call(req);
                     this.kind.set(Kind::Running { future, forwarded });
                 }

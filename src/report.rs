@@ -11,7 +11,9 @@ use crate::decision::Decision;
 use crate::head::RequestHead;
 use crate::limiter::{Limiter, RuleSet};
 use crate::response::{Names, Responder};
-use crate::verdict::{Decided, Verdict};
+use crate::verdict::Decided;
+#[cfg(doc)]
+use crate::verdict::Verdict;
 
 /// What every clone of the service and every request's future share: one reference
 /// count to move per clone (servers clone the service per request, on every thread).
@@ -32,11 +34,15 @@ pub(crate) struct Report<St, R, U> {
 }
 
 impl<St, R, U> Report<St, R, U> {
-    /// What the response to an admitted `verdict` says; `None` when no rule was decided
-    /// (shadow rules only, or the store failed open): no headers then.
-    pub(crate) fn new(shared: Arc<Shared<St, R, U>>, verdict: Verdict, set: Arc<RuleSet<RequestHead>>) -> Option<Self> {
-        let most = verdict.most()?;
-        Some(Self { shared, set, decided: verdict.decided, most })
+    /// What the response to an admitted verdict says: its `decided` rules, of which `most`
+    /// is the most restrictive ([`Verdict::most`]: a verdict with no decisions has no report).
+    pub(crate) fn new(
+        shared: Arc<Shared<St, R, U>>,
+        decided: SmallVec<[Decided; 1]>,
+        most: usize,
+        set: Arc<RuleSet<RequestHead>>,
+    ) -> Self {
+        Self { shared, set, decided, most }
     }
 
     /// The decision handlers find in the request's extensions.

@@ -139,12 +139,7 @@ where
     U: OnUnavailable<ResBody>,
     ResBody: Default,
 {
-    fn of(
-        shared: &Arc<Shared<St, R, U>>,
-        mut verdict: Verdict,
-        set: Arc<RuleSet<RequestHead>>,
-        req: &RequestHead,
-    ) -> Self {
+    fn of(shared: &Arc<Shared<St, R, U>>, verdict: Verdict, set: Arc<RuleSet<RequestHead>>, req: &RequestHead) -> Self {
         match &verdict.ruling {
             Ruling::Rejected { worst, key } => {
                 Step::Refused(shared.responder.rejected(&verdict, (*worst, key), &names(&set), req))
@@ -155,9 +150,11 @@ where
                 // future is first polled.
                 let delay = verdict.delay();
                 let slot = (!delay.is_zero()).then(|| Instant::now() + delay);
-                let held = std::mem::take(&mut verdict.held);
+                let most = verdict.most();
+                // Taken apart, not moved whole: each part goes where it is kept.
+                let Verdict { decided, held, .. } = verdict;
                 let lease = shared.limiter.lease(held, "a request dropped before it was forwarded");
-                let report = Report::new(shared.clone(), verdict, set);
+                let report = most.map(|most| Report::new(shared.clone(), decided, most, set));
                 Step::Admitted(Admitted { report, lease, slot })
             }
         }

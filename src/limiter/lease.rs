@@ -42,11 +42,12 @@ impl<St: Store> Lease<St> {
     }
 
     /// The input reaches its handler: the units kept whatever the outcome are released;
-    /// those a status may refund, and the probes, move on.
-    pub(crate) fn forward(mut self) -> Forwarded<St> {
+    /// those a status may refund, and the probes, move on — `None` when there are none (the
+    /// common request: nothing waits for its response).
+    pub(crate) fn forward(mut self) -> Option<Forwarded<St>> {
         let mut held = std::mem::take(&mut self.held);
         held.units.retain(|u| matches!(u.exit, Exit::UnlessCounted(_)));
-        Forwarded { held, holders: self.holders.clone() }
+        (!held.units.is_empty() || !held.probes.is_empty()).then(|| Forwarded { held, holders: self.holders.clone() })
     }
 }
 
