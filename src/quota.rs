@@ -29,6 +29,9 @@ pub struct Quota {
     limit: u64,
     period_us: u64,
     burst: u64,
+    /// The emission interval, `ceil(period / limit)`: made once, as every decision of the
+    /// bucket algorithms and GCRA needs it (a 64-bit division a decision otherwise).
+    interval_us: u64,
 }
 
 /// Longest period a quota may have: 366 days. Keeps every product of the algorithms
@@ -124,7 +127,13 @@ impl Quota {
         if period_us > MAX_PERIOD_US as u128 {
             return Err("invalid quota: the period is longer than 366 days");
         }
-        Ok(Self { limit, period_us: period_us as u64, burst: limit })
+        Ok(Self::of(limit, period_us as u64))
+    }
+
+    /// A quota of valid `limit` and `period_us`, its burst the limit.
+    const fn of(limit: u64, period_us: u64) -> Self {
+        // At least 1: the period is at least 1 µs.
+        Self { limit, period_us, burst: limit, interval_us: period_us.div_ceil(limit) }
     }
 
     /// `n` per second.
@@ -237,7 +246,7 @@ impl Quota {
     pub(crate) fn divided(self, instances: u64) -> Self {
         let instances = instances.max(1);
         let limit = (self.limit / instances).max(1);
-        let mut q = Self { limit, period_us: self.period_us, burst: limit };
+        let mut q = Self::of(limit, self.period_us);
         let t = q.emission_interval_micros();
         let most = MAX_BURST_SPAN_US / t - 1; // (most + 1)·t <= 2^52; t <= 366 days: most >= 141
         q.burst = (self.burst / instances).clamp(1, most);
@@ -248,8 +257,7 @@ impl Quota {
     /// the bucket algorithms and GCRA.
     #[must_use]
     pub const fn emission_interval_micros(&self) -> u64 {
-        // At least 1: the period is at least 1 µs.
-        self.period_us.div_ceil(self.limit)
+        self.interval_us
     }
 }
 
@@ -328,6 +336,26 @@ pub(crate) fn unit_micros(unit: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The interval made once is `ceil(period / limit)` for every way a quota is made:
+        /// built, given a burst, divided between servers.
+        #[test]
+        fn the_interval_is_the_period_over_the_limit_rounded_up(
+            limit in 1..=MAX_UNITS,
+            period_us in 1..=MAX_PERIOD_US,
+            burst in 1..=1_000u64,
+            servers in 1..=64u64,
+        ) {
+            let q = Quota::new(limit, Duration::from_micros(period_us));
+            proptest::prop_assert_eq!(q.emission_interval_micros(), period_us.div_ceil(limit));
+            if let Ok(b) = q.try_burst(burst) {
+                proptest::prop_assert_eq!(b.emission_interval_micros(), period_us.div_ceil(limit));
+            }
+            let d = q.divided(servers);
+            proptest::prop_assert_eq!(d.emission_interval_micros(), period_us.div_ceil(d.limit()));
+        }
+    }
 
     #[test]
     fn a_divided_quota_never_panics() {
