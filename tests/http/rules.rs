@@ -11,7 +11,7 @@ use support::fake::{settle, T0};
 use tokio::sync::Notify;
 use tollgate::clock::ManualClock;
 use tollgate::key::{self};
-use tollgate::{BuildError, MemoryStore, Quota, RateLimitLayer, Rule};
+use tollgate::{Algorithm, BuildError, MemoryStore, Quota, RateLimitLayer, Rule};
 use tower::{Layer, ServiceExt};
 
 // Two layers over one store with one rule name share their counts: `RateLimitLayer::new`
@@ -217,4 +217,155 @@ async fn a_rejection_names_the_worst_rule_and_its_own_key() {
     assert_eq!(said("acct_1").await, (StatusCode::TOO_MANY_REQUESTS, "per-hour acct_1".into()));
     // Another account: only the minute's rule (keyed by the API key) rejects.
     assert_eq!(said("acct_2").await, (StatusCode::TOO_MANY_REQUESTS, "per-minute ak_1".into()));
+}
+
+/// What a layer's rejection said: its status, its body (`"<rule> <key> <who decided>"`,
+/// from `says_who`), and its `Retry-After` and `X-RateLimit-Rule` headers.
+type Said = (StatusCode, String, Option<String>, Option<String>);
+
+/// `layer` over `app`, its rejections saying which rule refused, the key and who decided.
+fn says_who<St: tollgate::store::Store>(
+    layer: RateLimitLayer<St>,
+) -> impl tower::Service<
+    http::Request<axum::body::Body>,
+    Response = http::Response<axum::body::Body>,
+    Error = std::convert::Infallible,
+    Future: Send,
+> + Clone {
+    layer
+        .on_rejected(|r| {
+            let said = format!("{} {} {:?}", r.rule, String::from_utf8_lossy(r.key.as_bytes()), r.decided_by);
+            let mut res = http::Response::new(axum::body::Body::from(said));
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            res
+        })
+        .layer(app(Arc::default()))
+}
+
+/// Sends a `GET /` with `headers` to `svc`; what came back.
+async fn ask<S>(svc: &S, headers: &[(&str, &str)]) -> Said
+where
+    S: tower::Service<
+            http::Request<axum::body::Body>,
+            Response = http::Response<axum::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone,
+{
+    let mut req = http::Request::get("/");
+    for &(name, value) in headers {
+        req = req.header(name, value);
+    }
+    let res = svc.clone().oneshot(req.body(axum::body::Body::empty()).unwrap()).await.unwrap();
+    let header = |name| res.headers().get(name).map(|v: &http::HeaderValue| v.to_str().unwrap().to_owned());
+    let (retry, rule) = (header("retry-after"), header("x-ratelimit-rule"));
+    let status = res.status();
+    let body = axum::body::to_bytes(res.into_body(), 1 << 10).await.unwrap();
+    (status, String::from_utf8(body.to_vec()).unwrap(), retry, rule)
+}
+
+/// A rule the request can never pass (its cost is above the rule's capacity: no
+/// `Retry-After` would help) is the one named, over one that only makes the client wait
+/// an hour; and the response says no `Retry-After` then.
+#[tokio::test]
+async fn a_rejection_names_a_rule_that_can_never_pass_over_one_that_waits() {
+    let cost = |req: &tollgate::RequestHead| {
+        req.headers().get("x-cost").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1)
+    };
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .add_rule(Rule::new("bulk", Quota::per_minute(2), key::header("x-api-key")).cost(cost))
+        .rule("hourly", HOUR, key::header("x-account"))
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    let svc = says_who(layer);
+    let headers = |cost| [("x-api-key", "ak_1"), ("x-account", "acct_1"), ("x-cost", cost)];
+    assert_eq!(ask(&svc, &headers("1")).await.0, StatusCode::OK);
+    // The hour's rule rejects (an hour to wait); the bulk rule can never take 3 of 2.
+    let (status, body, retry, rule) = ask(&svc, &headers("3")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "bulk ak_1 Store"));
+    assert_eq!(retry, None, "no wait lets a cost of 3 through a quota of 2");
+    assert_eq!(rule.as_deref(), Some("bulk"), "the headers describe the rule named");
+    // Within its cost, the hour's rule alone rejects: named, with its wait.
+    let (status, body, retry, rule) = ask(&svc, &headers("1")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "hourly acct_1 Store"));
+    assert_eq!(retry.as_deref(), Some(&*secs(HOUR)));
+    assert_eq!(rule.as_deref(), Some("hourly"));
+}
+
+/// Two rules that reject with the same wait: the later rule is named (the last of
+/// equals, as before), with its own key, and the headers describe that same rule.
+#[tokio::test]
+async fn of_rejecting_rules_with_equal_waits_the_last_is_named_with_its_key() {
+    let layer = RateLimitLayer::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .rule("by-ip", MINUTE, key::header("x-ip"))
+        .rule("by-key", MINUTE, key::header("x-api-key"))
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    let svc = says_who(layer);
+    let headers = [("x-ip", "192.0.2.7"), ("x-api-key", "ak_1")];
+    assert_eq!(ask(&svc, &headers).await.0, StatusCode::OK);
+    let (status, body, retry, rule) = ask(&svc, &headers).await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "by-key ak_1 Store"));
+    assert_eq!((retry.as_deref(), rule.as_deref()), (Some(&*secs(MINUTE)), Some("by-key")));
+}
+
+/// While the store fails, a rule that passes open is not decided (the fallback decides
+/// the others): the rejection still names the worst of those decided, with its key, and
+/// not whichever rule sits at its position among the checks.
+#[tokio::test]
+async fn a_fallback_rejection_names_the_worst_rule_when_an_open_rule_is_not_decided() {
+    let store = support::fake::Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    store.set(support::fake::Mode::Failing);
+    let layer = RateLimitLayer::builder(store)
+        .add_rule(Rule::new("open", Quota::per_minute(100), key::header("x-ip")).fail_mode(tollgate::FailMode::Open))
+        .rule("per-minute", MINUTE, key::header("x-api-key"))
+        .rule("per-hour", HOUR, key::header("x-account"))
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)))
+        .servers(1)
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    let svc = says_who(layer);
+    let headers = |account| [("x-ip", "192.0.2.7"), ("x-api-key", "ak_1"), ("x-account", account)];
+    assert_eq!(ask(&svc, &headers("acct_1")).await.0, StatusCode::OK);
+    let (status, body, retry, rule) = ask(&svc, &headers("acct_1")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-hour acct_1 Fallback"));
+    assert_eq!((retry.as_deref(), rule.as_deref()), (Some(&*secs(HOUR)), Some("per-hour")));
+    let (status, body, retry, rule) = ask(&svc, &headers("acct_2")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-minute ak_1 Fallback"));
+    assert_eq!((retry.as_deref(), rule.as_deref()), (Some(&*secs(MINUTE)), Some("per-minute")));
+}
+
+/// A rejection from the blocked-key cache names the blocked rule's own key, not the
+/// first rule's.
+#[tokio::test]
+async fn a_cached_rejection_names_the_blocked_rules_own_key() {
+    let store = support::fake::Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let layer = RateLimitLayer::builder(store.clone())
+        .rule("by-ip", Quota::per_minute(100), key::header("x-ip"))
+        .rule("by-key", MINUTE, key::header("x-api-key"))
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    let svc = says_who(layer);
+    let headers = [("x-ip", "192.0.2.7"), ("x-api-key", "ak_1")];
+    assert_eq!(ask(&svc, &headers).await.0, StatusCode::OK);
+    let (status, body, ..) = ask(&svc, &headers).await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "by-key ak_1 Store"));
+    let asked = store.checks();
+    let (status, body, retry, rule) = ask(&svc, &headers).await;
+    assert_eq!(store.checks(), asked, "refused from the cache");
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "by-key ak_1 LocalCache"));
+    assert_eq!((retry.as_deref(), rule.as_deref()), (Some(&*secs(MINUTE)), Some("by-key")));
+}
+
+/// One unit a minute, and one an hour: under GCRA, a client that took its unit waits a
+/// whole period.
+const MINUTE: Quota = Quota::per_minute(1);
+const HOUR: Quota = Quota::per_hour(1);
+
+/// `Retry-After` for a wait of `q`'s whole period.
+fn secs(q: Quota) -> String {
+    q.period().as_secs().to_string()
 }
