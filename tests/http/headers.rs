@@ -107,6 +107,34 @@ async fn a_cached_429_says_what_the_stores_429_said() {
     assert_eq!(seen[2], seen[1], "the cache's 429 differs from the store's");
 }
 
+/// A tier's 429 from the blocked-key cache says the tier's quota, as the store's did (not
+/// the rule's own quota, given to `Rule::new`).
+#[tokio::test]
+async fn a_cached_429_of_a_tier_says_the_tiers_quota() {
+    const PRO: Quota = Quota::per_hour(2);
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let layer = RateLimitLayer::builder(store.clone())
+        .add_rule(Rule::new("per-account", Quota::per_hour(1), key::Global).quota_fn(|_| Some(PRO)))
+        .build()
+        .unwrap()
+        .headers(HeaderStyle::Both);
+    let svc = layer.layer(app(Arc::new(Notify::new())));
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let res = svc.clone().oneshot(get("/")).await.unwrap();
+        let h = |n: &str| res.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+        seen.push((res.status(), h("x-ratelimit-limit"), h("ratelimit-policy"), h("retry-after"), h("ratelimit")));
+    }
+    let statuses: Vec<StatusCode> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::TOO_MANY_REQUESTS]
+    );
+    assert_eq!(store.checks(), 3, "the fourth request was answered by the cache");
+    assert_eq!(seen[2].1, Some(PRO.limit().to_string()), "the store's 429 says the tier's limit");
+    assert_eq!(seen[3], seen[2], "the cache's 429 differs from the store's");
+}
+
 // Nested layers (issue 27): the README's `.route_layer(login)` inside `.layer(api)`. The
 // outer layer's headers used to overwrite the inner one's: a login 429 said `ip` 86/100
 // and a reset ten seconds away while `Retry-After` said an hour.

@@ -72,6 +72,30 @@ async fn a_limiter_decides_inputs_that_are_not_requests() {
     assert_eq!(v.rejected_by().unwrap().rule, "messages");
 }
 
+/// A rule the input can never pass (its cost above the rule's capacity) is the one
+/// `rejected_by` names, over one that only makes it wait an hour: no `retry_after` then,
+/// and `wait` gives up at once rather than sleeping for the other rule.
+#[tokio::test(start_paused = true)]
+async fn a_rule_that_can_never_pass_is_the_rejection_and_wait_gives_up_at_once() {
+    let limiter = Limiter::builder(MemoryStore::with_clock(TokioClock::new()))
+        .rule("messages", Quota::per_hour(1), per_user)
+        .add_rule(Rule::new("bytes", Quota::per_minute(4), per_user).cost(|m: &Message| m.text.len() as u64))
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    assert!(limiter.check(&msg("ada", "hi")).await.is_allowed());
+    // The message rule would take an hour; the byte rule can never take 5 of 4.
+    let v = limiter.check(&msg("ada", "12345")).await;
+    let by = v.rejected_by().unwrap();
+    assert_eq!((by.rule, by.decision.retry_after), ("bytes", None));
+    assert_eq!(v.retry_after(), None);
+    assert_eq!(v.most_restrictive().unwrap().rule, "bytes");
+    let started = Instant::now();
+    let v = limiter.wait(&msg("ada", "12345"), Duration::from_secs(2 * 3600)).await;
+    assert_eq!(v.rejected_by().map(|r| r.rule), Some("bytes"));
+    assert_eq!(started.elapsed(), Duration::ZERO, "waited for a rule that never lets it through");
+}
+
 #[tokio::test]
 async fn any_input_type_even_unsized_and_rules_that_do_not_apply() {
     let limiter: Limiter<MemoryStore, str> = Limiter::builder(MemoryStore::with_clock(ManualClock::new(T0)))
