@@ -369,3 +369,28 @@ const HOUR: Quota = Quota::per_hour(1);
 fn secs(q: Quota) -> String {
     q.period().as_secs().to_string()
 }
+
+/// Two keys blocked at once: the blocked-key cache's 429 names the rule the store's 429
+/// named (the one that makes the client wait longest), with the same `Retry-After`, not
+/// the first blocked rule with a shorter wait (the client would come back too soon).
+#[tokio::test]
+async fn a_cached_rejection_of_two_blocked_keys_names_the_worst_as_the_store_did() {
+    let store = support::fake::Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let layer = RateLimitLayer::builder(store.clone())
+        .rule("per-minute", MINUTE, key::header("x-api-key"))
+        .rule("per-hour", HOUR, key::header("x-account"))
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    let svc = says_who(layer);
+    let headers = [("x-api-key", "ak_1"), ("x-account", "acct_1")];
+    assert_eq!(ask(&svc, &headers).await.0, StatusCode::OK);
+    let (status, body, retry, rule) = ask(&svc, &headers).await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-hour acct_1 Store"));
+    assert_eq!((retry.as_deref(), rule.as_deref()), (Some(&*secs(HOUR)), Some("per-hour")));
+    let asked = store.checks();
+    let (status, body, retry, rule) = ask(&svc, &headers).await;
+    assert_eq!(store.checks(), asked, "refused from the cache");
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-hour acct_1 LocalCache"));
+    assert_eq!((retry.as_deref(), rule.as_deref()), (Some(&*secs(HOUR)), Some("per-hour")));
+}
