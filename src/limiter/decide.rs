@@ -289,10 +289,13 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }));
     }
 
-    /// A rejection from the blocked-key cache, when one of the enforced keys is blocked.
+    /// A rejection from the blocked-key cache, when one of the enforced keys is blocked:
+    /// of several, the one that makes the caller wait longest (one that can never accept
+    /// counts as longest; the last of equals), as the store's rejection named it.
     fn blocked(&self, plan: &Plan<I>) -> Option<Verdict> {
         let now = self.runtime.mono_us();
         let set = &plan.set;
+        let mut worst: Option<(Duration, &Check, usize, Decision)> = None;
         for (check, rule) in plan.enforced() {
             let r = &set.rules[rule];
             if r.count_if.is_some() && r.block.is_zero() {
@@ -301,15 +304,18 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             let quota = check.params.quota;
             if let Some(decision) = self.runtime.cache.blocked(set.id(rule), &check.key, check.params.cost, quota, now)
             {
-                crate::metrics::decision(check.rule, "local_rejected");
-                let held = set.held();
-                let mut verdict = Verdict::empty(Ruling::Rejected { worst: 0, key: check.key.clone() }, held);
-                verdict.source = Some(DecidedBy::LocalCache);
-                verdict.decided.push(Decided { rule, name: check.rule, quota, decision });
-                return Some(verdict);
+                let wait = decision.retry_after.unwrap_or(Duration::MAX);
+                if worst.as_ref().is_none_or(|(longest, ..)| wait >= *longest) {
+                    worst = Some((wait, check, rule, decision));
+                }
             }
         }
-        None
+        let (_, check, rule, decision) = worst?;
+        crate::metrics::decision(check.rule, "local_rejected");
+        let mut verdict = Verdict::empty(Ruling::Rejected { worst: 0, key: check.key.clone() }, set.held());
+        verdict.source = Some(DecidedBy::LocalCache);
+        verdict.decided.push(Decided { rule, name: check.rule, quota: check.params.quota, decision });
+        Some(verdict)
     }
 }
 
