@@ -4,7 +4,6 @@
 //! what the input holds ([`Held`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
@@ -14,11 +13,10 @@ use super::holders::{lost, never_sent};
 use super::{Limiter, Plan, RuleSet};
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::key::Key;
 use crate::rule::FailMode;
 use crate::runtime::{BlockedCache, Late, RuleId, Shares, StoreCopy};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
-use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
+use crate::verdict::{Decided, DecidedBy, Longest, Ruling, Verdict};
 
 /// What [`Limiter::decide_now`] gives.
 #[allow(clippy::large_enum_variant, reason = "returned once per input and matched at once: boxing would allocate")]
@@ -108,9 +106,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let mut verdict = Verdict::empty(Ruling::Allowed, Held::default());
         // No enforced rule (shadow rules only): nothing was decided.
         verdict.source = (enforced > 0).then_some(by);
-        // The rejecting rule that makes the caller wait longest (one that can never accept
-        // counts as longest; the last of equals): its wait, its index in `decided`, its key.
-        let mut worst: Option<(Duration, usize, &Key)> = None;
+        // The rejecting rule that makes the caller wait longest: its index in `decided`, its key.
+        let mut worst = Longest::new();
         for (i, (check, &rule)) in checks.iter().zip(&rules).enumerate() {
             let Some(Outcome { decision: d, taken }) = &outcomes[i] else { continue };
             let shadow = i >= enforced;
@@ -126,16 +123,13 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
             if !shadow {
                 if !d.allowed {
-                    let wait = d.retry_after.unwrap_or(Duration::MAX);
-                    if worst.is_none_or(|(longest, ..)| wait >= longest) {
-                        worst = Some((wait, verdict.decided.len(), &check.key));
-                    }
+                    worst.offer(d.retry_after, (verdict.decided.len(), &check.key));
                 }
                 let decided = Decided { rule, name: check.rule, quota: check.params.quota, decision: d.clone() };
                 verdict.decided.push(decided);
             }
         }
-        if let Some((_, worst, key)) = worst {
+        if let Some((worst, key)) = worst.take() {
             verdict.ruling = Ruling::Rejected { worst, key: key.clone() };
         }
         if verdict.is_allowed() {
@@ -295,7 +289,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn blocked(&self, plan: &Plan<I>) -> Option<Verdict> {
         let now = self.runtime.mono_us();
         let set = &plan.set;
-        let mut worst: Option<(Duration, &Check, usize, Decision)> = None;
+        let mut worst = Longest::new();
         for (check, rule) in plan.enforced() {
             let r = &set.rules[rule];
             if r.count_if.is_some() && r.block.is_zero() {
@@ -304,13 +298,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             let quota = check.params.quota;
             if let Some(decision) = self.runtime.cache.blocked(set.id(rule), &check.key, check.params.cost, quota, now)
             {
-                let wait = decision.retry_after.unwrap_or(Duration::MAX);
-                if worst.as_ref().is_none_or(|(longest, ..)| wait >= *longest) {
-                    worst = Some((wait, check, rule, decision));
-                }
+                worst.offer(decision.retry_after, (check, rule, decision));
             }
         }
-        let (_, check, rule, decision) = worst?;
+        let (check, rule, decision) = worst.take()?;
         crate::metrics::decision(check.rule, "local_rejected");
         let mut verdict = Verdict::empty(Ruling::Rejected { worst: 0, key: check.key.clone() }, set.held());
         verdict.source = Some(DecidedBy::LocalCache);
