@@ -10,6 +10,7 @@ mod batch;
 mod cluster;
 mod degradation;
 mod failover;
+mod fallback_counts;
 mod faults;
 mod features;
 mod local_cache;
