@@ -11,6 +11,7 @@ mod cluster;
 mod degradation;
 mod failover;
 mod fallback_counts;
+mod fallback_rejections;
 mod faults;
 mod features;
 mod local_cache;
