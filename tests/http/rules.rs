@@ -394,3 +394,31 @@ async fn a_cached_rejection_of_two_blocked_keys_names_the_worst_as_the_store_did
     assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-hour acct_1 LocalCache"));
     assert_eq!((retry.as_deref(), rule.as_deref()), (Some(&*secs(HOUR)), Some("per-hour")));
 }
+
+/// The store admitted a client's one unit of a minute's and of an hour's rule, then fails:
+/// both of this server's shares of what the store said remains are spent. The fallback's
+/// 429 names the hour's rule (the longest wait, as the store's 429 would), not the first
+/// rule spent, with its key and its `Retry-After`.
+#[tokio::test]
+async fn a_fallback_rejection_over_two_spent_shares_names_the_longest_wait() {
+    let store = support::fake::Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let layer = RateLimitLayer::builder(store.clone())
+        .rule("per-minute", MINUTE, key::header("x-api-key"))
+        .rule("per-hour", HOUR, key::header("x-account"))
+        .fallback(MemoryStore::with_clock(ManualClock::new(T0)))
+        .servers(1)
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    let svc = says_who(layer);
+    let headers = |account| [("x-api-key", "ak_1"), ("x-account", account)];
+    assert_eq!(ask(&svc, &headers("acct_1")).await.0, StatusCode::OK);
+    store.set(support::fake::Mode::Failing);
+    let (status, body, retry, rule) = ask(&svc, &headers("acct_1")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-hour acct_1 Fallback"));
+    assert_eq!((retry.as_deref(), rule.as_deref()), (Some(&*secs(HOUR)), Some("per-hour")));
+    // Another account: only the minute's share is spent.
+    let (status, body, retry, rule) = ask(&svc, &headers("acct_2")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-minute ak_1 Fallback"));
+    assert_eq!((retry.as_deref(), rule.as_deref()), (Some(&*secs(MINUTE)), Some("per-minute")));
+}
