@@ -28,6 +28,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::store::memory::MemoryStore;
 use crate::store::{Check, Outcome, Outcomes, Store};
+use crate::verdict::Longest;
 
 /// The knobs of the runtime protections; a [`Runtime`] is made from them.
 #[derive(Debug, Clone)]
@@ -235,12 +236,17 @@ impl Runtime {
             .collect();
         let picked: Vec<Check> = local.iter().zip(use_it).filter(|&(_, &u)| u).map(|(c, _)| c.clone()).collect();
         // A key past this server's share of what the store said remains: refused, and
-        // nothing taken from the others.
-        let spent =
-            checks.iter().zip(ids).zip(use_it).filter(|&(_, &u)| u).enumerate().find_map(|(j, ((c, &id), _))| {
-                // A probe (cost 0: a charged rule's admission) needs room for one unit.
-                self.shares.fits(id, &c.key, c.params.cost.max(1), now).err().map(|whole_in| (j, whole_in))
-            });
+        // nothing taken from the others. Of several, the one whose quota is whole last
+        // (the last of equals), as the store's rejection names the longest wait: the
+        // first would send the client back too soon.
+        let mut longest = Longest::new();
+        for (j, ((c, &id), _)) in checks.iter().zip(ids).zip(use_it).filter(|&(_, &u)| u).enumerate() {
+            // A probe (cost 0: a charged rule's admission) needs room for one unit.
+            if let Err(whole_in) = self.shares.fits(id, &c.key, c.params.cost.max(1), now) {
+                longest.offer(Some(Duration::from_micros(whole_in)), (j, whole_in));
+            }
+        }
+        let spent = longest.take();
         let decided: Vec<Option<Outcome>> = match spent {
             Some((j, whole_in)) => {
                 picked.iter().enumerate().map(|(i, c)| (i == j).then(|| share_spent(c, whole_in))).collect()
