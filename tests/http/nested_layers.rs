@@ -190,3 +190,39 @@ async fn an_outer_layer_on_a_remote_store_answers_as_on_an_in_process_one() {
     assert_eq!(local, remote);
     assert_eq!(local.last().unwrap().0, 429, "{local:#?}");
 }
+
+/// An inner layer of two rules names its rule (`X-RateLimit-Rule: uploads`); the outer
+/// layer's rule is tighter, and its name cannot be a header value (a control character).
+/// Over the outer layer's
+/// numbers the inner layer's name is removed (it would say they are the inner rule's);
+/// when the inner layer refuses, its 429 keeps its name and its numbers.
+#[tokio::test]
+async fn an_inner_rule_name_is_removed_under_the_outer_numbers_and_kept_on_its_refusal() {
+    let store = MemoryStore::new();
+    let inner = RateLimitLayer::builder(store.clone())
+        .rule("uploads", Quota::per_hour(100), key::Global)
+        .rule("bytes", Quota::per_hour(1_000), key::Global)
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    let outer = RateLimitLayer::builder(store)
+        .rule("ip\u{7f}", Quota::per_minute(3), key::Global)
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    let app =
+        axum::Router::new().route("/", axum::routing::post(|| async { "ok" })).route_layer(inner.clone()).layer(outer);
+    let post = || Request::post("/").body(Body::empty()).unwrap();
+    let res = app.clone().oneshot(post()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!((h(&res, "x-ratelimit-limit"), h(&res, "x-ratelimit-remaining")), (Some("3".into()), Some("2".into())));
+    assert_eq!(h(&res, "x-ratelimit-rule"), None, "the outer layer's numbers under the inner rule's name");
+    // The inner layer refuses (its uploads rule spent): its 429, its rule, untouched.
+    while inner.limiter().check_key("uploads", "global", 1).await.is_allowed() {}
+    let res = app.clone().oneshot(post()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        (h(&res, "x-ratelimit-rule"), h(&res, "x-ratelimit-limit")),
+        (Some("uploads".into()), Some("100".into()))
+    );
+}
