@@ -122,3 +122,27 @@ impl Decision {
         }
     }
 }
+
+/// Of the rejections offered, the one that makes its caller wait longest: one that can
+/// never accept (no retry time) counts as longest; of equals, the last offered. The one
+/// choice the store's, the blocked-key cache's and the fallback's rejections make.
+pub(crate) struct Longest<T>(Option<(Duration, T)>);
+
+impl<T> Longest<T> {
+    pub(crate) fn new() -> Self {
+        Self(None)
+    }
+
+    /// A rejection whose caller may retry after `retry_after`, and what names it.
+    pub(crate) fn offer(&mut self, retry_after: Option<Duration>, what: T) {
+        let wait = retry_after.unwrap_or(Duration::MAX);
+        if self.0.as_ref().is_none_or(|(longest, _)| wait >= *longest) {
+            self.0 = Some((wait, what));
+        }
+    }
+
+    /// What names the longest wait, if any was offered.
+    pub(crate) fn take(self) -> Option<T> {
+        self.0.map(|(_, what)| what)
+    }
+}

@@ -194,27 +194,3 @@ impl Verdict {
 pub(crate) fn fewest_left(decided: &[Decided]) -> Option<usize> {
     decided.iter().enumerate().min_by_key(|(_, d)| d.decision.remaining).map(|(i, _)| i)
 }
-
-/// Of the rejections offered, the one that makes its caller wait longest: one that can
-/// never accept (no retry time) counts as longest; of equals, the last offered. The one
-/// choice both the store's and the blocked-key cache's rejections make.
-pub(crate) struct Longest<T>(Option<(Duration, T)>);
-
-impl<T> Longest<T> {
-    pub(crate) fn new() -> Self {
-        Self(None)
-    }
-
-    /// A rejection whose caller may retry after `retry_after`, and what names it.
-    pub(crate) fn offer(&mut self, retry_after: Option<Duration>, what: T) {
-        let wait = retry_after.unwrap_or(Duration::MAX);
-        if self.0.as_ref().is_none_or(|(longest, _)| wait >= *longest) {
-            self.0 = Some((wait, what));
-        }
-    }
-
-    /// What names the longest wait, if any was offered.
-    pub(crate) fn take(self) -> Option<T> {
-        self.0.map(|(_, what)| what)
-    }
-}

@@ -11,12 +11,12 @@ use tokio::time::Instant;
 use super::held::{Exit, Held, Holder, Probe, Unit};
 use super::holders::{lost, never_sent};
 use super::{Limiter, Plan, RuleSet};
-use crate::decision::Decision;
+use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
 use crate::rule::FailMode;
 use crate::runtime::{BlockedCache, Late, RuleId, Shares, StoreCopy};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
-use crate::verdict::{Decided, DecidedBy, Longest, Ruling, Verdict};
+use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
 
 /// What [`Limiter::decide_now`] gives.
 #[allow(clippy::large_enum_variant, reason = "returned once per input and matched at once: boxing would allocate")]

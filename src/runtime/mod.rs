@@ -24,11 +24,10 @@ pub(crate) use self::copy::{Copy, StoreCopy};
 use self::detached::owned_ask;
 pub(crate) use self::detached::{Late, LateSlots, Lessons, Unsent};
 pub(crate) use self::share::Shares;
-use crate::decision::Decision;
+use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
 use crate::store::memory::MemoryStore;
 use crate::store::{Check, Outcome, Outcomes, Store};
-use crate::verdict::Longest;
 
 /// The knobs of the runtime protections; a [`Runtime`] is made from them.
 #[derive(Debug, Clone)]
