@@ -42,7 +42,7 @@ pub struct Verdict {
 /// under (a tier's), and what it decided. What the headers and [`RuleDecision`] say, and
 /// nothing more: a response future carries these (not the checks, whose keys only a
 /// rejection shows: see [`Ruling::Rejected`]).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Decided {
     pub(crate) rule: usize,
     pub(crate) name: RuleName,
