@@ -96,6 +96,13 @@ pub enum StoreError {
     /// a success), so that one failed node does not stop the calls to the healthy ones.
     #[error("store node unavailable: {0}")]
     NodeUnavailable(String),
+    /// One node of a clustered store did not answer in time while the store's other nodes
+    /// answer. The call was sent and may still run there: its outcome is unknown (what it
+    /// asked is never sent again blindly). As for
+    /// [`NodeUnavailable`](StoreError::NodeUnavailable), the circuit breaker does not count
+    /// it, so that one stalled node does not stop the calls to the healthy ones.
+    #[error("store node timed out: {0}")]
+    NodeTimeout(String),
     /// Too many store calls were already in flight; this one was not queued.
     #[error("store overloaded: {0} calls already in flight")]
     Overloaded(usize),

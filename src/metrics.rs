@@ -26,6 +26,7 @@ pub(crate) fn store_error(err: &StoreError) {
             StoreError::Timeout(_) => "timeout",
             StoreError::Unavailable(_) => "unavailable",
             StoreError::NodeUnavailable(_) => "node_unavailable",
+            StoreError::NodeTimeout(_) => "node_timeout",
             StoreError::NotConnected(_) => "not_connected",
             StoreError::Overloaded(_) => "overloaded",
             StoreError::CircuitOpen(_) => "circuit_open",

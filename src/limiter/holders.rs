@@ -267,6 +267,9 @@ fn failed<'a>(checks: impl IntoIterator<Item = &'a Check>, err: &dyn std::fmt::D
 
 /// Whether a call that failed with `err` never reached the store (or reached a store
 /// that has since lost it): what the fallback admitted for it is charged to the store.
+/// A timeout — the caller's deadline, a connection's response timeout, one cluster node's
+/// ([`StoreError::NodeTimeout`]) — is "sent, outcome unknown": the store may still run it,
+/// so it is never sent again.
 pub(crate) fn never_sent(err: &StoreError) -> bool {
     matches!(
         err,

@@ -194,7 +194,9 @@ impl Runtime {
             // One node failed while the others answer (the breaker would stop the healthy
             // ones too), the call failed at once (nothing to spare), or this process
             // stalled past the deadline (see above): not counted against the store.
-            Err(StoreError::NodeUnavailable(_) | StoreError::NotConnected(_)) => permit.neutral(self.mono_us()),
+            Err(StoreError::NodeUnavailable(_) | StoreError::NodeTimeout(_) | StoreError::NotConnected(_)) => {
+                permit.neutral(self.mono_us())
+            }
             Err(_) if stalled => permit.neutral(self.mono_us()),
             Err(_) => permit.failure(self.mono_us()),
         }

@@ -177,8 +177,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// The error for a call about `checks` that the caller's `deadline` cut off. The
     /// default is [`StoreError::Timeout`]; a store of several nodes may say that only the
-    /// node of these keys is failing ([`StoreError::NodeUnavailable`], which the circuit
-    /// breaker does not count).
+    /// node of these keys did not answer ([`StoreError::NodeTimeout`], which the circuit
+    /// breaker does not count). Either way the call was sent: its outcome is unknown.
     fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
         let _ = checks;
         StoreError::Timeout(deadline)

@@ -65,9 +65,13 @@ impl Inner {
     /// while other slots answer (one node failed, not the store).
     pub(super) fn on_node(&self, slot: Option<u16>, err: StoreError) -> StoreError {
         match (slot, err) {
-            (Some(slot), err @ (StoreError::Timeout(_) | StoreError::Unavailable(_)))
-                if self.link.others_answer(slot) =>
-            {
+            (Some(slot), err @ StoreError::Timeout(_)) if self.link.others_answer(slot) => {
+                StoreError::NodeTimeout(format!(
+                    "redis at {}: the node serving slot {slot} did not answer while the others do ({err})",
+                    self.config.addr
+                ))
+            }
+            (Some(slot), err @ StoreError::Unavailable(_)) if self.link.others_answer(slot) => {
                 StoreError::NodeUnavailable(format!(
                     "redis at {}: the node serving slot {slot} failed while the others answer ({err})",
                     self.config.addr
