@@ -11,6 +11,7 @@ mod common;
 mod config;
 mod delays;
 mod fallback;
+mod fallback_answers;
 mod grpc;
 mod headers;
 mod layer;
