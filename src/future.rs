@@ -101,8 +101,11 @@ where
                 KindProj::Boxed { future } => return future.as_mut().poll(cx),
                 KindProj::Unpolled { forward } => {
                     let (mut inner, mut req, lease) = forward.take().expect("ResponseFuture polled after completion");
-                    if let Some(most) = this.report.as_ref().map(Report::most_restrictive) {
-                        req.extensions_mut().insert(most.clone());
+                    if let Some(report) = this.report.as_ref() {
+                        req.extensions_mut().insert(report.most_restrictive().clone());
+                        if let Some(by) = report.decided_by() {
+                            req.extensions_mut().insert(by);
+                        }
                     }
                     let forwarded = lease.and_then(Lease::forward);
                     let future = inner.call(req);

@@ -9,9 +9,12 @@ use crate::error::StoreError;
 use crate::store::RuleName;
 
 /// The rule's interned name is the label, not a copy: a decision allocates nothing here.
-pub(crate) fn decision(rule: RuleName, outcome: &'static str) {
+/// One enforced or shadow rule's decision; `by`: `store`, `cache` (the blocked-key cache)
+/// or `fallback` (the in-process fallback, while the store fails).
+pub(crate) fn decision(rule: RuleName, outcome: &'static str, by: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("tollgate_decisions_total", "rule" => rule.as_str(), "outcome" => outcome).increment(1);
+    metrics::counter!("tollgate_decisions_total", "rule" => rule.as_str(), "outcome" => outcome, "decided_by" => by)
+        .increment(1);
 }
 
 pub(crate) fn near_limit(rule: RuleName) {

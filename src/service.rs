@@ -152,9 +152,9 @@ where
                 let slot = (!delay.is_zero()).then(|| Instant::now() + delay);
                 let most = verdict.most();
                 // Taken apart, not moved whole: each part goes where it is kept.
-                let Verdict { decided, held, .. } = verdict;
+                let Verdict { decided, held, source, .. } = verdict;
                 let lease = shared.limiter.lease(held, "a request dropped before it was forwarded");
-                let report = most.map(|most| Report::new(shared.clone(), decided, most, set));
+                let report = most.map(|most| Report::new(shared.clone(), decided, most, set, source));
                 Step::Admitted(Admitted { report, lease, slot })
             }
         }

@@ -83,6 +83,17 @@ pub enum DecidedBy {
     LocalCache,
 }
 
+impl DecidedBy {
+    /// The `decided_by` label of `tollgate_decisions_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            DecidedBy::Store => "store",
+            DecidedBy::Fallback => "fallback",
+            DecidedBy::LocalCache => "cache",
+        }
+    }
+}
+
 /// One rule's decision within a [`Verdict`].
 #[derive(Debug, Clone, Copy)]
 pub struct RuleDecision<'a> {

@@ -14,7 +14,7 @@ use super::{Limiter, Plan, RuleSet};
 use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
 use crate::rule::FailMode;
-use crate::runtime::{BlockedCache, Late, RuleId, Shares, StoreCopy};
+use crate::runtime::{BlockedCache, FailedThen, Late, RuleId, Shares, StoreCopy};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
 use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
 
@@ -75,7 +75,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             Err(error) => {
                 crate::metrics::store_error(&error);
                 let closed = rules[..enforced].iter().any(|&r| set.fail_mode_of(r) == FailMode::Closed);
-                self.runtime.warn_store_failure(&error, !closed);
+                let action = if closed { FailedThen::Closed } else { FailedThen::Open };
+                self.runtime.warn_store_failure(&error, action);
                 if closed {
                     crate::metrics::fail_closed();
                     FAIL_CLOSED.tell(false, || {
@@ -111,7 +112,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         for (i, (check, &rule)) in checks.iter().zip(&rules).enumerate() {
             let Some(Outcome { decision: d, taken }) = &outcomes[i] else { continue };
             let shadow = i >= enforced;
-            record(check, d, shadow, started);
+            record(check, d, shadow, started, by);
             if let Some(taken) = *taken {
                 let exit = match &set.rules[rule].count_if {
                     Some(counts) => Exit::UnlessCounted(counts.clone()),
@@ -302,7 +303,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
         }
         let (check, rule, decision) = worst.take()?;
-        crate::metrics::decision(check.rule, "local_rejected");
+        crate::metrics::decision(check.rule, "local_rejected", "cache");
         let mut verdict = Verdict::empty(Ruling::Rejected { worst: 0, key: check.key.clone() }, set.held());
         verdict.source = Some(DecidedBy::LocalCache);
         verdict.decided.push(Decided { rule, name: check.rule, quota: check.params.quota, decision });
@@ -375,9 +376,10 @@ type Copies = SmallVec<[Option<Arc<StoreCopy>>; 2]>;
 type Answer = Result<Answered, StoreError>;
 
 /// Records one check's decision: a debug event, a metric, a log line for a shadow rejection.
-fn record(check: &Check, d: &Decision, shadow: bool, started: Option<Instant>) {
+fn record(check: &Check, d: &Decision, shadow: bool, started: Option<Instant>, by: DecidedBy) {
+    let by = by.label();
     if shadow {
-        crate::metrics::decision(check.rule, if d.allowed { "allowed" } else { "shadow_rejected" });
+        crate::metrics::decision(check.rule, if d.allowed { "allowed" } else { "shadow_rejected" }, by);
         if !d.allowed {
             tracing::info!(rule = %check.rule, key = ?check.key, "tollgate: shadow rule would reject");
         }
@@ -387,10 +389,11 @@ fn record(check: &Check, d: &Decision, shadow: bool, started: Option<Instant>) {
         rule = %check.rule,
         allowed = d.allowed,
         remaining = d.remaining,
+        decided_by = by,
         store_latency_us = started.map_or(0, |t| u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)),
         "tollgate decision"
     );
-    crate::metrics::decision(check.rule, if d.allowed { "allowed" } else { "rejected" });
+    crate::metrics::decision(check.rule, if d.allowed { "allowed" } else { "rejected" }, by);
 }
 
 /// The checks of the charged rules (`Rule::charged`) among `checks` (of `rules`), as

@@ -24,6 +24,7 @@ pub(crate) use self::copy::{Copy, StoreCopy};
 use self::detached::owned_ask;
 pub(crate) use self::detached::{Late, LateSlots, Lessons, Unsent};
 pub(crate) use self::share::Shares;
+use crate::algorithm::Algorithm;
 use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
 use crate::store::memory::MemoryStore;
@@ -59,8 +60,11 @@ impl Default for Settings {
     }
 }
 
-/// How long a store call cut by its deadline may still run for its answer.
-const LATE_WAIT: Duration = Duration::from_secs(1);
+/// How long a store call cut by its deadline may still run for its answer: a store's own
+/// response timeout ends it sooner (`RedisStore`: 100 ms, 250 ms on a cluster); a store
+/// paused longer under a long response timeout still runs it when it resumes, and the
+/// answer gives back what the request did not keep (a `count_if` unit of a 200).
+const LATE_WAIT: Duration = Duration::from_secs(60);
 
 /// The most keys the fallback limiter, the shares and the unsent list each hold.
 const FALLBACK_KEYS: usize = 100_000;
@@ -225,7 +229,7 @@ impl Runtime {
         servers: u64,
     ) -> Option<(Outcomes, Vec<Check>)> {
         crate::metrics::store_error(err);
-        self.warn_store_failure(err, true);
+        self.warn_store_failure(err, FailedThen::Fallback(servers));
         let now = self.mono_us();
         let local: Vec<Check> = checks
             .iter()
@@ -265,11 +269,18 @@ impl Runtime {
         let mut decided = decided.into_iter();
         let mut outcomes = Outcomes::new();
         for (i, c) in checks.iter().enumerate() {
-            let o = if use_it[i] { decided.next().flatten() } else { None };
-            if let Some(o) = &o {
+            let mut o = if use_it[i] { decided.next().flatten() } else { None };
+            if let Some(o) = &mut o {
                 if o.taken.is_some() {
                     self.shares.take(ids[i], &c.key, c.params.cost, now);
+                    // What this server may still admit: its share of what the store said
+                    // remains, when that binds (a 200 that says 14 left is followed by
+                    // 14 more, not by a 429).
+                    if let Some(left) = self.shares.left(ids[i], &c.key, now) {
+                        o.decision.remaining = o.decision.remaining.min(left);
+                    }
                 }
+                said_of_whole(&mut o.decision, c);
                 crate::metrics::fallback(if o.decision.allowed { "allowed" } else { "rejected" });
             }
             outcomes.push(o);
@@ -305,20 +316,45 @@ impl Runtime {
         }
     }
 
-    /// Logs a store failure at most once per 10 s, saying how many were not logged.
-    pub(crate) fn warn_store_failure(&self, err: &StoreError, failed_open: bool) {
+    /// Logs a store failure at most once per 10 s, saying what became of the request and
+    /// how many were not logged.
+    pub(crate) fn warn_store_failure(&self, err: &StoreError, then: FailedThen) {
         let now_ms = self.mono_us() / 1000 + 10_000;
         let last = self.warn_at.load(Ordering::Relaxed);
         if now_ms >= last + 10_000
             && self.warn_at.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
         {
             let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
-            let action = if failed_open { "request passed (fail open)" } else { "request refused (fail closed)" };
-            tracing::warn!(error = %err, suppressed, "tollgate: rate-limit store failed; {action}");
+            match then {
+                FailedThen::Fallback(servers) => tracing::warn!(
+                    error = %err,
+                    suppressed,
+                    "tollgate: rate-limit store failed; request decided by the fallback (this server's share, 1/{servers})"
+                ),
+                FailedThen::Open => {
+                    tracing::warn!(error = %err, suppressed, "tollgate: rate-limit store failed; request passed (fail open)");
+                }
+                FailedThen::Closed => tracing::warn!(
+                    error = %err,
+                    suppressed,
+                    "tollgate: rate-limit store failed; request refused (fail closed)"
+                ),
+            }
         } else {
             self.suppressed.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// What became of a request the store failed to decide, for the warning.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FailedThen {
+    /// The fallback decided it, with this server's share (1/N) of each quota.
+    Fallback(u64),
+    /// It passed unlimited (`FailMode::Open`).
+    Open,
+    /// It was refused (`FailMode::Closed`).
+    Closed,
 }
 
 static FALLBACK: crate::notice::Once = crate::notice::Once::new();
@@ -350,6 +386,42 @@ fn share_spent(check: &Check, whole_in: u64) -> Outcome {
     Outcome { decision, taken: None }
 }
 
+/// What the fallback limiter's own decision of `check` (with this server's share of its
+/// quota) tells a client, said of the whole quota the store decides by once it answers
+/// again: a cost above this server's share but within the whole quota waits as long as the
+/// whole quota needs to make room for it (not "never": `retry_after` is `None` only for a
+/// cost the whole quota can never admit); and no wait is longer than the rule's window,
+/// past which what the share counted says nothing (the store decides again) — but for a
+/// rule whose keys can be blocked, whose block lasts as long as the store said.
+fn said_of_whole(d: &mut Decision, check: &Check) {
+    let whole = check.params.quota;
+    let window = whole.period().max(Duration::from_micros(
+        whole.burst_size().saturating_mul(whole.emission_interval_micros()).min(u64::MAX / 2),
+    ));
+    if !d.allowed && d.retry_after.is_none() && check.params.cost <= capacity(check) {
+        let room = check.params.cost.saturating_mul(whole.emission_interval_micros());
+        d.retry_after = Some(Duration::from_micros(room).min(window));
+    }
+    if check.params.reads_block() {
+        return;
+    }
+    d.retry_after = d.retry_after.map(|r| r.min(window));
+    d.reset_after = d.reset_after.min(window);
+    d.refill_after = d.refill_after.min(window);
+}
+
+/// The most units one check of `check`'s algorithm can ever admit under its whole quota:
+/// the limit of a window, the burst of a bucket (one more for the leaky bucket's unit that
+/// is leaving).
+fn capacity(check: &Check) -> u64 {
+    let q = check.params.quota;
+    match check.algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => q.limit(),
+        Algorithm::TokenBucket | Algorithm::Gcra => q.burst_size(),
+        Algorithm::LeakyBucket => q.burst_size().saturating_add(1),
+    }
+}
+
 /// One place in a capped count of store calls (in flight, or left running late), given
 /// back on drop; `enter` is `None` when the cap is reached.
 pub(crate) struct Slot<C: Deref<Target = AtomicUsize>>(C);
@@ -376,7 +448,7 @@ impl<C: Deref<Target = AtomicUsize>> Drop for Slot<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Algorithm, Params};
+    use crate::algorithm::Params;
     use crate::quota::Quota;
 
     #[tokio::test(start_paused = true)]
@@ -404,6 +476,37 @@ mod tests {
             "the circuit stayed open"
         );
         assert_eq!(rt.in_flight.load(Ordering::Relaxed), 0);
+    }
+
+    /// The fallback's own refusal under a sliding window counter may wait past its window
+    /// (the previous window weighs on); said of the whole rule, it waits at most its window,
+    /// but a blockable rule's wait is what the store said.
+    #[test]
+    fn the_fallbacks_wait_is_at_most_the_rules_window() {
+        let q = Quota::per_minute(60);
+        let mut check = Check {
+            rule: "r".into(),
+            key: "k".into(),
+            algorithm: Algorithm::SlidingWindowCounter,
+            params: Params::new(q),
+        };
+        let long = Duration::from_secs(106);
+        let refused = Decision {
+            allowed: false,
+            limit: 60,
+            remaining: 0,
+            reset_after: long,
+            refill_after: long,
+            retry_after: Some(long),
+            delay: Duration::ZERO,
+        };
+        let mut d = refused.clone();
+        said_of_whole(&mut d, &check);
+        assert_eq!((d.retry_after, d.reset_after), (Some(q.period()), q.period()));
+        check.params.blockable = true;
+        let mut d = refused.clone();
+        said_of_whole(&mut d, &check);
+        assert_eq!(d.retry_after, Some(long), "a block lasts as the store said");
     }
 
     #[test]

@@ -119,6 +119,15 @@ impl Shares {
     }
 }
 
+impl Shares {
+    /// What this server may still admit of (rule, key) at `now`, when the store said how
+    /// much remains and that still binds.
+    pub(crate) fn left(&self, rule: RuleId, key: &Key, now: u64) -> Option<u64> {
+        let (h, shard) = self.shard(rule, key);
+        shard.table.find(h, |e| e.rule == rule && e.key == *key).filter(|e| e.until > now).map(|e| e.left)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
