@@ -427,6 +427,12 @@ async fn metrics_endpoint_exposes_decisions_by_rule_and_outcome() {
     assert!(scrape.contains("# TYPE tollgate_decisions_total counter"), "{scrape}");
     assert!(sample(&scrape, "login", "allowed") >= 10.0, "{scrape}");
     assert!(sample(&scrape, "login", "rejected") >= 1.0, "{scrape}");
+    // Who decided: the store (in process here) for every one of them.
+    let by_store = scrape
+        .lines()
+        .filter(|l| l.starts_with("tollgate_decisions_total{") && l.contains("rule=\"login\""))
+        .all(|l| l.contains("decided_by=\"store\""));
+    assert!(by_store, "{scrape}");
 }
 
 async fn admin(a: &App, method: &str, path: &str) -> (StatusCode, String) {

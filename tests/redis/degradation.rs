@@ -156,21 +156,52 @@ struct Scenario {
     before_fault: usize,
     /// Each client's pause between two requests.
     pace: Duration,
+    /// The rules swapped on every server while the fault lasts (the same quota set again,
+    /// as a reload of an unchanged file does): the bound holds across it.
+    swap: bool,
 }
 
 impl Scenario {
     fn stalled(label: &str, algorithm: Algorithm, api_key: String) -> Self {
-        Scenario { label: format!("{algorithm} {label}"), algorithm, api_key, before_fault: 0, pace: Duration::ZERO }
+        Scenario {
+            label: format!("{algorithm} {label}"),
+            algorithm,
+            api_key,
+            before_fault: 0,
+            pace: Duration::ZERO,
+            swap: false,
+        }
+    }
+
+    /// The same after the key's quota was spent through the store (150 requests before
+    /// the fault), with the quota set again on every server 300 ms into the fault and the
+    /// clients paced (50 ms) so that most requests come after the swap: the servers must
+    /// not forget what the store said remains.
+    fn swapped(mut self) -> Self {
+        self.label.push_str(", spent first, quota set again on every server during the stall");
+        self.swap = true;
+        self.before_fault = 150;
+        self.pace = Duration::from_millis(50);
+        self
     }
 }
 
-/// Starts one server with the defaults; its handler counts its calls.
-async fn serve(store: RedisStore, algorithm: Algorithm, calls: Arc<AtomicUsize>) -> SocketAddr {
+/// When the rules are swapped during the fault.
+const SWAP_AFTER: Duration = Duration::from_millis(300);
+
+/// Starts one server with the defaults; its handler counts its calls. Its address, and the
+/// handle that swaps its rules.
+async fn serve(
+    store: RedisStore,
+    algorithm: Algorithm,
+    calls: Arc<AtomicUsize>,
+) -> (SocketAddr, tollgate::LimiterHandle<tollgate::RequestHead>) {
     let layer = RateLimitLayer::builder(store)
         .rule("default", Quota::per_hour(100), key::header("x-api-key"))
         .algorithm(algorithm)
         .build()
         .unwrap();
+    let handle = layer.handle();
     let handler = move || {
         calls.fetch_add(1, SeqCst);
         async { "ok" }
@@ -181,7 +212,7 @@ async fn serve(store: RedisStore, algorithm: Algorithm, calls: Arc<AtomicUsize>)
     tokio::spawn(async move {
         axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await.unwrap();
     });
-    addr
+    (addr, handle)
 }
 
 /// One HTTP/1.1 request over a new TCP connection; the status code.
@@ -258,15 +289,17 @@ fn run(sc: Scenario, make_store: impl Fn() -> RedisStore, fault: impl Fault) -> 
         let _rt = rt.enter();
         (0..SERVERS).map(|_| make_store()).collect()
     };
-    let servers = rt.block_on(async {
-        let mut servers = Vec::new();
+    let (servers, handles) = rt.block_on(async {
+        let (mut servers, mut handles) = (Vec::new(), Vec::new());
         for store in stores {
-            servers.push(serve(store, sc.algorithm, tally.handler.clone()).await);
+            let (addr, handle) = serve(store, sc.algorithm, tally.handler.clone()).await;
+            servers.push(addr);
+            handles.push(handle);
         }
         for (i, &server) in servers.iter().enumerate() {
             assert_eq!(get(server, &format!("{}-warm-up-{i}", sc.api_key)).await, 200, "warm-up");
         }
-        servers
+        (servers, handles)
     });
     tally.handler.store(0, SeqCst);
     let begun = Instant::now();
@@ -277,6 +310,16 @@ fn run(sc: Scenario, make_store: impl Fn() -> RedisStore, fault: impl Fault) -> 
         s.spawn(move || fault(t, started));
         let _finish = Finish(t);
         in_effect.recv().expect("the fault began");
+        if sc.swap {
+            let handles = &handles;
+            s.spawn(move || {
+                thread::sleep(SWAP_AFTER);
+                for h in handles {
+                    h.set_quota("default", Quota::per_hour(100)).unwrap();
+                }
+                t.mark("swapped");
+            });
+        }
         rt.block_on(hammer(&servers, &sc.api_key, REQUESTS, sc.pace, &tally));
     });
     let took = begun.elapsed();
@@ -305,39 +348,59 @@ fn run(sc: Scenario, make_store: impl Fn() -> RedisStore, fault: impl Fault) -> 
     Outcome { line, admitted, unavailable, longest }
 }
 
-fn stalled_standalone(algorithm: Algorithm) {
+fn stalled_standalone(algorithm: Algorithm, swap: bool) {
     let redis = RedisServer::start();
     let url = redis.url();
 
-    let sc = Scenario::stalled("standalone stalled", algorithm, fresh_key("stalled"));
+    let mut sc = Scenario::stalled("standalone stalled", algorithm, fresh_key("stalled"));
+    if swap {
+        sc = sc.swapped();
+    }
     run(sc, || RedisStore::from_url(&url).unwrap(), stall(&redis)).check(STALL_BOUND);
 }
 
 #[test]
 fn a_stalled_redis_admits_at_most_110_of_100_gcra() {
-    stalled_standalone(Algorithm::Gcra);
+    stalled_standalone(Algorithm::Gcra, false);
+}
+
+/// The same quota set again on every server 300 ms into the stall (a reload of an
+/// unchanged file): what the servers learnt of the key survives the swap.
+#[test]
+fn a_stalled_redis_admits_at_most_110_of_100_across_a_swap() {
+    stalled_standalone(Algorithm::Gcra, true);
 }
 
 #[test]
 fn a_stalled_redis_admits_at_most_110_of_100_sliding_window_log() {
-    stalled_standalone(Algorithm::SlidingWindowLog);
+    stalled_standalone(Algorithm::SlidingWindowLog, false);
 }
 
 /// Only the master that owns the key's slot is stalled (the slot is the hash tag's: the
 /// client key, `<prefix>:{<key>}:<rule>:…`).
 #[test]
 fn a_stalled_cluster_master_admits_at_most_110_of_100() {
+    stalled_cluster_master(false);
+}
+
+/// The same, with the quota set again on every server during the stall.
+#[test]
+fn a_stalled_cluster_master_admits_at_most_110_of_100_across_a_swap() {
+    stalled_cluster_master(true);
+}
+
+fn stalled_cluster_master(swap: bool) {
     let cluster = RedisCluster::start(3);
     let api_key = fresh_key("stalled-master");
     let slot: u16 = cluster.node(0).cmd(&["CLUSTER", "KEYSLOT", &format!("{{{api_key}}}")]).parse().unwrap();
     let owner = cluster.owner_of(slot).expect("an owner of the key's slot");
     let label = format!("cluster, master {owner} of slot {slot} stalled");
     let urls = cluster.urls();
-    let outcome = run(
-        Scenario::stalled(&label, Algorithm::Gcra, api_key.clone()),
-        || RedisStore::cluster(urls.clone()).unwrap(),
-        stall(cluster.node(owner)),
-    );
+    let mut sc = Scenario::stalled(&label, Algorithm::Gcra, api_key.clone());
+    if swap {
+        sc = sc.swapped();
+    }
+    let outcome = run(sc, || RedisStore::cluster(urls.clone()).unwrap(), stall(cluster.node(owner)));
     // The stalled master is the one the key lives on.
     let names = cluster.node(owner).cmd(&["KEYS", &format!("*{{{api_key}}}*")]);
     assert!(!names.is_empty(), "{}: the key is not on master {owner}", outcome.line);
@@ -356,6 +419,7 @@ fn a_redis_killed_before_the_first_rejection_and_restarted_empty_stays_bounded()
         api_key: fresh_key("killed"),
         before_fault: 50,
         pace: PACE,
+        swap: false,
     };
     run(sc, || RedisStore::from_url(&url).unwrap(), kill_and_restart(&mut redis)).check(KILL_BOUND);
 }
