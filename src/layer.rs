@@ -19,6 +19,7 @@ use crate::response::{DefaultRejection, DefaultUnavailable, Rejection, Responder
 use crate::rule::Rule;
 use crate::service::RateLimit;
 use crate::store::Store;
+use crate::HttpLimiter;
 
 /// A [`tower_layer::Layer`] that limits requests by key, through a shared store.
 ///
@@ -104,10 +105,13 @@ impl<St> RateLimitLayer<St> {
 
     /// The layer of a limiter built with [`Limiter::builder`], which holds every setting
     /// but the HTTP ones ([`RateLimitLayer::headers`], [`RateLimitLayer::on_rejected`],
-    /// [`RateLimitLayer::on_unavailable`]), set on the layer.
-    pub fn from_limiter(limiter: Limiter<St, RequestHead>) -> Self {
+    /// [`RateLimitLayer::on_unavailable`]), set on the layer. Takes the limiter, or an
+    /// `Arc` of it that the application keeps too (an `AppState` field, a job loop's
+    /// argument: `Arc<HttpLimiter<St>>`).
+    pub fn from_limiter(limiter: impl Into<Arc<HttpLimiter<St>>>) -> Self {
+        let limiter = limiter.into();
         let style = limiter.headers.unwrap_or_default();
-        Self::assemble(Arc::new(limiter), style, Arc::new(DefaultRejection), Arc::new(DefaultUnavailable))
+        Self::assemble(limiter, style, Arc::new(DefaultRejection), Arc::new(DefaultUnavailable))
     }
 }
 
@@ -215,9 +219,10 @@ impl<St, R, U> RateLimitLayer<St, R, U> {
 
     /// The limiter every service of this layer shares: a job loop, a WebSocket handler
     /// or an admin task asks it by key ([`Limiter::check_key`], [`Limiter::block`]) and
-    /// uses up the same counts as the layer's requests.
+    /// uses up the same counts as the layer's requests. Clone the `Arc` to keep it: its
+    /// type is `Arc<HttpLimiter<St>>` ([`HttpLimiter`]).
     #[must_use]
-    pub fn limiter(&self) -> &Arc<Limiter<St, RequestHead>> {
+    pub fn limiter(&self) -> &Arc<HttpLimiter<St>> {
         &self.shared.limiter
     }
 }

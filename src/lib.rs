@@ -40,6 +40,11 @@ pub use headers::HeaderStyle;
 pub use http;
 pub use layer::RateLimitLayer;
 pub use limiter::{Limiter, LimiterBuilder, LimiterHandle};
+
+/// The limiter of an HTTP layer ([`RateLimitLayer::limiter`],
+/// [`RateLimitLayer::from_limiter`]): its rules read a request's head. The name to write in
+/// an application's state or a job loop's signature, as `Arc<HttpLimiter<RedisStore>>`.
+pub type HttpLimiter<St> = Limiter<St, RequestHead>;
 pub use quota::Quota;
 pub use rule::{FailMode, Rule};
 pub use service::RateLimit;

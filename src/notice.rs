@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One thing to say once per process.
+#[derive(Debug, Default)]
 pub(crate) struct Once(AtomicBool);
 
 impl Once {

@@ -100,6 +100,46 @@ pub struct Rule<I: ?Sized> {
     pub(crate) charged: bool,
     pub(crate) bypass: Option<Shared<I, bool>>,
     pub(crate) count_if: Option<Arc<dyn Fn(StatusCode) -> bool + Send + Sync>>,
+    /// Whether the rule's first inputs gave it a key (and a quota): see [`KeyWatch`].
+    pub(crate) watch: Arc<KeyWatch>,
+}
+
+/// How many of a rule's first inputs may give it no key (or no quota from its
+/// `quota_fn`) before the operator is told that the rule limits nothing.
+pub(crate) const WATCHED_INPUTS: u32 = 10;
+
+/// Watches a rule's first [`WATCHED_INPUTS`] inputs: when none of them gave it a key (or a
+/// quota), the rule limited none of them — most often a key read from a request extension
+/// that an auth layer sets, with that layer inside the limiter. Said once, naming the rule.
+/// After the first input with a key, or the notice, one relaxed load per input.
+#[derive(Debug, Default)]
+pub(crate) struct KeyWatch {
+    /// Inputs seen with no key so far; [`WATCHED_INPUTS`] once done.
+    empty: std::sync::atomic::AtomicU32,
+    said: crate::notice::Once,
+}
+
+impl KeyWatch {
+    /// An input of rule `name` gave it a key and a quota (`applies`), or not.
+    #[inline]
+    pub(crate) fn saw(&self, applies: bool, name: &str) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.empty.load(Relaxed) >= WATCHED_INPUTS {
+            return;
+        }
+        if applies {
+            self.empty.store(WATCHED_INPUTS, Relaxed);
+        } else if self.empty.fetch_add(1, Relaxed) + 1 == WATCHED_INPUTS {
+            self.said.tell(false, || {
+                format!(
+                    "tollgate: rule {name:?} got no key (or no quota from its quota_fn) for any of its first \
+                     {WATCHED_INPUTS} requests: it limited none of them. A key read from a request extension needs \
+                     the layer that sets it (authentication) to run before the limiter: in axum, add that layer \
+                     after the rate limit (`.route_layer(limit).route_layer(auth)`: the last added runs first)"
+                )
+            });
+        }
+    }
 }
 
 impl<I: ?Sized> Clone for Rule<I> {
@@ -121,6 +161,7 @@ impl<I: ?Sized> Clone for Rule<I> {
             charged: self.charged,
             bypass: self.bypass.clone(),
             count_if: self.count_if.clone(),
+            watch: self.watch.clone(),
         }
     }
 }
@@ -166,6 +207,7 @@ impl<I: ?Sized> Rule<I> {
             charged: false,
             bypass: None,
             count_if: None,
+            watch: Arc::default(),
         }
     }
 

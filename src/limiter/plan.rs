@@ -84,14 +84,21 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
             if rule.bypass.as_ref().is_some_and(|f| f(input)) {
                 continue;
             }
-            let Some(key) = rule.key.extract(input) else { continue };
+            let Some(key) = rule.key.extract(input) else {
+                rule.watch.saw(false, &rule.name);
+                continue;
+            };
             let quota = match &rule.quota_fn {
                 Some(f) => match f(input) {
                     Some(q) => q,
-                    None => continue,
+                    None => {
+                        rule.watch.saw(false, &rule.name);
+                        continue;
+                    }
                 },
                 None => rule.quota,
             };
+            rule.watch.saw(true, &rule.name);
             // A charged rule's check is a probe: within the quota? It takes nothing.
             let cost = if rule.charged { 0 } else { rule.cost.as_ref().map_or(1, |f| f(input).max(1)) };
             plan.push(set.check(rule, key, quota, cost), i);

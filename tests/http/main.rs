@@ -23,3 +23,4 @@ mod refunds;
 mod response_future;
 mod rules;
 mod setup;
+mod silent_rules;
