@@ -167,9 +167,54 @@ pub fn json<ResBody: From<String>>() -> impl Fn(&Rejection<'_>) -> Response<ResB
     }
 }
 
+/// The JSON twin of [`json`] for a request refused because the store could not decide under
+/// [`FailMode::Closed`](crate::FailMode::Closed), for
+/// [`RateLimitLayer::on_unavailable`](crate::RateLimitLayer::on_unavailable): `503` with
+/// `{"error":"unavailable","retry_after":1}` (`Retry-After` is added by the middleware, and
+/// says the same).
+///
+/// ```
+/// use tollgate::{key, response, FailMode, MemoryStore, Quota, RateLimitLayer, Rule};
+///
+/// let limits = RateLimitLayer::builder(MemoryStore::new())
+///     .add_rule(Rule::new("login", Quota::per_minute(5), key::PeerIp).fail_mode(FailMode::Closed))
+///     .build()
+///     .unwrap()
+///     .on_rejected(response::json())
+///     .on_unavailable(response::json_unavailable());
+/// let app: axum::Router = axum::Router::new().route("/", axum::routing::post(|| async { "ok" })).layer(limits);
+/// ```
+pub fn json_unavailable<ResBody: From<String>>(
+) -> impl Fn(&Unavailable<'_>) -> Response<ResBody> + Clone + Send + Sync + 'static {
+    |u: &Unavailable<'_>| {
+        let secs = crate::decision::ceil_secs(u.retry_after).max(1);
+        let body = format!(r#"{{"error":"unavailable","retry_after":{secs}}}"#);
+        with_status_and_body(StatusCode::SERVICE_UNAVAILABLE, body, "application/json")
+    }
+}
+
+/// The plain-text twin of [`text`] for a request refused because the store could not
+/// decide (fail closed): `503` with `Rate limiting is unavailable: retry in 1 s.`
+pub fn text_unavailable<ResBody: From<String>>(
+) -> impl Fn(&Unavailable<'_>) -> Response<ResBody> + Clone + Send + Sync + 'static {
+    |u: &Unavailable<'_>| {
+        let secs = crate::decision::ceil_secs(u.retry_after).max(1);
+        let body = format!("Rate limiting is unavailable: retry in {secs} s.\n");
+        with_status_and_body(StatusCode::SERVICE_UNAVAILABLE, body, "text/plain; charset=utf-8")
+    }
+}
+
 fn with_body<ResBody: From<String>>(body: String, content_type: &'static str) -> Response<ResBody> {
+    with_status_and_body(StatusCode::TOO_MANY_REQUESTS, body, content_type)
+}
+
+fn with_status_and_body<ResBody: From<String>>(
+    status: StatusCode,
+    body: String,
+    content_type: &'static str,
+) -> Response<ResBody> {
     let mut res = Response::new(ResBody::from(body));
-    *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    *res.status_mut() = status;
     res.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     res
 }

@@ -7,6 +7,7 @@ mod support;
 
 mod cancellation;
 mod charges;
+mod client_bodies;
 mod common;
 mod config;
 mod delays;

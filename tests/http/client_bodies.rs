@@ -1,0 +1,39 @@
+//! What a client reads in a refusal's body (issue 38, item 6): the JSON 503 of a request
+//! refused because the store failed under `FailMode::Closed` says why and when to retry,
+//! as the JSON 429 does, and its `retry_after` agrees with `Retry-After`.
+
+use crate::support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use http_body_util::BodyExt;
+use support::fake::{Mode, Remote, T0};
+use tollgate::clock::ManualClock;
+use tollgate::{key, response, FailMode, MemoryStore, Quota, RateLimitLayer, Rule};
+use tower::{Layer, ServiceExt};
+
+#[tokio::test]
+async fn a_fail_closed_503_has_a_json_body_that_agrees_with_retry_after() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let layer = RateLimitLayer::builder(store.clone())
+        .add_rule(Rule::new("login", Quota::per_minute(5), key::header("x-key")).fail_mode(FailMode::Closed))
+        .circuit_breaker(1, Duration::from_secs(3))
+        .build()
+        .unwrap()
+        .on_rejected(response::json())
+        .on_unavailable(response::json_unavailable());
+    let svc = layer.layer(crate::common::app(Default::default()));
+    let req = || http::Request::get("/").header("x-key", "k").body(axum::body::Body::empty()).unwrap();
+    store.set(Mode::Failing);
+    let _ = svc.clone().oneshot(req()).await.unwrap(); // opens the circuit
+    let res = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    let retry: u64 = res.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"], "unavailable", "{json}");
+    assert_eq!(json["retry_after"].as_u64(), Some(retry), "{json} vs Retry-After {retry}");
+    assert!((2..=3).contains(&retry), "the circuit's cool-down: {retry}");
+}
