@@ -25,7 +25,9 @@ use crate::store::{RuleName, Taken};
 /// }
 /// # }
 /// ```
-#[derive(Debug)]
+///
+/// `{}` says it in a line (`rejected by "api" for key "mallory" (decided by the store):
+/// retry in 31 s`); `{:?}` lists what was decided, each rule with its decision.
 pub struct Verdict {
     pub(crate) ruling: Ruling,
     /// The enforced rules that were decided, in the order of the rules.
@@ -201,7 +203,92 @@ impl Verdict {
     }
 }
 
+impl std::fmt::Debug for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        struct Rules<'a>(&'a Verdict);
+        impl std::fmt::Debug for Rules<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_map().entries(self.0.decided.iter().map(|d| (d.name.as_str(), &d.decision))).finish()
+            }
+        }
+        let mut s = f.debug_struct("Verdict");
+        s.field("allowed", &self.is_allowed());
+        if let Ruling::Rejected { worst, key } = &self.ruling {
+            s.field("rejected_by", &self.decided[*worst].name.as_str()).field("key", key);
+        }
+        s.field("decided_by", &self.source).field("decisions", &Rules(self));
+        if let Some(error) = self.store_error() {
+            s.field("store_error", error);
+        }
+        s.finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let by = match self.source {
+            Some(DecidedBy::Store) => "the store",
+            Some(DecidedBy::Fallback) => "the fallback (this server's share, while the store fails)",
+            Some(DecidedBy::LocalCache) => "the blocked-key cache",
+            None => "nobody",
+        };
+        match &self.ruling {
+            Ruling::Rejected { worst, key } => {
+                let d = &self.decided[*worst];
+                write!(f, "rejected by {:?} for key ", d.name.as_str())?;
+                if key.is_hashed() {
+                    write!(f, "{key:?}")?;
+                } else {
+                    write!(f, "{:?}", String::from_utf8_lossy(key.as_bytes()))?;
+                }
+                write!(f, " (decided by {by}): ")?;
+                match d.decision.retry_after_secs() {
+                    Some(s) => write!(f, "retry in {s} s"),
+                    None => f.write_str("its cost can never pass"),
+                }
+            }
+            Ruling::Failed { error, closed } => {
+                let then = if *closed { "refused (fail closed)" } else { "passed (fail open)" };
+                write!(f, "undecided, {then}: {error}")
+            }
+            Ruling::Allowed => match self.most() {
+                Some(i) => {
+                    let d = &self.decided[i];
+                    let (name, left, limit) = (d.name.as_str(), d.decision.remaining, d.decision.limit);
+                    write!(f, "allowed by {by}: {name:?} has {left} of {limit} left")
+                }
+                None => f.write_str("allowed: no rule applied"),
+            },
+        }
+    }
+}
+
 /// The index of the decision with the fewest units left (the first of equals).
 pub(crate) fn fewest_left(decided: &[Decided]) -> Option<usize> {
     decided.iter().enumerate().min_by_key(|(_, d)| d.decision.remaining).map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Limiter, MemoryStore, Quota};
+
+    fn user(u: &str) -> Option<crate::key::Key> {
+        Some(u.into())
+    }
+
+    #[tokio::test]
+    async fn a_verdict_reads_as_a_sentence_and_its_debug_lists_the_decisions() {
+        let limiter = Limiter::builder(MemoryStore::new()).rule("api", Quota::per_minute(2), user).build().unwrap();
+        let v = limiter.check("ada").await;
+        assert_eq!(v.to_string(), "allowed by the store: \"api\" has 1 of 2 left");
+        let _ = limiter.check("ada").await;
+        let v = limiter.check("ada").await;
+        let said = v.to_string();
+        assert!(said.starts_with("rejected by \"api\" for key \"ada\" (decided by the store): retry in "), "{said}");
+        let debug = format!("{v:?}");
+        assert!(debug.starts_with("Verdict { allowed: false, rejected_by: \"api\""), "{debug}");
+        assert!(debug.contains("decisions: {\"api\": Decision {") && !debug.contains("held"), "{debug}");
+        let v = limiter.check_key("api", "bob", 3).await;
+        assert!(v.to_string().ends_with("its cost can never pass"), "{v}");
+    }
 }

@@ -374,3 +374,50 @@ fn tonic_demo_is_limited_with_a_retry_pushback() {
     let ms: u64 = wait.strip_suffix(" ms").unwrap().parse().unwrap();
     assert!((10_000..=12_000).contains(&ms), "{ms}");
 }
+
+/// Every path the README names exists (issue 38: it named `src/limiter/admin.rs` long after
+/// the file was gone): each `` `src/…` ``, `` `tests/…` ``, `` `examples/…` ``, `` `bench/…` ``
+/// or `` `docs/…` `` in backticks or a link, and each file a row of "Where things are" names
+/// in its folder (`` (`plan.rs`) `` in the row of `src/limiter/`).
+#[test]
+fn the_readme_names_only_paths_that_exist() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    fn found(dir: &std::path::Path, name: &str) -> bool {
+        std::fs::read_dir(dir).unwrap().flatten().any(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                found(&p, name)
+            } else {
+                p.file_name().is_some_and(|n| n == name)
+            }
+        })
+    }
+    let mut missing = Vec::new();
+    let mut check = |path: &str| {
+        let path = path.split('#').next().unwrap().trim_end_matches(':');
+        if !root.join(path).exists() {
+            missing.push(path.to_owned());
+        }
+    };
+    let roots = ["src/", "tests/", "examples/", "bench/", "docs/"];
+    for piece in readme.split(['`', '(', ')', ' ', '\n']) {
+        if roots.iter().any(|r| piece.starts_with(r)) && !piece.contains('*') && !piece.contains('<') {
+            check(piece);
+        }
+    }
+    let table = readme.split("## Where things are").nth(1).expect("the section").split("\n## ").next().unwrap();
+    for row in table.lines().filter(|l| l.starts_with("| `src/")) {
+        let dir = row.trim_start_matches("| `").split('`').next().unwrap();
+        if !dir.ends_with('/') {
+            continue;
+        }
+        for name in row.split('`').skip(1).step_by(2).filter(|n| n.ends_with(".rs") && !n.contains('/')) {
+            // In the folder or one of its own (`table.rs` of `src/store/`'s `memory/`).
+            if !found(&root.join(dir), name) {
+                missing.push(format!("{dir}…/{name}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "the README names paths that do not exist: {missing:?}");
+}
