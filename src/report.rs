@@ -59,10 +59,26 @@ impl<St, R, U> Report<St, R, U> {
     }
 
     /// The rate-limit headers of the most restrictive rule, on `res` (an inner layer's own
-    /// refusal keeps its own).
-    pub(crate) fn headers<ResBody>(self, res: &mut Response<ResBody>) {
+    /// refusal keeps its own). A count-by-outcome rule whose units the response's status
+    /// gives back says what remains once they are back: a successful login under
+    /// `count_if(401)` took nothing.
+    pub(crate) fn headers<ResBody>(mut self, res: &mut Response<ResBody>) {
         let refused = crate::response::is_refusal(res);
-        self.shared.responder.add_headers(res.headers_mut(), &self.decided, &names(&self.set), self.most, refused);
+        let mut most = self.most;
+        let status = res.status();
+        let mut given_back = false;
+        for d in &mut self.decided {
+            if let Some(counts) = &self.set.rules[d.rule].count_if {
+                if !counts(status) {
+                    d.decision.remaining = d.decision.remaining.saturating_add(d.cost);
+                    given_back = true;
+                }
+            }
+        }
+        if given_back {
+            most = crate::verdict::fewest_left(&self.decided).unwrap_or(most);
+        }
+        self.shared.responder.add_headers(res.headers_mut(), &self.decided, &names(&self.set), most, refused);
     }
 }
 

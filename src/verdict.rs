@@ -50,6 +50,9 @@ pub(crate) struct Decided {
     pub(crate) name: RuleName,
     pub(crate) quota: Quota,
     pub(crate) decision: Decision,
+    /// The units the check asked for: what a count-by-outcome rule gives back when the
+    /// response's status does not count.
+    pub(crate) cost: u64,
 }
 
 impl Decided {

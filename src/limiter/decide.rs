@@ -126,7 +126,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 if !d.allowed {
                     worst.offer(d.retry_after, (verdict.decided.len(), &check.key));
                 }
-                let decided = Decided { rule, name: check.rule, quota: check.params.quota, decision: d.clone() };
+                let (quota, cost) = (check.params.quota, check.params.cost);
+                let decided = Decided { rule, name: check.rule, quota, decision: d.clone(), cost };
                 verdict.decided.push(decided);
             }
         }
@@ -306,7 +307,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         crate::metrics::decision(check.rule, "local_rejected", "cache");
         let mut verdict = Verdict::empty(Ruling::Rejected { worst: 0, key: check.key.clone() }, set.held());
         verdict.source = Some(DecidedBy::LocalCache);
-        verdict.decided.push(Decided { rule, name: check.rule, quota: check.params.quota, decision });
+        let (quota, cost) = (check.params.quota, check.params.cost);
+        verdict.decided.push(Decided { rule, name: check.rule, quota, decision, cost });
         Some(verdict)
     }
 }

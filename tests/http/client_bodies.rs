@@ -37,3 +37,26 @@ async fn a_fail_closed_503_has_a_json_body_that_agrees_with_retry_after() {
     assert_eq!(json["retry_after"].as_u64(), Some(retry), "{json} vs Retry-After {retry}");
     assert!((2..=3).contains(&retry), "the circuit's cool-down: {retry}");
 }
+
+/// A login rule counting only 401s: a successful login took nothing, and its headers say
+/// so (it said one unit fewer, though the unit went back); a failed one took its unit.
+#[tokio::test]
+async fn a_response_whose_status_does_not_count_says_its_unit_is_back() {
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .add_rule(
+            Rule::new("login", Quota::per_minute(5), key::header("x-key")).count_if(|s| s == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap();
+    let svc = layer.layer(crate::common::app(Default::default()));
+    let req = |path: &str| http::Request::get(path).header("x-key", "ada").body(axum::body::Body::empty()).unwrap();
+    let remaining = |res: &http::Response<axum::body::Body>| res.headers()["x-ratelimit-remaining"].clone();
+    let ok = svc.clone().oneshot(req("/")).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(remaining(&ok), "5", "a 200 counts nothing: all 5 remain");
+    let failed = svc.clone().oneshot(req("/fail")).await.unwrap();
+    assert_eq!(failed.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(remaining(&failed), "4", "a 401 took its unit");
+    let ok = svc.clone().oneshot(req("/")).await.unwrap();
+    assert_eq!(remaining(&ok), "4", "one failure counted, this success nothing");
+}
