@@ -32,6 +32,12 @@ pub struct Rejection<'a> {
     /// Who decided: the store, the fallback limiter while the store is down (an
     /// approximate limit), or this process's cache of the store's earlier rejections.
     pub decided_by: DecidedBy,
+    /// Whether the key is blocked: a penalty ([`Rule::block_for`](crate::Rule::block_for))
+    /// refuses it until [`Decision::retry_after`], whatever it sends meanwhile (an ordinary
+    /// rejection of such a rule starts one). A block by hand on a
+    /// [`Rule::blockable`](crate::Rule::blockable) rule is not told apart: its
+    /// `retry_after` is the block's rest.
+    pub blocked: bool,
     /// The request's method.
     pub method: &'a Method,
     /// The request's URI.
@@ -134,6 +140,7 @@ fn status<ResBody: Default>(code: StatusCode) -> Response<ResBody> {
 pub fn text<ResBody: From<String>>() -> impl Fn(&Rejection<'_>) -> Response<ResBody> + Clone + Send + Sync + 'static {
     |r: &Rejection<'_>| {
         let body = match r.decision.retry_after_secs() {
+            Some(s) if r.blocked => format!("Too many requests: blocked for {s} s.\n"),
             Some(s) => format!("Too many requests: retry in {s} s.\n"),
             None => "Too many requests: this request is larger than the limit allows.\n".to_owned(),
         };
@@ -143,8 +150,9 @@ pub fn text<ResBody: From<String>>() -> impl Fn(&Rejection<'_>) -> Response<ResB
 
 /// A ready-made rejection with a JSON body, for bodies that can carry one
 /// (`ResBody: From<String>`): `429` with
-/// `{"error":"rate_limited","rule":"per-ip","limit":10,"remaining":0,"retry_after":31}`
-/// (`retry_after` is `null` for a request that can never be accepted).
+/// `{"error":"rate_limited","rule":"per-ip","limit":10,"remaining":0,"retry_after":31,"blocked":false}`
+/// (`retry_after` is `null` for a request that can never be accepted; `blocked` is true
+/// while a penalty blocks the key: see [`Rejection::blocked`]).
 ///
 /// ```
 /// use tollgate::{key, response, MemoryStore, Quota, RateLimitLayer};
@@ -158,10 +166,11 @@ pub fn json<ResBody: From<String>>() -> impl Fn(&Rejection<'_>) -> Response<ResB
         let d = r.decision;
         let retry = d.retry_after_secs().map_or_else(|| "null".to_owned(), |s| s.to_string());
         let body = format!(
-            r#"{{"error":"rate_limited","rule":{},"limit":{},"remaining":{},"retry_after":{retry}}}"#,
+            r#"{{"error":"rate_limited","rule":{},"limit":{},"remaining":{},"retry_after":{retry},"blocked":{}}}"#,
             json_string(r.rule),
             d.limit,
             d.remaining,
+            r.blocked,
         );
         with_body(body, "application/json")
     }
@@ -279,6 +288,7 @@ impl<R, U> Responder<R, U> {
         verdict: &Verdict,
         (worst, key): (usize, &Key),
         names: &Names<'_>,
+        blocks: bool,
         req: &Request<B>,
     ) -> Response<ResBody>
     where
@@ -296,6 +306,7 @@ impl<R, U> Responder<R, U> {
                 key,
                 decision: d,
                 decided_by: verdict.source.unwrap_or(DecidedBy::Store),
+                blocked: blocks && d.retry_after.is_some(),
                 method: req.method(),
                 uri: req.uri(),
                 headers: req.headers(),

@@ -142,7 +142,8 @@ where
     fn of(shared: &Arc<Shared<St, R, U>>, verdict: Verdict, set: Arc<RuleSet<RequestHead>>, req: &RequestHead) -> Self {
         match &verdict.ruling {
             Ruling::Rejected { worst, key } => {
-                Step::Refused(shared.responder.rejected(&verdict, (*worst, key), &names(&set), req))
+                let blocks = !set.rules[verdict.decided[*worst].rule].block.is_zero();
+                Step::Refused(shared.responder.rejected(&verdict, (*worst, key), &names(&set), blocks, req))
             }
             Ruling::Failed { error, closed: true } => Step::Refused(shared.responder.unavailable(error, req)),
             Ruling::Failed { closed: false, .. } | Ruling::Allowed => {

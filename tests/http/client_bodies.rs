@@ -60,3 +60,36 @@ async fn a_response_whose_status_does_not_count_says_its_unit_is_back() {
     let ok = svc.clone().oneshot(req("/")).await.unwrap();
     assert_eq!(remaining(&ok), "4", "one failure counted, this success nothing");
 }
+
+/// A penalty block says so (a 429 that looked like any other): a login rule of 2 a minute
+/// that blocks for an hour on its first rejection answers `"blocked":true` with the
+/// block's rest, and an ordinary rule's 429 says `"blocked":false`.
+#[tokio::test]
+async fn a_penalty_block_says_blocked() {
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .add_rule(Rule::new("login", Quota::per_minute(2), key::header("x-key")).block_for(Duration::from_secs(3600)))
+        .add_rule(Rule::new("api", Quota::per_minute(1), key::header("x-api")))
+        .build()
+        .unwrap()
+        .on_rejected(response::json());
+    let svc = layer.layer(crate::common::app(Default::default()));
+    let body_of = |res: http::Response<axum::body::Body>| async move {
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+    };
+    let login = || http::Request::get("/").header("x-key", "eve").body(axum::body::Body::empty()).unwrap();
+    for _ in 0..2 {
+        assert_eq!(svc.clone().oneshot(login()).await.unwrap().status(), StatusCode::OK);
+    }
+    for _ in 0..2 {
+        let res = svc.clone().oneshot(login()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let json = body_of(res).await;
+        assert_eq!(json["blocked"], true, "{json}");
+        assert!(json["retry_after"].as_u64().unwrap() > 3500, "the block's rest: {json}");
+    }
+    let api = || http::Request::get("/").header("x-api", "bob").body(axum::body::Body::empty()).unwrap();
+    assert_eq!(svc.clone().oneshot(api()).await.unwrap().status(), StatusCode::OK);
+    let json = body_of(svc.clone().oneshot(api()).await.unwrap()).await;
+    assert_eq!(json["blocked"], false, "{json}");
+}
