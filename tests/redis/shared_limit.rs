@@ -319,3 +319,39 @@ async fn enforced_and_shadow_rules_make_one_store_call() {
     assert_eq!(limiter.peek("trial", "ada").await.unwrap().unwrap().remaining, 0);
     assert!(!limiter.peek("trial", "ada").await.unwrap().unwrap().allowed);
 }
+
+/// A reset reaches every server (issue 38, item 4): two servers on one Redis, 3 an hour;
+/// server B spends the key and is refused (its blocked-key cache keeps the refusal, for
+/// most of an hour); server A resets the key ("give this customer a fresh hour"). Within
+/// the README's second, server B admits it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_on_one_server_reaches_another_servers_cache_within_a_second() {
+    let server = RedisServer::start();
+    let limiter = || {
+        let store = RedisStore::from_url(&server.url()).unwrap();
+        Limiter::<_, str>::builder(store)
+            .rule("hourly", Quota::per_hour(3), |k: &str| Some(tollgate::key::Key::from(k)))
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (limiter(), limiter());
+    for _ in 0..3 {
+        assert!(b.check("acme").await.is_allowed());
+    }
+    let refused = b.check("acme").await;
+    assert!(refused.is_rejected(), "{refused}");
+    // Answered from B's cache from now on: no store call, a wait of most of the hour.
+    let cached = b.check("acme").await;
+    assert_eq!(cached.decided_by(), Some(tollgate::verdict::DecidedBy::LocalCache), "{cached}");
+    a.reset("hourly", "acme").await.unwrap();
+    let reset_at = std::time::Instant::now();
+    loop {
+        let v = b.check("acme").await;
+        if v.is_allowed() {
+            break;
+        }
+        assert!(reset_at.elapsed() < Duration::from_millis(1_500), "still refused after the reset: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
