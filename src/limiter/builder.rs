@@ -154,7 +154,9 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
 
     /// Turns the local blocked-key cache on or off (default on): once a key is rejected
     /// with `retry_after = d`, this process rejects the same key and cost for `d` without
-    /// asking the store. Exact, because other servers can only consume more.
+    /// asking the store, but for one call a second (a reset or a lift of a block on another
+    /// server reaches this one within a second). Exact, because other servers can only
+    /// consume more.
     #[must_use]
     pub fn local_cache(mut self, on: bool) -> Self {
         self.settings.cache_enabled = on;

@@ -349,8 +349,7 @@ impl Teach<'_> {
             }
             // A block refuses every cost: cached as cost 0, which every request reaches.
             let cost = if r.block.is_zero() { check.params.cost } else { 0 };
-            let max_age = if check.params.reads_block() { BLOCK_RECHECK_US } else { u64::MAX };
-            cache.insert(id, &check.key, cost, check.params.quota, self.now, d, max_age, self.epoch);
+            cache.insert(id, &check.key, cost, check.params.quota, self.now, d, RECHECK_US, self.epoch);
         }
     }
 }
@@ -358,10 +357,11 @@ impl Teach<'_> {
 static FAIL_OPEN: crate::notice::Once = crate::notice::Once::new();
 static FAIL_CLOSED: crate::notice::Once = crate::notice::Once::new();
 
-/// How long this process answers a key blocked under a rule whose blocks can be lifted or
-/// shortened by hand from its blocked-key cache before it asks the store again, µs: a
-/// lift (`Limiter::block`, `reset`) reaches every server within this.
-const BLOCK_RECHECK_US: u64 = 1_000_000;
+/// How long this process answers a refused key from its blocked-key cache before it asks
+/// the store again, µs: a lift or a reset on another server (`Limiter::block`, `reset`)
+/// reaches every server within this. At most one store call a second per refused key and
+/// server, however many requests it sends.
+const RECHECK_US: u64 = 1_000_000;
 
 /// A store call's answer: the outcomes, who decided them, and for the fallback its checks
 /// (its share of each quota) and the store's copy of each one's units.

@@ -419,8 +419,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     /// Forgets the state of `key` under rule `rule`, in the store and in this process's
     /// blocked-key cache: the key starts afresh. `Ok(false)` when there is no such rule.
-    /// Other servers' blocked-key caches may still reject the key until their entry runs
-    /// out (at most its `Retry-After`).
+    /// Other servers' blocked-key caches ask the store again within a second: the reset
+    /// reaches every server within a second.
     ///
     /// # Errors
     ///
