@@ -18,3 +18,4 @@ mod local_cache;
 mod servers;
 mod shared_limit;
 mod store;
+mod swaps;
