@@ -108,3 +108,37 @@ async fn a_swap_of_the_same_quota_keeps_the_cached_rejections_and_shares() {
 async fn a_swap_of_the_same_quota_keeps_the_shares() {
     a_swap_of_the_same_quota_keeps_what_redis_said(false).await;
 }
+
+/// A swap that changes the quota of GCRA 100/day, or of a sliding log's, to `to` while
+/// Redis is stalled, the key's 100 spent through Redis: how many of 150 requests round
+/// robin the three fallbacks admit after it (none before it).
+async fn admitted_after_a_swap_to(algorithm: Algorithm, to: Quota) -> usize {
+    let server = RedisServer::start();
+    let limiters = three_servers(&server, algorithm, Quota::per_day(100), true).await;
+    spend(&limiters, 100).await;
+    server.pause();
+    let _stopped = Stopped(&server);
+    assert_eq!(admitted(&limiters, 30).await, 0, "before the swap");
+    for l in &limiters {
+        l.handle().set_quota("r", to).unwrap();
+    }
+    admitted(&limiters, 150).await
+}
+
+/// The fallback reads what Redis said under the new quota: what the key used stays used,
+/// as in Redis, neither reused as it was nor dropped for a fresh share. GCRA keeps time: a
+/// key that spent its day is spent at 200 a day too (dropped, each server would admit a
+/// fresh third of 200: 198).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_to_another_quota_keeps_spent_time_spent() {
+    let admitted = admitted_after_a_swap_to(Algorithm::Gcra, Quota::per_day(200)).await;
+    assert_eq!(admitted, 0, "GCRA 100/day spent, raised to 200/day: Redis would refuse");
+}
+
+/// A sliding log counts units: 100 used of 130 leaves 30, a third on each server (a stale
+/// share of 0 would refuse them all; a fresh one admit 129).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_to_another_quota_frees_what_a_raise_adds() {
+    let admitted = admitted_after_a_swap_to(Algorithm::SlidingWindowLog, Quota::per_day(130)).await;
+    assert_eq!(admitted, 30, "sliding log 100/day spent, raised to 130/day: 30 remain in Redis");
+}
