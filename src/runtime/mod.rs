@@ -243,7 +243,7 @@ impl Runtime {
         let mut longest = Longest::new();
         for (j, ((c, &id), _)) in checks.iter().zip(ids).zip(use_it).filter(|&(_, &u)| u).enumerate() {
             // A probe (cost 0: a charged rule's admission) needs room for one unit.
-            if let Err(whole_in) = self.shares.fits(id, &c.key, c.params.cost.max(1), now) {
+            if let Err(whole_in) = self.shares.fits(id, c, c.params.cost.max(1), now) {
                 longest.offer(Some(Duration::from_micros(whole_in)), (j, whole_in));
             }
         }
@@ -268,7 +268,7 @@ impl Runtime {
             let o = if use_it[i] { decided.next().flatten() } else { None };
             if let Some(o) = &o {
                 if o.taken.is_some() {
-                    self.shares.take(ids[i], &c.key, c.params.cost, now);
+                    self.shares.take(ids[i], c, c.params.cost, now);
                 }
                 crate::metrics::fallback(if o.decision.allowed { "allowed" } else { "rejected" });
             }
