@@ -142,3 +142,47 @@ async fn a_swap_to_another_quota_frees_what_a_raise_adds() {
     let admitted = admitted_after_a_swap_to(Algorithm::SlidingWindowLog, Quota::per_day(130)).await;
     assert_eq!(admitted, 30, "sliding log 100/day spent, raised to 130/day: 30 remain in Redis");
 }
+
+/// A key blocked by hand on Redis, then Redis stalls (issue 37 item 12b): the server that
+/// blocked it keeps refusing it in its fallback for the rest of the block — at once, with
+/// no check of the key between the block and the stall, and after the blocked-key cache's
+/// one second (blocks are re-read from Redis after a second, so that a lift elsewhere
+/// reaches every server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocking_servers_fallback_keeps_a_block_by_hand() {
+    use tollgate::Rule;
+    let server = RedisServer::start();
+    let limiter = Limiter::<_, str>::builder(RedisStore::from_url(&server.url()).unwrap())
+        .add_rule(Rule::new("r", Quota::per_hour(100), user).blockable())
+        .algorithm(Algorithm::Gcra)
+        .servers(1)
+        .timeout(Duration::from_millis(200))
+        .circuit_breaker(1, Duration::from_secs(600))
+        .build()
+        .unwrap();
+    for key in ["k", "j"] {
+        assert_eq!(limiter.check(key).await.decided_by(), Some(DecidedBy::Store));
+    }
+    assert!(limiter.block("r", "k", Duration::from_secs(3600)).await.unwrap());
+    server.pause();
+    let stopped = Stopped(&server);
+    let started = std::time::Instant::now();
+    let mut refused = 0;
+    while started.elapsed() < Duration::from_millis(1_500) {
+        let v = limiter.check("k").await;
+        assert!(v.is_rejected(), "{:?} after the stall: admitted ({v:?})", started.elapsed());
+        assert!(v.retry_after() > Some(Duration::from_secs(3_500)), "{v:?}");
+        refused += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(refused > 10);
+    assert!(limiter.check("j").await.is_allowed(), "another key: the fallback's share");
+    // Lifted while Redis answers, then stalled again: the fallback admits the key (the
+    // circuit is still open: the check goes straight to the fallback).
+    drop(stopped);
+    assert!(limiter.block("r", "k", Duration::ZERO).await.unwrap());
+    server.pause();
+    let _stopped = Stopped(&server);
+    let v = limiter.check("k").await;
+    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "lifted: {v:?}");
+}
