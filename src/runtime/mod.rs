@@ -215,7 +215,8 @@ impl Runtime {
     /// others `None`), after the store failed with `err`, and the checks as it decided
     /// them: each quota divided by `servers` (refunds and charges to the fallback use
     /// these), and each key within this server's share of what the store last said
-    /// remains (`ids`: the checks' rules).
+    /// remains (`ids`: the checks' rules). Each outcome's `limit` is its rule's quota,
+    /// its `remaining` what is left of this server's share.
     pub(crate) fn fallback(
         &self,
         err: &StoreError,
@@ -265,8 +266,12 @@ impl Runtime {
         let mut decided = decided.into_iter();
         let mut outcomes = Outcomes::new();
         for (i, c) in checks.iter().enumerate() {
-            let o = if use_it[i] { decided.next().flatten() } else { None };
-            if let Some(o) = &o {
+            let mut o = if use_it[i] { decided.next().flatten() } else { None };
+            if let Some(o) = &mut o {
+                // The limit the client is under is the rule's quota, as `RateLimit-Policy`
+                // says it; the share is this server's approximation of it while the store
+                // cannot answer, and `remaining` counts it down.
+                o.decision.limit = c.params.quota.limit();
                 if o.taken.is_some() {
                     self.shares.take(ids[i], c, c.params.cost, now);
                 }

@@ -85,8 +85,8 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// A 429's `Retry-After`, `X-RateLimit-Rule`, `X-RateLimit-Limit`, `X-RateLimit-Remaining`
-/// and the first member of `RateLimit`, all about `rule`: its `limit` (this server's share
-/// for the fallback) and a wait of `secs`.
+/// and the first member of `RateLimit`, all about `rule`: its `limit` (the rule's quota,
+/// also for the fallback) and a wait of `secs`.
 #[track_caller]
 fn says(h: &HeaderMap, rule: &str, limit: u64, secs: u64) {
     assert_eq!(header(h, "retry-after"), Some(&*secs.to_string()), "{h:?}");
@@ -142,7 +142,7 @@ async fn a_fallback_429_over_spent_shares_names_the_longest_wait() {
 
 /// Two servers share Redis, which stalls before it saw the client: the fallback decides
 /// with this server's half of each quota (1 a minute, 1 an hour). Its 429 names the hour's
-/// rule, and every header says that rule and its share.
+/// rule, and every header says that rule and its quota (2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fallback_429_of_its_own_shares_names_the_longest_wait() {
     let server = RedisServer::start();
@@ -154,10 +154,10 @@ async fn a_fallback_429_of_its_own_shares_names_the_longest_wait() {
     assert_eq!(status, StatusCode::OK, "{h:?}");
     let (status, body, h) = ask(&svc, "ak_1", "acct_1").await;
     assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-hour acct_1 Fallback"));
-    says(&h, "per-hour", 1, 3600);
+    says(&h, "per-hour", 2, 3600);
     let (status, body, h) = ask(&svc, "ak_1", "acct_2").await;
     assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-minute ak_1 Fallback"));
-    says(&h, "per-minute", 1, 60);
+    says(&h, "per-minute", 2, 60);
 }
 
 /// The limit a fallback's answer shows (issue 37 item 12a): `X-RateLimit-Limit` is the
