@@ -170,6 +170,14 @@ impl Shares {
         }
     }
 
+    /// Forgets what the store said of (rule, key): a reset, a lifted block.
+    pub(crate) fn forget(&self, rule: RuleId, key: &Key) {
+        let (h, mut shard) = self.shard(rule, key);
+        if let Ok(e) = shard.table.find_entry(h, |e| e.rule == rule && e.key == *key) {
+            e.remove();
+        }
+    }
+
     /// Takes `cost` units of `check`'s key under rule `rule` from this server's share,
     /// under the check's quota: what the fallback admitted.
     pub(crate) fn take(&self, rule: RuleId, check: &Check, cost: u64, now: u64) {

@@ -160,29 +160,40 @@ async fn the_blocking_servers_fallback_keeps_a_block_by_hand() {
         .circuit_breaker(1, Duration::from_secs(600))
         .build()
         .unwrap();
-    for key in ["k", "j"] {
+    for key in ["k", "j", "m"] {
         assert_eq!(limiter.check(key).await.decided_by(), Some(DecidedBy::Store));
     }
+    // "m" is also refused once by Redis after its block: its share learns the block.
+    assert!(limiter.block("r", "m", Duration::from_secs(3600)).await.unwrap());
+    let v = limiter.check("m").await;
+    assert!(v.is_rejected() && v.decided_by() == Some(DecidedBy::Store), "{v:?}");
     assert!(limiter.block("r", "k", Duration::from_secs(3600)).await.unwrap());
     server.pause();
     let stopped = Stopped(&server);
     let started = std::time::Instant::now();
     let mut refused = 0;
     while started.elapsed() < Duration::from_millis(1_500) {
-        let v = limiter.check("k").await;
-        assert!(v.is_rejected(), "{:?} after the stall: admitted ({v:?})", started.elapsed());
-        assert!(v.retry_after() > Some(Duration::from_secs(3_500)), "{v:?}");
+        for key in ["k", "m"] {
+            let v = limiter.check(key).await;
+            assert!(v.is_rejected(), "{key} {:?} after the stall: admitted ({v:?})", started.elapsed());
+            assert!(v.retry_after() > Some(Duration::from_secs(3_500)), "{v:?}");
+        }
         refused += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(refused > 10);
     assert!(limiter.check("j").await.is_allowed(), "another key: the fallback's share");
-    // Lifted while Redis answers, then stalled again: the fallback admits the key (the
-    // circuit is still open: the check goes straight to the fallback).
+    // Lifted while Redis answers, then stalled again: the fallback admits the keys (the
+    // circuit is still open: the checks go straight to the fallback), "m" too, though
+    // its share had learnt the block's zero from Redis.
     drop(stopped);
-    assert!(limiter.block("r", "k", Duration::ZERO).await.unwrap());
+    for key in ["k", "m"] {
+        assert!(limiter.block("r", key, Duration::ZERO).await.unwrap());
+    }
     server.pause();
     let _stopped = Stopped(&server);
-    let v = limiter.check("k").await;
-    assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "lifted: {v:?}");
+    for key in ["k", "m"] {
+        let v = limiter.check(key).await;
+        assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{key} lifted: {v:?}");
+    }
 }
