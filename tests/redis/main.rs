@@ -12,6 +12,7 @@ mod degradation;
 mod failover;
 mod fallback_counts;
 mod fallback_rejections;
+mod fallback_shares;
 mod faults;
 mod features;
 mod local_cache;
