@@ -7,8 +7,15 @@
 //! and algorithm keeps: what the store said outlives a reload. A share is rescaled to the
 //! quota it is read under when that changed (a swap's new quota, a tier): what the key
 //! used stays used, as in the store (see `LimiterHandle`).
+//!
+//! At most `capacity` entries in all (100,000 a limiter): when full, a new one takes the
+//! place of the lapsed ones, else of the least binding (those with the most of their
+//! share left, then those whose quota is whole soonest), which the fallback's fresh share
+//! decides nearly alike. A key spent through the store is never pushed out by a flood of
+//! keys the store answered for once.
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use hashbrown::HashTable;
@@ -24,18 +31,15 @@ use crate::store::Check;
 pub(crate) struct Shares {
     shards: Box<[Mutex<Shard>]>,
     hasher: hashbrown::DefaultHashBuilder,
-    cap_per_shard: usize,
+    /// The most entries, in all shards, and how many there are.
+    cap: usize,
+    len: AtomicUsize,
 }
 
-/// One shard: its entries, and when it last dropped its lapsed ones, full.
 #[derive(Default)]
 struct Shard {
     table: HashTable<Entry>,
-    swept: u64,
 }
-
-/// How often a full shard drops its lapsed entries, µs.
-const FULL_SWEEP_US: u64 = 1_000_000;
 
 struct Entry {
     rule: RuleId,
@@ -52,6 +56,17 @@ struct Entry {
 }
 
 impl Entry {
+    /// How much the entry holds the fallback back beyond its fresh share (the quota
+    /// divided by the servers), lowest first: the part of that share it says is gone, then
+    /// when it lapses. The first to go when the shares are full.
+    fn binding(&self) -> u128 {
+        let fresh = self.quota.limit().max(self.quota.burst_size()) / self.servers.max(1);
+        let fresh_i = i64::try_from(fresh).unwrap_or(i64::MAX);
+        let left = u64::try_from(self.left.clamp(0, fresh_i)).unwrap_or(0);
+        let gone = if fresh == 0 { 1024 } else { 1024 - u128::from(left) * 1024 / u128::from(fresh) };
+        (gone << 64) | u128::from(self.until)
+    }
+
     /// Reads the share under `quota` from now on (unchanged when it is the same).
     fn under(&mut self, quota: Quota, algorithm: Algorithm) -> &mut Self {
         if self.quota != quota {
@@ -97,7 +112,8 @@ impl Shares {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: hashbrown::DefaultHashBuilder::default(),
-            cap_per_shard: (capacity / SHARDS).max(1),
+            cap: capacity.max(1),
+            len: AtomicUsize::new(0),
         }
     }
 
@@ -136,16 +152,12 @@ impl Shares {
             e.servers = servers;
             return;
         }
-        if shard.table.len() >= self.cap_per_shard {
-            if now.saturating_sub(shard.swept) < FULL_SWEEP_US {
-                return; // bounded: a key not recorded gets the fallback's fresh share
-            }
-            shard.swept = now;
-            shard.table.retain(|e| e.until > now);
-            if shard.table.len() >= self.cap_per_shard {
-                return;
-            }
+        if self.len.load(Ordering::Relaxed) >= self.cap {
+            self.make_room(&mut shard, now);
         }
+        // Another shard's room may be taken meanwhile: the count may pass the cap by the
+        // records under way (a few), never more.
+        self.len.fetch_add(1, Ordering::Relaxed);
         let entry = Entry { rule, key: key.clone(), left, until, quota, servers };
         let hasher = &self.hasher;
         shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key)));
@@ -170,11 +182,34 @@ impl Shares {
         }
     }
 
+    /// Full: makes room in `shard` (the new entry's), whose entries are a sample of all
+    /// (keys are spread by a seeded hash): an eighth of it, its lapsed entries first, then
+    /// its least binding (see [`Entry::binding`]). Each round frees room for the records
+    /// that follow, in any shard: a record pays for a round once per eighth of a shard.
+    fn make_room(&self, shard: &mut Shard, now: u64) {
+        let before = shard.table.len();
+        let n = (before / 8).max(1);
+        shard.table.retain(|e| e.until > now);
+        let lapsed = before - shard.table.len();
+        if lapsed < n && !shard.table.is_empty() {
+            let mut to_go = (n - lapsed).min(shard.table.len());
+            let mut scores: Vec<u128> = shard.table.iter().map(Entry::binding).collect();
+            let (_, &mut nth, _) = scores.select_nth_unstable(to_go - 1);
+            shard.table.retain(|e| {
+                let go = to_go > 0 && e.binding() <= nth;
+                to_go -= usize::from(go);
+                !go
+            });
+        }
+        self.len.fetch_sub(before - shard.table.len(), Ordering::Relaxed);
+    }
+
     /// Forgets what the store said of (rule, key): a reset, a lifted block.
     pub(crate) fn forget(&self, rule: RuleId, key: &Key) {
         let (h, mut shard) = self.shard(rule, key);
         if let Ok(e) = shard.table.find_entry(h, |e| e.rule == rule && e.key == *key) {
             e.remove();
+            self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -252,23 +287,36 @@ mod tests {
         assert!(shares.fits(3, &check("w", q100, w), 1, 10).is_err(), "and back: still spent");
     }
 
-    /// A full shard drops its lapsed entries at most once a second, not at each new key.
+    /// Full, a new entry takes the place of lapsed ones, else of the least binding: a
+    /// spent key outlives a flood of keys with most of their share left.
     #[test]
-    fn a_full_shard_sweeps_once_a_second() {
-        let shares = Shares::new(SHARDS);
+    fn full_shares_keep_the_most_binding() {
+        let shares = Shares::new(SHARDS * 8);
         let q = Quota::per_day(10);
-        // One entry a shard, lapsing at 10 µs: every shard is full.
-        let mut i = 0;
-        while shares.shards.iter().any(|s| s.lock().unwrap().table.is_empty()) {
-            shares.record(1, &check(&format!("k{i}"), q, Algorithm::Gcra), 0, 10, 1, 0, false);
-            i += 1;
+        let c = |k: &str| check(k, q, Algorithm::Gcra);
+        // Spent keys (0 left of 10) early, and one lapsing at 10 µs.
+        for i in 0..SHARDS {
+            shares.record(1, &c(&format!("spent{i}")), 0, 1_000_000_000, 1, 0, false);
         }
-        let x = check("x", q, Algorithm::Gcra);
-        // At 20 µs the entries have lapsed, but the shard swept less than a second ago.
-        shares.record(1, &x, 0, 1_000_000, 1, 20, false);
-        assert_eq!(shares.fits(1, &x, 1, 21), Ok(()), "full, no sweep within the second: not recorded");
-        shares.record(1, &x, 0, 1_000_000, 1, 2_000_000, false);
-        assert!(shares.fits(1, &x, 1, 2_000_001).is_err(), "the lapsed entries made room");
+        shares.record(1, &c("lapsing"), 0, 10, 1, 0, false);
+        // A flood of keys with 9 of 10 left.
+        for i in 0..10_000 {
+            shares.record(1, &c(&format!("k{i}")), 9, 500_000_000, 1, 20, false);
+            assert!(shares.len.load(Ordering::Relaxed) <= SHARDS * 8 + 1, "over the cap at {i}");
+        }
+        for i in 0..SHARDS {
+            assert!(shares.fits(1, &c(&format!("spent{i}")), 1, 30).is_err(), "spent{i} pushed out");
+        }
+        // A late spent key too.
+        shares.record(1, &c("late"), 0, 1_000_000_000, 1, 40, false);
+        for i in 10_000..20_000 {
+            shares.record(1, &c(&format!("k{i}")), 9, 500_000_000, 1, 50, false);
+        }
+        assert!(shares.fits(1, &c("late"), 1, 60).is_err(), "late pushed out");
+        let n: usize = shares.shards.iter().map(|s| s.lock().unwrap().table.len()).sum();
+        assert_eq!(n, shares.len.load(Ordering::Relaxed), "the count");
+        shares.forget(1, &Key::from("late"));
+        assert_eq!(n - 1, shares.len.load(Ordering::Relaxed), "a forget counts");
     }
 
     #[test]
@@ -279,6 +327,6 @@ mod tests {
             shares.record(1, &c, 0, u64::MAX / 2, 1, 0, false);
         }
         let n: usize = shares.shards.iter().map(|s| s.lock().unwrap().table.len()).sum();
-        assert!(n <= SHARDS * 4, "{n} entries");
+        assert!(n <= SHARDS * 4 + 1, "{n} entries");
     }
 }
