@@ -361,7 +361,7 @@ impl Shard {
         // which another algorithm's state may hold (a swap of algorithm): one more probe
         // for such rules, six when the state is new.
         let inherit = if check.params.reads_block()
-            && !self.find::<K>(hash, check.rule, probe).is_some_and(|e| e.live_until() > now)
+            && self.find::<K>(hash, check.rule, probe).is_none_or(|e| e.live_until() <= now)
         {
             self.block_of(hash, check.rule, probe, now)
         } else {
