@@ -292,8 +292,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// spent either way: after a timeout the store may have given the units back, and
     /// trying again could give them twice.
     pub async fn refund(&self, verdict: Verdict) -> Result<(), StoreError> {
-        // A rule set swapped in since may have cached a rejection of its own for the same
-        // rule and key: forgotten too (the holders forget the verdict's own set's).
+        // A rule swapped since under another identity (its blocks changed, say) may have
+        // cached a rejection of the same state: forgotten too (the holders forget the
+        // units' own rules').
         let current = self.rules.load();
         for u in &verdict.held.units {
             if let Some((i, _)) = current.find(&u.refund.check.rule) {
