@@ -81,7 +81,8 @@ pub enum DecidedBy {
     /// The store.
     Store,
     /// The in-process fallback limiter, while the store failed (an approximate limit:
-    /// each rule's share for one server).
+    /// each rule's share for one server; its decisions' `limit` is the rule's quota, their
+    /// `remaining` what is left of this server's share).
     Fallback,
     /// This process's cache of blocked keys: a rejection the store made earlier, still
     /// in force.

@@ -120,7 +120,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 };
                 let refund = Refund { check: as_held[i].clone(), taken };
                 let copy = copies.get(i).cloned().flatten();
-                held.units.push(Unit { refund, rule, holder, exit, copy });
+                held.units.push(Unit { refund, rule, id: set.id(rule), holder, exit, copy });
             }
             if !shadow {
                 if !d.allowed {
@@ -339,7 +339,7 @@ impl Teach<'_> {
             if set.fail_mode_of(rule) == FailMode::Fallback {
                 let remaining = if d.allowed { d.remaining } else { 0 };
                 let whole_in = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
-                self.shares.record(id, &check.key, remaining, whole_in, self.servers, self.now, self.late);
+                self.shares.record(id, check, remaining, whole_in, self.servers, self.now, self.late);
             }
             let r = &set.rules[rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.
@@ -415,7 +415,7 @@ fn probes<I: ?Sized>(
             check: held.clone(),
             holder,
             store: (holder == Holder::Fallback).then(|| c.clone()),
-            rule,
+            id: set.id(rule),
         })
         .collect()
 }

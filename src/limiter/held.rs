@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::StatusCode;
 use smallvec::SmallVec;
 
-use crate::runtime::StoreCopy;
+use crate::runtime::{RuleId, StoreCopy};
 use crate::store::{Check, Refund};
 
 /// Who holds a unit, or decides a probe's charge: fixed when the input is decided.
@@ -50,6 +50,9 @@ pub(crate) struct Unit {
     pub(crate) refund: Refund,
     /// The rule's index in the rule set the input was decided under.
     pub(crate) rule: usize,
+    /// The rule's identity (see `RuleSet::id`): the blocked-key cache's name for it, which
+    /// outlives a swap that keeps the rule.
+    pub(crate) id: RuleId,
     pub(crate) holder: Holder,
     pub(crate) exit: Exit,
     /// For the fallback's units, the store's copy of them, if it may have one.
@@ -65,9 +68,8 @@ pub(crate) struct Probe {
     /// For the fallback's probe, the check as the store decides it: a charge the fallback
     /// takes is written back to the store too.
     pub(crate) store: Option<Check>,
-    /// The rule's index in the rule set the input was decided under (a charge lowers the
-    /// fallback's share of it).
-    pub(crate) rule: usize,
+    /// The rule's identity (see `RuleSet::id`): a charge lowers the fallback's share of it.
+    pub(crate) id: RuleId,
 }
 
 /// What one input holds, with what settling it needs.
@@ -77,9 +79,6 @@ pub(crate) struct Held {
     /// Only charged rules have probes: a `Vec`, empty without allocating, keeps what a
     /// request moves around small (a probe inline is 272 bytes).
     pub(crate) probes: Vec<Probe>,
-    /// The generation of the rule set the input was decided under (rule indexes are into
-    /// it; the blocked-key cache names rules by it).
-    pub(crate) generation: u64,
     /// The deadline of remote refunds and charges.
     pub(crate) deadline: Duration,
 }

@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 
 use super::held::{Held, Holder, Unit};
 use crate::error::StoreError;
-use crate::runtime::{BlockedCache, Copy, LateSlot, LateSlots, Mono, Runtime, Shares, Unsent};
+use crate::runtime::{BlockedCache, Copy, LateSlot, LateSlots, Mono, RuleId, Runtime, Shares, Unsent};
 use crate::store::{Check, Refund, RuleName, Store};
 
 /// The holders of one limiter's units.
@@ -55,7 +55,7 @@ impl<St: Store> Holders<St> {
         }
         if let Some(local) = self.store.as_local() {
             match local.refund(&refunds) {
-                Ok(()) => self.forget(&refunds, &rules, held.generation),
+                Ok(()) => self.forget(&refunds, &rules),
                 Err(err) => lost(&refunds, what, &err),
             }
             return;
@@ -69,7 +69,7 @@ impl<St: Store> Holders<St> {
         let unfinished = Unfinished { rules: refunds.iter().map(|r| r.check.rule).collect(), what };
         drop(runtime.spawn(async move {
             match tokio::time::timeout(held.deadline, this.store.refund(&refunds)).await {
-                Ok(Ok(())) => this.forget(&refunds, &rules, held.generation),
+                Ok(Ok(())) => this.forget(&refunds, &rules),
                 Ok(Err(err)) => lost(&refunds, what, &err),
                 Err(_) => lost(&refunds, what, &"the store did not answer within the deadline"),
             }
@@ -88,7 +88,7 @@ impl<St: Store> Holders<St> {
             Some(local) => local.refund(&refunds)?,
             None => self.store.refund(&refunds).await?,
         }
-        self.forget(&refunds, &rules, held.generation);
+        self.forget(&refunds, &rules);
         Ok(())
     }
 
@@ -136,13 +136,13 @@ impl<St: Store> Holders<St> {
     }
 
     /// Gives the fallback its units at once; the store's refunds, with their rules.
-    fn refund_fallback(&self, held: &Held) -> (ToStore<Refund>, ToStore<usize>) {
+    fn refund_fallback(&self, held: &Held) -> (ToStore<Refund>, ToStore<RuleId>) {
         let (mut refunds, mut rules) = (ToStore::new(), ToStore::new());
         for u in &held.units {
             match u.holder {
                 Holder::Store => {
                     refunds.push(u.refund.clone());
-                    rules.push(u.rule);
+                    rules.push(u.id);
                 }
                 Holder::Fallback => {
                     self.fallback.refund_at(std::slice::from_ref(&u.refund), self.fallback.now_micros());
@@ -150,7 +150,7 @@ impl<St: Store> Holders<St> {
                     // stays out of the store).
                     if let Some(Copy::Taken(refund)) = u.copy.as_ref().map(|c| c.refund()) {
                         refunds.push(refund);
-                        rules.push(u.rule);
+                        rules.push(u.id);
                     }
                 }
             }
@@ -167,8 +167,9 @@ impl<St: Store> Holders<St> {
         for p in &held.probes {
             let mut check = p.check.clone();
             check.params.cost = units;
-            // What the store last said remains, less this: the fallback's share of it.
-            self.shares.take((held.generation, p.rule), &check.key, units, now);
+            // What the store last said remains, less this: the fallback's share of it (read
+            // under the store's quota, not the fallback's part of it).
+            self.shares.take(p.id, p.store.as_ref().unwrap_or(&p.check), units, now);
             match p.holder {
                 Holder::Store => to_store.push(check),
                 Holder::Fallback => {
@@ -225,9 +226,9 @@ impl<St: Store> Holders<St> {
 
     /// The store has the units back: the rejections this process cached for their keys
     /// may not hold any more (forgotten after the refund: one cached before it would stay).
-    fn forget(&self, refunds: &[Refund], rules: &[usize], generation: u64) {
+    fn forget(&self, refunds: &[Refund], rules: &[RuleId]) {
         for (r, &rule) in refunds.iter().zip(rules) {
-            self.cache.forget((generation, rule), &r.check.key);
+            self.cache.forget(rule, &r.check.key);
         }
     }
 }

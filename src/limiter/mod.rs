@@ -292,8 +292,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// spent either way: after a timeout the store may have given the units back, and
     /// trying again could give them twice.
     pub async fn refund(&self, verdict: Verdict) -> Result<(), StoreError> {
-        // A rule set swapped in since may have cached a rejection of its own for the same
-        // rule and key: forgotten too (the holders forget the verdict's own set's).
+        // A rule swapped since under another identity (its blocks changed, say) may have
+        // cached a rejection of the same state: forgotten too (the holders forget the
+        // units' own rules').
         let current = self.rules.load();
         for u in &verdict.held.units {
             if let Some((i, _)) = current.find(&u.refund.check.rule) {
@@ -345,6 +346,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// replaces the key's earlier one (a penalty's too); `Duration::ZERO` lifts it, and so
     /// does [`Limiter::reset`]. `Ok(false)` when there is no such rule.
     ///
+    /// While the store cannot answer, this server's fallback keeps refusing a key it
+    /// blocked (and admits one it lifted); another server's fallback knows a block from
+    /// the store's answers about the key.
+    ///
     /// The rule must be able to block: built with [`Rule::blockable`](crate::Rule::blockable) or
     /// [`Rule::block_for`](crate::Rule::block_for) (on Redis, its checks then read the key's block).
     ///
@@ -382,6 +387,16 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         // A rejection this process cached for the key may end before a new block, or
         // after a lifted one.
         self.runtime.cache.forget(id, &check.key);
+        // The fallback keeps this server's own block (or its lift) while the store cannot
+        // answer: the cache holds a block for a second only (a lift elsewhere must reach
+        // every server), and nothing else told it. A lift also forgets what the store said
+        // remains of the key: that may be the block's zero.
+        if let Err(err) = crate::store::LocalStore::block(&self.runtime.fallback, &check, duration) {
+            tracing::warn!(error = %err, rule, "tollgate: the fallback could not record a block");
+        }
+        if duration.is_zero() {
+            self.runtime.shares.forget(id, &check.key);
+        }
         Ok(true)
     }
 
@@ -429,8 +444,14 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let set = self.rules.load();
         let Some((i, r)) = set.find(rule) else { return Ok(false) };
         let key = key.into();
-        self.holders.store.reset(rule, &key, r.algorithm_or(set.algorithm)).await?;
+        let algorithm = r.algorithm_or(set.algorithm);
+        self.holders.store.reset(rule, &key, algorithm).await?;
         self.runtime.cache.forget(set.id(i), &key);
+        // And in the fallback: its counts and block, and its share of what the store said.
+        if let Err(err) = crate::store::LocalStore::reset(&self.runtime.fallback, rule, &key, algorithm) {
+            tracing::warn!(error = %err, rule, "tollgate: the fallback could not reset a key");
+        }
+        self.runtime.shares.forget(set.id(i), &key);
         Ok(true)
     }
 }

@@ -6,7 +6,7 @@
 //! counts under its new quota.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ use crate::rule::{check_rule_name, FailMode, Rule, Shared};
 use crate::runtime::RuleId;
 use crate::store::Check;
 
-/// One generation of a limiter's rules and the settings that go with them.
+/// One version of a limiter's rules and the settings that go with them.
 pub(crate) struct RuleSet<I: ?Sized> {
     pub(crate) rules: Arc<[Rule<I>]>,
     pub(crate) algorithm: Algorithm,
@@ -34,24 +34,37 @@ pub(crate) struct RuleSet<I: ?Sized> {
     pub(crate) headers: Option<HeaderStyle>,
     /// Per rule: the name clients see (empty: hidden).
     pub(crate) names: Box<[Arc<str>]>,
-    generation: u64,
+    /// Per rule: its identity ([`identity`]), by which the blocked-key cache and the
+    /// fallback's shares name it.
+    ids: Box<[RuleId]>,
     /// The rule names this set holds on its store (see `registry`), released on drop.
     #[allow(dead_code, reason = "held for its drop, which releases the names")]
     claim: Option<Arc<Claim>>,
 }
 
-/// Every rule set of the process gets its own generation.
-static GENERATION: AtomicU64 = AtomicU64::new(1);
+/// What names a rule in this process's blocked-key cache and the fallback's shares: its
+/// name, its algorithm and what else decides how its store state reads (the leaky
+/// bucket's longest delay, its blocks), not the rule set it is in. A swap that keeps them
+/// keeps what the store taught about the rule's keys (a reload of an unchanged file
+/// changes nothing); one that changes them starts the rule afresh, as its store state
+/// does. The quota is not part of it: a cached rejection holds only under the quota it
+/// was made under, and a share is rescaled to the quota it is read under.
+fn identity<I: ?Sized>(rule: &Rule<I>, algorithm: Algorithm) -> RuleId {
+    // SipHash with fixed keys: the same rule, the same identity, in every set.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&*rule.name, rule.algorithm_or(algorithm), rule.max_delay, rule.block, rule.blockable).hash(&mut h);
+    h.finish()
+}
 
 impl<I: ?Sized> RuleSet<I> {
-    /// The blocked-key cache's name for rule `index` of this set.
+    /// The blocked-key cache's and the shares' name for rule `index` of this set.
     pub(crate) fn id(&self, index: usize) -> RuleId {
-        (self.generation, index)
+        self.ids[index]
     }
 
     /// What an input decided under this set holds before its store call.
     pub(crate) fn held(&self) -> Held {
-        Held { generation: self.generation, deadline: self.deadline, ..Held::default() }
+        Held { deadline: self.deadline, ..Held::default() }
     }
 
     pub(crate) fn fail_mode_of(&self, rule: usize) -> FailMode {
@@ -107,7 +120,7 @@ impl<I: ?Sized> Draft<I> {
                 let hint = if let OnClash::Refuse(hint) = on_clash { hint } else { "" };
                 BuildError::RuleInUse { rule: n.to_string(), hint }
             })?;
-        // A new generation; `cost` for the rules that have none.
+        // `cost` for the rules that have none.
         let mut rules = self.rules;
         if let Some(cost) = cost {
             for r in &mut rules {
@@ -116,12 +129,12 @@ impl<I: ?Sized> Draft<I> {
         }
         Ok(RuleSet {
             names: rules.iter().map(Rule::public_name_or_name).collect(),
+            ids: rules.iter().map(|r| identity(r, self.algorithm)).collect(),
             rules: rules.into(),
             algorithm: self.algorithm,
             fail_mode: self.fail_mode,
             deadline: self.deadline,
             headers: self.headers,
-            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
             claim,
         })
     }
@@ -184,8 +197,11 @@ impl<I: ?Sized> Rules<I> {
 /// 120 after a raise to 200. The token bucket, the leaky bucket and GCRA keep time (how
 /// far ahead the key's use has pushed it), which the new quota reads at its own rate: the
 /// 80 units' time is 160 units at 200 a minute, leaving 40 — the rate in use carries over,
-/// not the count. A change that cannot be
-/// built changes nothing and says why.
+/// not the count. What this process learnt from the store goes the same way: the
+/// rejections it caches and, while the store cannot answer, the fallback's share of what
+/// the store said remains are kept for a rule that keeps its name and algorithm (read
+/// under its new quota as the store reads its state). A change that cannot be built
+/// changes nothing and says why.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::BuildError> {

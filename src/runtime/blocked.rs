@@ -48,9 +48,10 @@ struct BlockedEntry {
 
 const SHARDS: usize = 16;
 
-/// A rule of one rule set: the set's generation and the rule's index in it. A rule set
-/// swapped at run time has a new generation, so an index never names another set's rule.
-pub(crate) type RuleId = (u64, usize);
+/// A rule's identity in this process: a hash of what decides how its store state reads
+/// (its name, its algorithm; see `RuleSet::id`), the same in every rule set that keeps
+/// them, so what the store taught outlives a swap that keeps the rule.
+pub(crate) type RuleId = u64;
 
 impl BlockedCache {
     pub(crate) fn new(capacity: usize) -> Self {
@@ -188,23 +189,23 @@ mod tests {
         let cache = BlockedCache::new(SHARDS * 100);
         let k = Key::from("k");
         let q = Quota::per_minute(10);
-        cache.insert((7, 0), &k, 2, q, 1_000, &rejected(500), u64::MAX, 0);
-        let d = cache.blocked((7, 0), &k, 2, q, 1_499).unwrap();
+        cache.insert(7, &k, 2, q, 1_000, &rejected(500), u64::MAX, 0);
+        let d = cache.blocked(7, &k, 2, q, 1_499).unwrap();
         // The store's answer, 499 µs on.
         assert_eq!((d.allowed, d.limit, d.remaining), (false, 10, 3));
         assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
         assert_eq!(d.refill_after, Duration::from_micros(1));
         assert_eq!(d.reset_after, Duration::from_micros(40_000_000 - 499));
-        assert!(cache.blocked((7, 0), &k, 3, q, 1_200).is_some(), "a larger cost is rejected too");
-        assert!(cache.blocked((7, 0), &k, 1, q, 1_200).is_none(), "a smaller cost may fit");
-        assert!(cache.blocked((7, 0), &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
-        assert!(cache.blocked((7, 0), &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
-        assert!(cache.blocked((7, 0), &k, 2, q, 1_500).is_none());
-        cache.insert((7, 1), &k, 1, q, 1_000, &rejected(100), u64::MAX, 0);
-        assert!(cache.blocked((7, 1), &k, 1, q, 1_050).is_some(), "an earlier end recorded later");
-        assert!(cache.blocked((7, 1), &k, 2, q, 1_200).is_none());
+        assert!(cache.blocked(7, &k, 3, q, 1_200).is_some(), "a larger cost is rejected too");
+        assert!(cache.blocked(7, &k, 1, q, 1_200).is_none(), "a smaller cost may fit");
+        assert!(cache.blocked(7, &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
+        assert!(cache.blocked(7, &k, 2, Quota::per_hour(10), 1_200).is_none(), "another tier's period");
+        assert!(cache.blocked(7, &k, 2, q, 1_500).is_none());
+        cache.insert(71, &k, 1, q, 1_000, &rejected(100), u64::MAX, 0);
+        assert!(cache.blocked(71, &k, 1, q, 1_050).is_some(), "an earlier end recorded later");
+        assert!(cache.blocked(71, &k, 2, q, 1_200).is_none());
         for i in 0..10_000 {
-            cache.insert((7, 0), &Key::from(format!("k{i}")), 1, q, 2_000, &rejected(1_000_000), u64::MAX, 0);
+            cache.insert(7, &Key::from(format!("k{i}")), 1, q, 2_000, &rejected(1_000_000), u64::MAX, 0);
         }
         assert!(cache.len() <= SHARDS * 100 + SHARDS);
     }
@@ -214,10 +215,10 @@ mod tests {
     fn a_short_lived_entry_says_the_whole_retry_and_then_asks_again() {
         let cache = BlockedCache::new(SHARDS * 100);
         let (k, q) = (Key::from("k"), Quota::per_minute(10));
-        cache.insert((9, 0), &k, 1, q, 1_000, &rejected(10_000), 100, 0);
-        let d = cache.blocked((9, 0), &k, 1, q, 1_050).expect("fresh");
+        cache.insert(9, &k, 1, q, 1_000, &rejected(10_000), 100, 0);
+        let d = cache.blocked(9, &k, 1, q, 1_050).expect("fresh");
         assert_eq!(d.retry_after, Some(Duration::from_micros(9_950)), "the store's retry, not the cache's age");
-        assert!(cache.blocked((9, 0), &k, 1, q, 1_100).is_none(), "asked again after max_age");
+        assert!(cache.blocked(9, &k, 1, q, 1_100).is_none(), "asked again after max_age");
     }
 
     /// A rejection the store made before a forget (units refunded meanwhile) is not
@@ -227,10 +228,10 @@ mod tests {
         let cache = BlockedCache::new(SHARDS * 100);
         let (k, q) = (Key::from("k"), Quota::per_minute(10));
         let epoch = cache.epoch();
-        cache.forget((5, 0), &Key::from("other"));
-        cache.insert((5, 0), &k, 1, q, 1_000, &rejected(10_000), u64::MAX, epoch);
-        assert!(cache.blocked((5, 0), &k, 1, q, 1_001).is_none(), "recorded after a forget");
-        cache.insert((5, 0), &k, 1, q, 1_000, &rejected(10_000), u64::MAX, cache.epoch());
-        assert!(cache.blocked((5, 0), &k, 1, q, 1_001).is_some());
+        cache.forget(5, &Key::from("other"));
+        cache.insert(5, &k, 1, q, 1_000, &rejected(10_000), u64::MAX, epoch);
+        assert!(cache.blocked(5, &k, 1, q, 1_001).is_none(), "recorded after a forget");
+        cache.insert(5, &k, 1, q, 1_000, &rejected(10_000), u64::MAX, cache.epoch());
+        assert!(cache.blocked(5, &k, 1, q, 1_001).is_some());
     }
 }

@@ -219,7 +219,8 @@ impl Runtime {
     /// others `None`), after the store failed with `err`, and the checks as it decided
     /// them: each quota divided by `servers` (refunds and charges to the fallback use
     /// these), and each key within this server's share of what the store last said
-    /// remains (`ids`: the checks' rules).
+    /// remains (`ids`: the checks' rules). Each outcome's `limit` is its rule's quota,
+    /// its `remaining` what is left of this server's share.
     pub(crate) fn fallback(
         &self,
         err: &StoreError,
@@ -247,7 +248,7 @@ impl Runtime {
         let mut longest = Longest::new();
         for (j, ((c, &id), _)) in checks.iter().zip(ids).zip(use_it).filter(|&(_, &u)| u).enumerate() {
             // A probe (cost 0: a charged rule's admission) needs room for one unit.
-            if let Err(whole_in) = self.shares.fits(id, &c.key, c.params.cost.max(1), now) {
+            if let Err(whole_in) = self.shares.fits(id, c, c.params.cost.max(1), now) {
                 longest.offer(Some(Duration::from_micros(whole_in)), (j, whole_in));
             }
         }
@@ -271,12 +272,14 @@ impl Runtime {
         for (i, c) in checks.iter().enumerate() {
             let mut o = if use_it[i] { decided.next().flatten() } else { None };
             if let Some(o) = &mut o {
+                // The limit the client is under is the rule's quota, as `RateLimit-Policy`
+                // says it; the share is this server's approximation of it while the store
+                // cannot answer, and `remaining` counts it down: to what this server may
+                // still admit of what the store said remains, when that binds (a 200 that
+                // says 14 left is followed by 14 more, not by a 429).
+                o.decision.limit = c.params.quota.limit();
                 if o.taken.is_some() {
-                    self.shares.take(ids[i], &c.key, c.params.cost, now);
-                    // What this server may still admit: its share of what the store said
-                    // remains, when that binds (a 200 that says 14 left is followed by
-                    // 14 more, not by a 429).
-                    if let Some(left) = self.shares.left(ids[i], &c.key, now) {
+                    if let Some(left) = self.shares.take(ids[i], c, c.params.cost, now) {
                         o.decision.remaining = o.decision.remaining.min(left);
                     }
                 }

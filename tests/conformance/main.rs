@@ -38,13 +38,15 @@ struct Rule {
     max_delay_us: Option<u64>,
     /// `Rule::block_for`, in µs.
     block_us: u64,
+    /// `Rule::blockable`: the key can be blocked by hand (`Step::Block`).
+    blockable: bool,
     /// The check's role: `Rule::shadow` (decided in the same call, never refuses it,
     /// committed only when every enforced check passes).
     shadow: bool,
 }
 
 fn rule(name: &'static str, key: &'static str, algorithm: Algorithm, quota: Quota) -> Rule {
-    Rule { name, key, algorithm, quota, max_delay_us: None, block_us: 0, shadow: false }
+    Rule { name, key, algorithm, quota, max_delay_us: None, block_us: 0, blockable: false, shadow: false }
 }
 
 fn shadow(name: &'static str, key: &'static str, algorithm: Algorithm, quota: Quota) -> Rule {
@@ -66,6 +68,8 @@ enum Step {
     /// A charge reported after the work (`Store::charge`): (rule index, units), taken
     /// whatever the rule decides.
     Charge(usize, u64),
+    /// A block by hand (`Store::block`): (rule index, µs; 0 lifts it).
+    Block(usize, u64),
 }
 
 use Step::{Advance, Back, Charge, Peek, Reset, Undo};
@@ -410,6 +414,28 @@ fn scenarios() -> Vec<Scenario> {
             ],
         ));
     }
+    // A block is the key's under its rule, whatever the algorithm (issue 37 item 7): one
+    // rule swapped to another algorithm (the same name and key, as `set_rules` does) counts
+    // afresh but stays blocked — a block by hand, and a `block_for` penalty started under
+    // either — until the block ends or is lifted under either.
+    for a in Algorithm::ALL {
+        let b = partner(a);
+        let swapped =
+            |algorithm| Rule { blockable: true, block_us: 0, ..rule("r", "k", algorithm, Quota::per_minute(2)) };
+        let penalised = |algorithm| Rule { block_us: 2 * MIN, ..swapped(algorithm) };
+        out.push(scenario(
+            format!("{a}: a block outlives a swap to {b}"),
+            T0,
+            vec![swapped(a), swapped(b), penalised(a), penalised(b)],
+            vec![
+                vec![one(0, 1), Step::Block(0, 10 * MIN), one(0, 1), one(1, 1), Peek(1, 1)],
+                vec![Advance(MIN), one(1, 1), Step::Block(1, 0), one(0, 1), one(1, 1)],
+                // A penalty started under b, then back to a (whose state is still held).
+                vec![one(3, 1), one(3, 1), one(3, 1), one(2, 1), Peek(2, 1), Advance(MIN), one(0, 1)],
+                vec![Advance(2 * MIN), one(0, 1), one(1, 1)],
+            ],
+        ));
+    }
     // Leaky bucket: the queue bound and the max delay.
     out.push(scenario(
         "leaky bucket: delays, queue bound, max delay",
@@ -423,6 +449,7 @@ fn scenarios() -> Vec<Scenario> {
                 quota: Quota::new(5, Duration::from_secs(10)).burst(10),
                 max_delay_us: Some(5 * SEC),
                 block_us: 0,
+                blockable: false,
                 shadow: false,
             },
         ],
@@ -478,6 +505,7 @@ fn check_of(ns: &str, r: &Rule, cost: u64) -> Check {
         params.max_delay_us = d;
     }
     params.block_us = r.block_us;
+    params.blockable = r.blockable;
     params.shadow = r.shadow;
     Check { rule: format!("{ns}/{}", r.name).into(), key: Key::from(r.key), algorithm: r.algorithm, params }
 }
@@ -533,6 +561,11 @@ async fn run<S: Store>(store: &S, clock: &ManualClock, sc: &Scenario, ns: &str) 
             }
             Step::Charge(r, units) => {
                 store.charge(&[check_of(ns, &rules[*r], *units)]).await.unwrap_or_else(|e| fail(e));
+                Outcome::Done
+            }
+            Step::Block(r, us) => {
+                let check = check_of(ns, &rules[*r], 1);
+                store.block(&check, Duration::from_micros(*us)).await.unwrap_or_else(|e| fail(e));
                 Outcome::Done
             }
         };

@@ -401,3 +401,26 @@ fn keys_share_a_state_exactly_when_they_are_equal() {
         assert_eq!(store.len(), distinct * 2 * (Algorithm::ALL.len() - 1), "reset dropped each GCRA state once");
     }
 }
+
+/// A block by hand stays through a swap that changes the rule's algorithm, as on Redis
+/// (whose block is the key's under its rule, whatever the algorithm): before, the
+/// in-process store kept the block in the old algorithm's state and admitted the key.
+#[tokio::test]
+async fn a_block_outlives_a_swap_to_another_algorithm() {
+    use tollgate::{Limiter, Rule};
+    let rule =
+        |a: Algorithm| Rule::new("api", Quota::per_minute(100), |u: &str| Some(u.to_owned())).algorithm(a).blockable();
+    let limiter = Limiter::builder(MemoryStore::new()).add_rule(rule(Algorithm::Gcra)).build().unwrap();
+    assert!(limiter.check("mallory").await.is_allowed());
+    limiter.block("api", "mallory", Duration::from_secs(3600)).await.unwrap();
+    limiter.handle().set_rules(vec![rule(Algorithm::SlidingWindowLog)]).unwrap();
+    let v = limiter.check("mallory").await;
+    assert!(v.is_rejected(), "the block was lifted by a swap of algorithm: {v:?}");
+    assert!(v.retry_after() > Some(Duration::from_secs(3590)), "{v:?}");
+    assert!(limiter.check("ada").await.is_allowed(), "another key");
+    // Lifted under the new algorithm, and swapped back: lifted under both.
+    limiter.block("api", "mallory", Duration::ZERO).await.unwrap();
+    assert!(limiter.check("mallory").await.is_allowed());
+    limiter.handle().set_rules(vec![rule(Algorithm::Gcra)]).unwrap();
+    assert!(limiter.check("mallory").await.is_allowed(), "the old algorithm's state kept the lifted block");
+}

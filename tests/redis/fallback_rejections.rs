@@ -85,8 +85,8 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// A 429's `Retry-After`, `X-RateLimit-Rule`, `X-RateLimit-Limit`, `X-RateLimit-Remaining`
-/// and the first member of `RateLimit`, all about `rule`: its `limit` (this server's share
-/// for the fallback) and a wait of `secs`.
+/// and the first member of `RateLimit`, all about `rule`: its `limit` (the rule's quota,
+/// also for the fallback) and a wait of `secs`.
 #[track_caller]
 fn says(h: &HeaderMap, rule: &str, limit: u64, secs: u64) {
     assert_eq!(header(h, "retry-after"), Some(&*secs.to_string()), "{h:?}");
@@ -142,7 +142,7 @@ async fn a_fallback_429_over_spent_shares_names_the_longest_wait() {
 
 /// Two servers share Redis, which stalls before it saw the client: the fallback decides
 /// with this server's half of each quota (1 a minute, 1 an hour). Its 429 names the hour's
-/// rule, and every header says that rule and its share.
+/// rule, and every header says that rule and its quota (2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fallback_429_of_its_own_shares_names_the_longest_wait() {
     let server = RedisServer::start();
@@ -154,8 +154,38 @@ async fn a_fallback_429_of_its_own_shares_names_the_longest_wait() {
     assert_eq!(status, StatusCode::OK, "{h:?}");
     let (status, body, h) = ask(&svc, "ak_1", "acct_1").await;
     assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-hour acct_1 Fallback"));
-    says(&h, "per-hour", 1, 3600);
+    says(&h, "per-hour", 2, 3600);
     let (status, body, h) = ask(&svc, "ak_1", "acct_2").await;
     assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-minute ak_1 Fallback"));
-    says(&h, "per-minute", 1, 60);
+    says(&h, "per-minute", 2, 60);
+}
+
+/// The limit a fallback's answer shows (issue 37 item 12a): `X-RateLimit-Limit` is the
+/// rule's quota, as `RateLimit-Policy` says it (before: this server's share, 33 of 100,
+/// beside a policy of 100), and `X-RateLimit-Remaining` and `RateLimit`'s `r` count this
+/// server's share down to 0 before its 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_answer_shows_the_rules_quota_as_its_limit() {
+    let server = RedisServer::start();
+    let (layer, svc) =
+        service(RedisStore::from_url(&server.url()).unwrap(), Quota::per_minute(100), Quota::per_hour(1000), 3);
+    assert_eq!(layer.limiter().check_key("per-minute", "warm", 1).await.decided_by(), Some(DecidedBy::Store));
+    let _stopped = Stopped::new(&server);
+    let policy = "\"per-minute\";q=100;w=60, \"per-hour\";q=1000;w=3600";
+    // This server's share of the minute's 100: 33.
+    for left in (0..33).rev() {
+        let (status, _, h) = ask(&svc, "ak_1", "acct_1").await;
+        assert_eq!(status, StatusCode::OK, "{h:?}");
+        assert_eq!(header(&h, "ratelimit-policy"), Some(policy), "{h:?}");
+        assert_eq!(header(&h, "x-ratelimit-rule"), Some("per-minute"), "{h:?}");
+        assert_eq!(header(&h, "x-ratelimit-limit"), Some("100"), "the policy's quota: {h:?}");
+        assert_eq!(header(&h, "x-ratelimit-remaining"), Some(&*left.to_string()), "{h:?}");
+        let ietf = header(&h, "ratelimit").unwrap_or_default();
+        assert!(ietf.starts_with(&format!("\"per-minute\";r={left};")), "{ietf}");
+    }
+    let (status, body, h) = ask(&svc, "ak_1", "acct_1").await;
+    assert_eq!((status, body.as_str()), (StatusCode::TOO_MANY_REQUESTS, "per-minute ak_1 Fallback"));
+    assert_eq!(header(&h, "ratelimit-policy"), Some(policy), "{h:?}");
+    assert_eq!(header(&h, "x-ratelimit-limit"), Some("100"), "the policy's quota: {h:?}");
+    assert_eq!(header(&h, "x-ratelimit-remaining"), Some("0"), "{h:?}");
 }

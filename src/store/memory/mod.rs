@@ -178,9 +178,15 @@ impl MemoryStore {
                 let mut shard = self.shard(hash);
                 match shard.entry::<K>(hash, check, &probe, now, &self.inner, false) {
                     Ok(entry) => {
+                        let blocked = entry.blocked_until;
                         let decision = entry.decide(check, now);
                         // A probe (cost 0, a charged rule's admission) takes nothing.
                         let taken = (decision.allowed && check.params.cost > 0).then(|| entry.commit(check, now));
+                        // A rejection that started a block: the key's, under every algorithm.
+                        let started = (entry.blocked_until != blocked).then_some(entry.blocked_until);
+                        if let Some(until) = started {
+                            shard.set_block(hash, check.rule, &probe, until, now);
+                        }
                         return Ok(Outcome { decision, taken });
                     }
                     Err(err) => err,
@@ -266,9 +272,17 @@ impl MemoryStore {
         let decisions: Vec<Decision> = each()
             .map(|(c, p, h)| {
                 let shard = guard_for(&mut guards, self.shard_of(h));
-                by_algorithm!(c.algorithm, K => {
-                    shard.entry::<K>(h, c, p, now, &self.inner, true).expect("room reserved").decide(c, now)
-                })
+                let (decision, started) = by_algorithm!(c.algorithm, K => {
+                    let e = shard.entry::<K>(h, c, p, now, &self.inner, true).expect("room reserved");
+                    let blocked = e.blocked_until;
+                    let decision = e.decide(c, now);
+                    (decision, (e.blocked_until != blocked).then_some(e.blocked_until))
+                });
+                // A rejection that started a block: the key's, under every algorithm.
+                if let Some(until) = started {
+                    shard.set_block(h, c.rule, p, until, now);
+                }
+                decision
             })
             .collect();
         let all = decisions.iter().zip(checks).all(|(d, c)| d.allowed || c.params.shadow);
@@ -362,6 +376,11 @@ impl LocalStore for MemoryStore {
         Ok(self.at(check.rule, &check.key, |shard, h, probe| {
             by_algorithm!(check.algorithm, K => match shard.find::<K>(h, check.rule, probe) {
                 Some(e) if e.live_until() > now => e.peek(check, now),
+                // No state under this algorithm: the key's block may be another's.
+                _ if check.params.reads_block() => {
+                    let blocked = shard.block_of(h, check.rule, probe, now);
+                    crate::algorithm::blocking(K::default().decide(&check.params, now), blocked, &check.params, now).0
+                }
                 _ => K::default().decide(&check.params, now),
             })
         }))
@@ -370,27 +389,26 @@ impl LocalStore for MemoryStore {
     fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
         // A name no rule or check has used has no state to reset.
         let Some(rule) = RuleName::existing(rule) else { return Ok(()) };
+        let now = self.inner.clock.now();
         self.at(rule, key, |shard, h, probe| {
             by_algorithm!(algorithm, K => {
                 if shard.remove::<K>(h, rule, probe) {
                     self.inner.release(1);
                 }
             });
+            // The block too, as Redis deletes it: it is the key's, whatever the algorithm.
+            shard.set_block(h, rule, probe, 0, now);
         });
         Ok(())
     }
 
     fn block(&self, check: &Check, duration: Duration) -> Result<(), StoreError> {
         let now = self.inner.clock.now();
+        // A block is the key's under its rule, whatever the algorithm (as on Redis): set,
+        // or lifted, in the state of every algorithm that has one.
         if duration.is_zero() {
             // Lifted: nothing to do for a key with no state, and no state to make.
-            self.at(check.rule, &check.key, |shard, h, probe| {
-                by_algorithm!(check.algorithm, K => {
-                    if let Some(e) = shard.find::<K>(h, check.rule, probe) {
-                        e.blocked_until = 0;
-                    }
-                });
-            });
+            self.at(check.rule, &check.key, |shard, h, probe| shard.set_block(h, check.rule, probe, 0, now));
             return Ok(());
         }
         let until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
@@ -398,7 +416,9 @@ impl LocalStore for MemoryStore {
             self.at(check.rule, &check.key, |shard, h, probe| {
                 by_algorithm!(check.algorithm, K => {
                     shard.entry::<K>(h, check, probe, now, &self.inner, false).map(|e| e.blocked_until = until)
-                })
+                })?;
+                shard.set_block(h, check.rule, probe, until, now);
+                Ok(())
             })
         };
         match block() {

@@ -164,6 +164,28 @@ macro_rules! tabled {
                 self.len = 0 $(+ self.$field.len())*;
                 before - self.len
             }
+
+            /// The end of the block of `rule` and `probe` at `now` under any algorithm (0:
+            /// none): a block is the key's under its rule, whatever the algorithm, as on
+            /// Redis (a swap of algorithm starts the counting afresh, not the block).
+            pub(super) fn block_of(&self, hash: u64, rule: RuleName, probe: &Probe<'_>, now: u64) -> u64 {
+                let mut until = 0;
+                $(if let Some(e) = self.$field.find(hash, |e| e.is(rule, probe)) {
+                    until = until.max(e.blocked_until);
+                })*
+                if until > now { until } else { 0 }
+            }
+
+            /// Sets the block of `rule` and `probe` to end at `until` (0: lifted) in the
+            /// state of every algorithm that is live at `now` (one that is not takes the
+            /// block when it is made again: see [`Shard::entry`]).
+            pub(super) fn set_block(&mut self, hash: u64, rule: RuleName, probe: &Probe<'_>, until: u64, now: u64) {
+                $(if let Some(e) = self.$field.find_mut(hash, |e| e.is(rule, probe)) {
+                    if until == 0 || e.live_until() > now {
+                        e.blocked_until = until;
+                    }
+                })*
+            }
         }
     };
 }
@@ -335,6 +357,16 @@ impl Shard {
         inner: &Inner,
         reserved: bool,
     ) -> Result<&mut Entry<K>, StoreError> {
+        // A state made (or made again) for a rule that reads blocks takes the key's block,
+        // which another algorithm's state may hold (a swap of algorithm): one more probe
+        // for such rules, six when the state is new.
+        let inherit = if check.params.reads_block()
+            && self.find::<K>(hash, check.rule, probe).is_none_or(|e| e.live_until() <= now)
+        {
+            self.block_of(hash, check.rule, probe, now)
+        } else {
+            0
+        };
         if !reserved {
             self.maybe_sweep(now, inner);
             // Under a bound only (one more probe): is this a new state, and is there room?
@@ -367,6 +399,7 @@ impl Shard {
             e.expires_at = 0;
             e.blocked_until = 0;
         }
+        e.blocked_until = e.blocked_until.max(inherit);
         Ok(e)
     }
 }
