@@ -53,7 +53,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tollgate::key::{self, Key, KeyExtractor};
 use tollgate::store::Store;
 use tollgate::RequestHead;
-use tollgate::{BuildError, Decision, FailMode, HeaderStyle, LayerConfig, Quota, RateLimitLayer, Rule};
+use tollgate::{BuildError, Decision, FailMode, HeaderStyle, LayerConfig, Quota, RateLimitLayer, Rule, StoreError};
 
 /// The limits operations tune without a rebuild (`LIMITS_FILE` replaces them). Rules
 /// that need code — the account's tier, the login rule — are defined in [`limits`].
@@ -351,7 +351,7 @@ async fn peek_limit<St: Store + Clone>(
         Some(Err(e)) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     };
     match peeked {
-        Ok(Some(d)) => {
+        Ok(d) => {
             let ms = |d: Duration| d.as_millis().to_string();
             let json = format!(
                 "{{\"allowed\":{},\"limit\":{},\"remaining\":{},\"reset_after_ms\":{},\"retry_after_ms\":{}}}\n",
@@ -363,7 +363,7 @@ async fn peek_limit<St: Store + Clone>(
             );
             ([(header::CONTENT_TYPE, "application/json")], json).into_response()
         }
-        Ok(None) => no_rule(&rule),
+        Err(StoreError::UnknownRule(_)) => no_rule(&rule),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     }
 }
@@ -375,8 +375,8 @@ async fn reset_limit<St: Store + Clone>(
 ) -> Response {
     let Some(layer) = layer_of(&limits, &rule) else { return no_rule(&rule) };
     match layer.reset(&rule, key).await {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => no_rule(&rule),
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(StoreError::UnknownRule(_)) => no_rule(&rule),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     }
 }

@@ -120,6 +120,17 @@ pub enum StoreError {
     /// The store answered with an error (a script error, a wrong type, …).
     #[error("store error: {0}")]
     Backend(String),
+    /// The limiter has no rule of this name: an admin call ([`Limiter::block`],
+    /// [`Limiter::peek`], [`Limiter::reset`]) or a check by key
+    /// ([`Limiter::check_key`]) named a rule it does not have (a typo, or a rule a reload
+    /// removed).
+    ///
+    /// [`Limiter::block`]: crate::Limiter::block
+    /// [`Limiter::peek`]: crate::Limiter::peek
+    /// [`Limiter::reset`]: crate::Limiter::reset
+    /// [`Limiter::check_key`]: crate::Limiter::check_key
+    #[error("this limiter has no rule named {0:?}")]
+    UnknownRule(String),
     /// The call itself was wrong: a check list that names one state (rule, key and
     /// algorithm) twice. A `Limiter` never makes one; a direct [`Store`](crate::store::Store)
     /// caller can.

@@ -235,8 +235,8 @@ impl<St: Store, R, U> RateLimitLayer<St, R, U> {
     ///
     /// # Errors
     ///
-    /// The store's error (no deadline or circuit breaker applies here).
-    pub async fn peek(&self, rule: &str, key: impl Into<Key>) -> Result<Option<Decision>, StoreError> {
+    /// As [`Limiter::peek`].
+    pub async fn peek(&self, rule: &str, key: impl Into<Key>) -> Result<Decision, StoreError> {
         self.shared.limiter.peek(rule, key).await
     }
 
@@ -244,13 +244,8 @@ impl<St: Store, R, U> RateLimitLayer<St, R, U> {
     ///
     /// # Errors
     ///
-    /// The store's error.
-    pub async fn peek_with(
-        &self,
-        rule: &str,
-        key: impl Into<Key>,
-        quota: Quota,
-    ) -> Result<Option<Decision>, StoreError> {
+    /// As [`Limiter::peek_with`].
+    pub async fn peek_with(&self, rule: &str, key: impl Into<Key>, quota: Quota) -> Result<Decision, StoreError> {
         self.shared.limiter.peek_with(rule, key, quota).await
     }
 
@@ -258,8 +253,8 @@ impl<St: Store, R, U> RateLimitLayer<St, R, U> {
     ///
     /// # Errors
     ///
-    /// The store's error.
-    pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<bool, StoreError> {
+    /// As [`Limiter::reset`].
+    pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<(), StoreError> {
         self.shared.limiter.reset(rule, key).await
     }
 
@@ -269,7 +264,7 @@ impl<St: Store, R, U> RateLimitLayer<St, R, U> {
     /// # Errors
     ///
     /// As [`Limiter::block`].
-    pub async fn block(&self, rule: &str, key: impl Into<Key>, duration: Duration) -> Result<bool, StoreError> {
+    pub async fn block(&self, rule: &str, key: impl Into<Key>, duration: Duration) -> Result<(), StoreError> {
         self.shared.limiter.block(rule, key, duration).await
     }
 }

@@ -36,6 +36,7 @@ pub(crate) fn store_error(err: &StoreError) {
             StoreError::Full(_) => "full",
             StoreError::Backend(_) => "backend",
             StoreError::Invalid(_) => "invalid",
+            StoreError::UnknownRule(_) => "unknown_rule",
         };
         metrics::counter!("tollgate_store_errors_total", "kind" => kind).increment(1);
     }

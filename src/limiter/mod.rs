@@ -167,7 +167,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// quota and takes nothing, as a [`Rule::charged`] rule's admission does. A shadow
     /// rule decides and records, and never refuses. A name the limiter has no rule for
     /// gives a refused verdict whose [`Verdict::store_error`] says so
-    /// ([`StoreError::Invalid`]), whatever the fail mode.
+    /// ([`StoreError::UnknownRule`]), whatever the fail mode.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::BuildError> {
@@ -344,11 +344,15 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// shares the store: until then the key is refused outright, with the rest of the
     /// block as its `Retry-After`, as a [`Rule::block_for`](crate::Rule::block_for) penalty refuses it. A block
     /// replaces the key's earlier one (a penalty's too); `Duration::ZERO` lifts it, and so
-    /// does [`Limiter::reset`]. `Ok(false)` when there is no such rule.
+    /// does [`Limiter::reset`].
     ///
     /// While the store cannot answer, this server's fallback keeps refusing a key it
     /// blocked (and admits one it lifted); another server's fallback knows a block from
-    /// the store's answers about the key.
+    /// the store's answers about the key. A block asked while the store is down fails
+    /// with the store's error (no deadline, breaker or retry applies here: a stopped Redis
+    /// fails it after the connection's response timeout, 100 ms), and still holds on this
+    /// server while the store stays down (its fallback takes it): ask again once the
+    /// store is back, for every server to refuse the key.
     ///
     /// The rule must be able to block: built with [`Rule::blockable`](crate::Rule::blockable) or
     /// [`Rule::block_for`](crate::Rule::block_for) (on Redis, its checks then read the key's block).
@@ -370,12 +374,13 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     ///
     /// # Errors
     ///
+    /// [`StoreError::UnknownRule`] when the limiter has no rule named `rule`,
     /// [`StoreError::Invalid`] for a rule that cannot block (neither
     /// [`Rule::blockable`](crate::Rule::blockable) nor [`Rule::block_for`](crate::Rule::block_for)), or the store's error (no deadline or
     /// circuit breaker applies here).
-    pub async fn block(&self, rule: &str, key: impl Into<Key>, duration: Duration) -> Result<bool, StoreError> {
+    pub async fn block(&self, rule: &str, key: impl Into<Key>, duration: Duration) -> Result<(), StoreError> {
         let set = self.rules.load();
-        let Some((i, r)) = set.find(rule) else { return Ok(false) };
+        let (i, r) = set.find(rule).ok_or_else(|| unknown(rule))?;
         let (check, id) = (set.check(r, key.into(), r.quota, 1), set.id(i));
         drop(set);
         if !check.params.reads_block() {
@@ -383,34 +388,44 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 "rule {rule:?} cannot be blocked by hand: build it with Rule::blockable() (or Rule::block_for)"
             )));
         }
-        self.holders.store.block(&check, duration).await?;
+        let stored = self.holders.store.block(&check, duration).await;
         // A rejection this process cached for the key may end before a new block, or
         // after a lifted one.
         self.runtime.cache.forget(id, &check.key);
         // The fallback keeps this server's own block (or its lift) while the store cannot
-        // answer: the cache holds a block for a second only (a lift elsewhere must reach
-        // every server), and nothing else told it. A lift also forgets what the store said
-        // remains of the key: that may be the block's zero.
+        // answer — also one the store did not take (it is down): the cache holds a block
+        // for a second only (a lift elsewhere must reach every server), and nothing else
+        // told it. A lift also forgets what the store said remains of the key: that may
+        // be the block's zero.
         if let Err(err) = crate::store::LocalStore::block(&self.runtime.fallback, &check, duration) {
             tracing::warn!(error = %err, rule, "tollgate: the fallback could not record a block");
         }
         if duration.is_zero() {
             self.runtime.shares.forget(id, &check.key);
         }
-        Ok(true)
+        if let Err(err) = &stored {
+            tracing::warn!(
+                error = %err,
+                rule,
+                "tollgate: the store did not take a block by hand: it holds on this server only while the store \
+                 is down; ask again once it is back"
+            );
+        }
+        stored
     }
 
     /// What rule `rule` would decide now for one unit of `key`, without consuming
     /// anything ("why is this customer limited?"): `remaining` counts what would be left
-    /// after that unit. `Ok(None)` when there is no such rule. Uses the quota given to
+    /// after that unit. Uses the quota given to
     /// [`Rule::new`](crate::Rule::new): for a rule whose quota is chosen per input ([`Rule::quota_fn`](crate::Rule::quota_fn)), use
     /// [`Limiter::peek_with`].
     ///
     /// # Errors
     ///
-    /// The store's error (no deadline or circuit breaker applies here).
-    pub async fn peek(&self, rule: &str, key: impl Into<Key>) -> Result<Option<Decision>, StoreError> {
-        let Some(quota) = self.rules.load().find(rule).map(|(_, r)| r.quota) else { return Ok(None) };
+    /// [`StoreError::UnknownRule`] when the limiter has no rule named `rule`, or the
+    /// store's error (no deadline or circuit breaker applies here).
+    pub async fn peek(&self, rule: &str, key: impl Into<Key>) -> Result<Decision, StoreError> {
+        let quota = self.rules.load().find(rule).map(|(_, r)| r.quota).ok_or_else(|| unknown(rule))?;
         self.peek_with(rule, key, quota).await
     }
 
@@ -418,31 +433,27 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     ///
     /// # Errors
     ///
-    /// The store's error.
-    pub async fn peek_with(
-        &self,
-        rule: &str,
-        key: impl Into<Key>,
-        quota: Quota,
-    ) -> Result<Option<Decision>, StoreError> {
+    /// [`StoreError::UnknownRule`] when the limiter has no rule named `rule`, or the
+    /// store's error.
+    pub async fn peek_with(&self, rule: &str, key: impl Into<Key>, quota: Quota) -> Result<Decision, StoreError> {
         let set = self.rules.load();
-        let Some((_, r)) = set.find(rule) else { return Ok(None) };
+        let (_, r) = set.find(rule).ok_or_else(|| unknown(rule))?;
         let check = set.check(r, key.into(), quota, 1);
         drop(set);
-        self.holders.store.peek(&check).await.map(Some)
+        self.holders.store.peek(&check).await
     }
 
     /// Forgets the state of `key` under rule `rule`, in the store and in this process's
-    /// blocked-key cache: the key starts afresh. `Ok(false)` when there is no such rule.
-    /// Other servers' blocked-key caches ask the store again within a second: the reset
-    /// reaches every server within a second.
+    /// blocked-key cache: the key starts afresh. Other servers' blocked-key caches ask the
+    /// store again within a second: the reset reaches every server within a second.
     ///
     /// # Errors
     ///
-    /// The store's error.
-    pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<bool, StoreError> {
+    /// [`StoreError::UnknownRule`] when the limiter has no rule named `rule`, or the
+    /// store's error.
+    pub async fn reset(&self, rule: &str, key: impl Into<Key>) -> Result<(), StoreError> {
         let set = self.rules.load();
-        let Some((i, r)) = set.find(rule) else { return Ok(false) };
+        let (i, r) = set.find(rule).ok_or_else(|| unknown(rule))?;
         let key = key.into();
         let algorithm = r.algorithm_or(set.algorithm);
         self.holders.store.reset(rule, &key, algorithm).await?;
@@ -452,6 +463,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             tracing::warn!(error = %err, rule, "tollgate: the fallback could not reset a key");
         }
         self.runtime.shares.forget(set.id(i), &key);
-        Ok(true)
+        Ok(())
     }
+}
+
+/// The error of an admin call or a check by key under a rule name the limiter lacks.
+pub(crate) fn unknown(rule: &str) -> StoreError {
+    StoreError::UnknownRule(rule.to_owned())
 }

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::{Limiter, RuleSet};
-use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::Check;
 use crate::verdict::{Ruling, Verdict};
@@ -67,7 +66,7 @@ impl<St, I: ?Sized + 'static> Limiter<St, I> {
         let set = self.rules.load();
         let Some((i, r)) = set.find(rule) else {
             tracing::warn!(rule, "tollgate: check by key under a rule this limiter does not have");
-            let error = StoreError::Invalid(format!("this limiter has no rule named {rule:?}"));
+            let error = super::unknown(rule);
             let held = set.held();
             return Err(Verdict::empty(Ruling::Failed { error, closed: true }, held));
         };

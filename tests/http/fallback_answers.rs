@@ -150,3 +150,24 @@ async fn the_handler_sees_who_decided() {
     assert_eq!(svc.clone().oneshot(req()).await.unwrap().status(), StatusCode::OK);
     assert_eq!(*seen.lock().unwrap(), [(Some(DecidedBy::Store), true), (Some(DecidedBy::Fallback), true)]);
 }
+
+/// A block by hand while the store is down (issue 38, item 5): the call fails with the
+/// store's error (the operator must ask again), and meanwhile this server refuses the key
+/// (its fallback took the block) while letting others through.
+#[tokio::test]
+async fn a_block_while_the_store_is_down_fails_and_holds_on_this_server() {
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter = Limiter::builder(store.clone())
+        .add_rule(Rule::new("api", Quota::per_minute(100), user).blockable())
+        .servers(1)
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    store.set(Mode::Failing);
+    let err = limiter.block("api", "mallory", Duration::from_secs(3600)).await.unwrap_err();
+    assert!(matches!(err, tollgate::StoreError::Unavailable(_)), "{err}");
+    let v = limiter.check("mallory").await;
+    assert_eq!(v.decided_by(), Some(DecidedBy::Fallback), "{v}");
+    assert!(v.is_rejected() && v.retry_after() > Some(Duration::from_secs(3500)), "{v}");
+    assert!(limiter.check("ada").await.is_allowed());
+}

@@ -124,10 +124,10 @@ async fn settle() {
 /// What each API rule would decide now for the account / key / address.
 async fn peek_all(a: &App, ip: &str, key: &str, account: &str, tier: Tier) -> Vec<Option<Decision>> {
     let api = &a.limits.api;
-    let mut out = vec![api.peek("ip", ip).await.unwrap(), api.peek("api-key", key).await.unwrap()];
+    let mut out = vec![Some(api.peek("ip", ip).await.unwrap()), Some(api.peek("api-key", key).await.unwrap())];
     for (rule, quota) in [("account-minute", tier.per_minute()), ("account-day", tier.per_day())] {
         out.push(match quota {
-            Some(q) => api.peek_with(rule, account, q).await.unwrap(),
+            Some(q) => Some(api.peek_with(rule, account, q).await.unwrap()),
             None => None,
         });
     }
@@ -205,7 +205,7 @@ async fn a_request_rejected_by_one_rule_consumes_nothing_from_the_others() {
     let before = peek_all(&a, "4.4.6.6", "free-2", "acct-free", Tier::Free).await;
     assert_rejected_by(&send(&a.public, api("/api/me", Some("free-2"), "4.4.6.6")).await, "account-minute");
     assert_eq!(before, peek_all(&a, "4.4.6.6", "free-2", "acct-free", Tier::Free).await);
-    assert_eq!(a.limits.api.peek("api-key", "free-2").await.unwrap().unwrap().remaining, 99, "free-2 unspent");
+    assert_eq!(a.limits.api.peek("api-key", "free-2").await.unwrap().remaining, 99, "free-2 unspent");
 }
 
 #[tokio::test]
@@ -255,7 +255,7 @@ async fn pro_tier_gets_6000_a_minute_and_100000_a_day() {
         }
     }
     assert_rejected_by(&send(&a.public, api("/api/me", Some("pro-99"), "6.6.99.1")).await, "account-minute");
-    let day = a.limits.api.peek_with("account-day", "acct-pro", Quota::per_day(100_000)).await.unwrap().unwrap();
+    let day = a.limits.api.peek_with("account-day", "acct-pro", Quota::per_day(100_000)).await.unwrap();
     assert_eq!(day.remaining, 100_000 - 6_001, "6,000 of the day's 100,000 are spent");
     // A minute later the pro account goes on.
     a.clock.advance(Duration::from_secs(120));
@@ -305,7 +305,7 @@ async fn login_counts_only_failures_per_route_and_address() {
     let token = form("/auth/token", "client_id=cli&client_secret=wrong", "8.8.8.8");
     assert_eq!(send(&a.public, token).await.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(send(&a.public, login("guess", "8.8.8.9")).await.status(), StatusCode::UNAUTHORIZED);
-    let d = a.limits.auth.peek("login", "/auth/login 8.8.8.8").await.unwrap().unwrap();
+    let d = a.limits.auth.peek("login", "/auth/login 8.8.8.8").await.unwrap();
     assert!(!d.allowed, "the key is the route template and the address: {d:?}");
 }
 
@@ -378,7 +378,7 @@ async fn shadow_rule_records_but_never_rejects() {
         assert_eq!(res.status(), StatusCode::OK, "request {i}");
         assert!(!header(&res, &RATELIMIT_POLICY).contains("ip-strict"), "a shadow rule sends no headers");
     }
-    let d = a.limits.api.peek("ip-strict", "11.1.1.1").await.unwrap().unwrap();
+    let d = a.limits.api.peek("ip-strict", "11.1.1.1").await.unwrap();
     assert!(!d.allowed, "the shadow rule did decide, and is spent: {d:?}");
     // What it would have rejected is in the metrics, for the roll-out decision.
     let metrics = body(send(&a.internal, Request::get("/metrics").body(Body::empty()).unwrap()).await).await;

@@ -86,11 +86,11 @@ async fn count_if_applies_to_shadow_rules_too() {
         assert_eq!(svc.clone().oneshot(get("/ok")).await.unwrap().status(), StatusCode::OK);
         settle().await;
     }
-    let d = layer.peek("trial", "global").await.unwrap().unwrap();
+    let d = layer.peek("trial", "global").await.unwrap();
     assert!(d.allowed, "successes were counted by the shadow rule: {d:?}");
     assert_eq!(svc.clone().oneshot(get("/fail")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
     settle().await;
-    assert!(!layer.peek("trial", "global").await.unwrap().unwrap().allowed, "the failure counts");
+    assert!(!layer.peek("trial", "global").await.unwrap().allowed, "the failure counts");
 }
 
 // R3. Shadow rules kept what they took for requests another rule refused: a shadow rule
@@ -118,10 +118,10 @@ async fn a_refused_request_takes_nothing_from_shadow_rules() {
     assert_eq!(statuses[0], StatusCode::OK);
     assert!(statuses[1..].iter().all(|&s| s == StatusCode::TOO_MANY_REQUESTS), "{statuses:?}");
     // No 401: the 401 counter holds nothing (a peek reports the room after one more).
-    let logins = layer.peek("logins", "global").await.unwrap().unwrap();
+    let logins = layer.peek("logins", "global").await.unwrap();
     assert_eq!(logins.remaining, 2, "the shadow 401-counter was charged: {logins:?}");
     // One request happened: the candidate limit counted it alone.
-    let candidate = layer.peek("candidate", "global").await.unwrap().unwrap();
+    let candidate = layer.peek("candidate", "global").await.unwrap();
     assert_eq!(candidate.remaining, 8, "the shadow rule counted refused requests: {candidate:?}");
 }
 

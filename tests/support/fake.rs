@@ -115,6 +115,15 @@ impl Store for Remote {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.reset(rule, key, algorithm)
     }
+
+    fn block(
+        &self,
+        check: &Check,
+        duration: std::time::Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let (inner, check) = (self.inner.clone(), check.clone());
+        self.answer(async move { inner.block(&check, duration).await })
+    }
 }
 
 /// A store clock that follows tokio's (paused) clock from `T0`, so sleeps move it too.
