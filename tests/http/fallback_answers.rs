@@ -134,7 +134,9 @@ async fn the_handler_sees_who_decided() {
         .circuit_breaker(1_000, Duration::from_secs(1))
         .build()
         .unwrap();
-    let seen: Arc<Mutex<Vec<(Option<DecidedBy>, bool)>>> = Arc::default();
+    // Per request: who decided, and whether the Decision was there too.
+    type Seen = Vec<(Option<DecidedBy>, bool)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let app = {
         let seen = seen.clone();
         tower::service_fn(move |req: http::Request<axum::body::Body>| {
