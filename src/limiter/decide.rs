@@ -9,7 +9,7 @@ use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
 use super::held::{Exit, Held, Holder, Probe, Unit};
-use super::holders::{lost, never_sent};
+use super::holders::lost;
 use super::{Limiter, Plan, RuleSet};
 use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
@@ -205,7 +205,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 };
                 self.learn_late(late, plan, goes_on, copies.clone(), epoch, servers);
             }
-            None if never_sent(&err) => self.write_back_now(plan, &copies),
+            None if err.never_sent() => self.write_back_now(plan, &copies),
             None => {}
         }
         match decided {
@@ -270,7 +270,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 }
                 // The store lost it, or never had it: written back at its next answer (a
                 // refund meanwhile keeps them out), once kept for a count-by-outcome rule.
-                Err(err) if never_sent(&err) => {
+                Err(err) if err.never_sent() => {
                     for ((check, &rule), copy) in checks.iter().zip(&rules).zip(&copies) {
                         let Some(copy) = copy else { continue };
                         if set.rules[rule].count_if.is_none() || copy.pending(check) {
