@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use support::redis::RedisCluster;
 use tollgate::verdict::DecidedBy;
-use tollgate::{Algorithm, Limiter, Quota, RedisStore};
+use tollgate::{Algorithm, FailMode, Limiter, Quota, RedisStore, Rule};
 
 /// The cluster's masters take turns: two stalled clusters at once on two busy cores would
 /// stall more than the node under test.
@@ -116,4 +116,93 @@ async fn a_unit_the_fallback_admitted_during_a_master_stall_is_counted_once() {
     let counted = 100 - peek.remaining - 1;
     assert_eq!(counted, 1, "Redis counted the fallback's one unit {counted} times");
     assert!(undecided.is_empty(), "keys of the healthy masters went undecided: {undecided:?}");
+}
+
+/// A user (enforced rule) and a second key (`other`'s rule, enforced or shadow), each its
+/// own client key.
+type Pair = (String, String);
+
+/// A limiter under `FailMode::Closed` (every other setting at its default) with an
+/// enforced rule per user, first, and a rule per `other` key, a shadow one if `shadow`.
+fn closed_limiter(store: RedisStore, shadow: bool) -> Arc<Limiter<RedisStore, Pair>> {
+    let other = Rule::new("other", Quota::per_hour(1_000_000), |p: &Pair| Some(p.1.clone())).shadow(shadow);
+    let limiter = Limiter::builder(store)
+        .rule("user", Quota::per_hour(1_000_000), |p: &Pair| Some(p.0.clone()))
+        .add_rule(other)
+        .fail_mode(FailMode::Closed)
+        .build()
+        .unwrap();
+    Arc::new(limiter)
+}
+
+/// Issue 37, item 5: a stalled master that holds only a shadow rule's key neither fails nor
+/// delays the request: the enforced rule's slot answered, so the request is decided (a
+/// shadow rule never vetoes), and the breaker stays shut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_master_holding_only_a_shadow_key_fails_no_request() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let cluster = start_cluster().await;
+    let users = keys_on(&cluster, 1, "user", 4);
+    let ips = keys_on(&cluster, 0, "ip", 2);
+    let store = RedisStore::cluster(cluster.urls()).unwrap();
+    store.ping().await.unwrap();
+    let limiter = closed_limiter(store, true);
+    // Both masters have run the script.
+    let v = limiter.check(&(users[0].clone(), ips[0].clone())).await;
+    assert_eq!(v.decided_by(), Some(DecidedBy::Store), "{:?}", v.store_error());
+
+    cluster.node(0).pause();
+    let mut failed = Vec::new();
+    for i in 0..8 {
+        let (user, ip) = (users[i % users.len()].clone(), ips[i % ips.len()].clone());
+        let v = limiter.check(&(user, ip)).await;
+        if !v.is_allowed() || v.decided_by() != Some(DecidedBy::Store) {
+            failed.push(format!("{:?} {:?}", v.decided_by(), v.store_error()));
+        }
+    }
+    // A user alone: the breaker did not open.
+    let alone = limiter.check(&(users[0].clone(), users[1].clone())).await;
+    cluster.node(0).resume();
+    assert!(failed.is_empty(), "{} of 8 requests the enforced rule admits failed: {failed:?}", failed.len());
+    assert!(alone.is_allowed(), "{:?}", alone.store_error());
+}
+
+/// Issue 37, item 6: requests whose rules sit on a healthy and a stalled master, cut by the
+/// deadline, are that one node's timeouts (refused under `FailMode::Closed`), not the
+/// store's: after more than the breaker's five, requests touching only healthy masters are
+/// still decided by Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_stalled_master_does_not_stop_the_healthy_ones() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let cluster = start_cluster().await;
+    let users = keys_on(&cluster, 1, "user", 4);
+    let orgs = keys_on(&cluster, 0, "org", 2);
+    let healthy = keys_on(&cluster, 2, "team", 4);
+    let store = RedisStore::cluster(cluster.urls()).unwrap();
+    store.ping().await.unwrap();
+    let limiter = closed_limiter(store, false);
+    let v = limiter.check(&(users[0].clone(), orgs[0].clone())).await;
+    assert_eq!(v.decided_by(), Some(DecidedBy::Store), "{:?}", v.store_error());
+
+    cluster.node(0).pause();
+    let mut cut = Vec::new();
+    for i in 0..8 {
+        // The user's rule first: its healthy slot answers first.
+        let v = limiter.check(&(users[i % users.len()].clone(), orgs[i % orgs.len()].clone())).await;
+        assert!(!v.is_allowed(), "the stalled master's rule went undecided under FailMode::Closed");
+        cut.push(v.store_error().map(ToString::to_string));
+    }
+    let mut refused = Vec::new();
+    for i in 0..4 {
+        let v = limiter.check(&(users[i].clone(), healthy[i].clone())).await;
+        if !v.is_allowed() || v.decided_by() != Some(DecidedBy::Store) {
+            refused.push(format!("{:?}", v.store_error()));
+        }
+    }
+    cluster.node(0).resume();
+    assert!(
+        refused.is_empty(),
+        "{} of 4 requests touching only healthy masters were refused: {refused:?}\n(the cut ones said: {cut:?})",
+        refused.len()
+    );
 }
