@@ -17,8 +17,11 @@
 //!   rules of a failed slot are reported undecided (`None`). An error is returned only
 //!   when no answer rejects.
 //! - A slot that holds only shadow checks (`Params::shadow`) never rejects, and its error
-//!   fails nothing: its checks are reported undecided. What it took is kept when every
-//!   other slot accepts, and rolled back with theirs otherwise.
+//!   fails nothing: its checks are reported undecided. The caller is answered once every
+//!   slot holding an enforced check has answered: a shadow-only slot still out finishes
+//!   on its own (its checks reported undecided), so that a stalled node holding only a
+//!   shadow rule's key neither delays nor fails the request. What a shadow-only slot took
+//!   is kept when every other slot accepts, and rolled back otherwise.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -108,6 +111,9 @@ async fn check_slots(
         let mut rolled_back = vec![false; groups.len()];
         let mut tx = Some(tx);
         let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        // Whether the caller was answered that every slot accepted: what the shadow-only
+        // slots still out take is then kept.
+        let mut kept = false;
         loop {
             let next = match grace.as_mut() {
                 Some(sleep) if tx.is_some() => tokio::select! {
@@ -124,28 +130,55 @@ async fn check_slots(
             };
             let Some((slot, reply)) = next else { break };
             replies[slot] = Some(reply);
-            if !replies.iter().flatten().any(|r| matches!(r, Ok(reply) if !reply.all)) {
+            if replies.iter().flatten().any(|r| matches!(r, Ok(reply) if !reply.all)) {
+                // A slot rejected: the request is rejected. Refund what the slots that
+                // accepted took.
+                roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
+                grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(LATE_SLOT_GRACE)));
                 continue;
             }
-            // A slot rejected: the request is rejected. Refund what the slots that
-            // accepted took.
-            roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
-            grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(LATE_SLOT_GRACE)));
+            // Every slot with an enforced check has answered: the caller is answered now,
+            // the shadow-only slots still out finish on their own (a stalled node holding
+            // only a shadow rule's key would else fail the request).
+            let enforced_answered = groups.iter().zip(&replies).all(|(g, r)| r.is_some() || shadow_only(&checks, g));
+            if let Some(tx) = tx.take_if(|_| enforced_answered) {
+                kept = answer(&inner, tx, &checks, &groups, &replies, &mut rolled_back).await;
+            }
         }
-        let Some(tx) = tx else { return };
-        let everyone = groups
-            .iter()
-            .zip(&replies)
-            .all(|(g, r)| shadow_only(&checks, g) || matches!(r, Some(Ok(reply)) if reply.all));
-        if !everyone {
-            roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
+        if let Some(tx) = tx {
+            kept = answer(&inner, tx, &checks, &groups, &replies, &mut rolled_back).await;
         }
-        // Answered once the units are back; a caller gone by then admitted nothing.
-        if tx.send(combine(&checks, &groups, &replies, everyone)).is_err() && everyone {
+        if !kept {
+            // The shadow-only slots that answered after the caller heard of a rejection or
+            // an error (or after the caller left): nobody uses what they took.
             roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
         }
     });
     rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("the multi-slot check task ended early".into())))
+}
+
+/// Answers the caller once every slot with an enforced check has answered and none
+/// rejected: whether what the slots took is kept (every one accepted, the caller still
+/// there); else it is given back first (or, the caller gone, after).
+async fn answer(
+    inner: &Inner,
+    tx: tokio::sync::oneshot::Sender<Result<Vec<Option<Outcome>>, StoreError>>,
+    checks: &[Check],
+    groups: &[Vec<usize>],
+    replies: &[Option<Result<Reply, StoreError>>],
+    rolled_back: &mut [bool],
+) -> bool {
+    let everyone =
+        groups.iter().zip(replies).all(|(g, r)| shadow_only(checks, g) || matches!(r, Some(Ok(reply)) if reply.all));
+    if !everyone {
+        roll_back(inner, checks, groups, replies, rolled_back).await;
+    }
+    // Answered once the units are back; a caller gone by then admitted nothing.
+    let heard = tx.send(combine(checks, groups, replies, everyone)).is_ok();
+    if everyone && !heard {
+        roll_back(inner, checks, groups, replies, rolled_back).await;
+    }
+    everyone && heard
 }
 
 /// Gives back, by each commit's identity, what the slots that accepted took, once per
