@@ -181,7 +181,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             None
         } else {
             let ids: SmallVec<[RuleId; 2]> = plan.rules.iter().map(|&r| set.id(r)).collect();
-            rt.fallback(&err, &plan.checks, &ids, &use_it, servers)
+            // Each limiter of the process that counts into a rule takes its part of this
+            // server's share.
+            let parts: SmallVec<[u64; 2]> = plan.rules.iter().map(|&r| servers * set.sharers(r)).collect();
+            rt.fallback(&err, &plan.checks, &ids, &use_it, servers, &parts)
         };
         // What the fallback admitted, as the store would count it, each with the store's
         // copy of it: the late call's commit, or what is written back.
@@ -336,7 +339,8 @@ impl Teach<'_> {
             if set.fail_mode_of(rule) == FailMode::Fallback {
                 let remaining = if d.allowed { d.remaining } else { 0 };
                 let whole_in = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
-                self.shares.record(id, &check.key, remaining, whole_in, self.servers, self.now, self.late);
+                let parts = self.servers * set.sharers(rule);
+                self.shares.record(id, &check.key, remaining, whole_in, parts, self.now, self.late);
             }
             let r = &set.rules[rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.

@@ -213,9 +213,10 @@ impl Runtime {
 
     /// The fallback limiter's outcomes for the checks `use_it` selects of `checks` (the
     /// others `None`), after the store failed with `err`, and the checks as it decided
-    /// them: each quota divided by `servers` (refunds and charges to the fallback use
-    /// these), and each key within this server's share of what the store last said
-    /// remains (`ids`: the checks' rules).
+    /// them: each quota divided by its `parts` (the `servers` sharing the store, times the
+    /// limiters of this process that count into the rule; refunds and charges to the
+    /// fallback use these), and each key within this server's share of what the store
+    /// last said remains (`ids`: the checks' rules).
     pub(crate) fn fallback(
         &self,
         err: &StoreError,
@@ -223,15 +224,17 @@ impl Runtime {
         ids: &[RuleId],
         use_it: &[bool],
         servers: u64,
+        parts: &[u64],
     ) -> Option<(Outcomes, Vec<Check>)> {
         crate::metrics::store_error(err);
         self.warn_store_failure(err, true);
         let now = self.mono_us();
         let local: Vec<Check> = checks
             .iter()
-            .map(|c| {
+            .zip(parts)
+            .map(|(c, &parts)| {
                 let mut c = c.clone();
-                c.params.quota = c.params.quota.divided(servers);
+                c.params.quota = c.params.quota.divided(parts);
                 c
             })
             .collect();
