@@ -17,10 +17,10 @@
 //!   rules of a failed slot are reported undecided (`None`). An error is returned only
 //!   when no answer rejects.
 //! - A slot that holds only shadow checks (`Params::shadow`) never rejects, and its error
-//!   fails nothing: its checks are reported undecided. The caller is answered once every
-//!   slot holding an enforced check has answered: a shadow-only slot still out finishes
-//!   on its own (its checks reported undecided), so that a stalled node holding only a
-//!   shadow rule's key neither delays nor fails the request. What a shadow-only slot took
+//!   fails nothing: its checks are reported undecided. Once every slot holding an enforced
+//!   check has answered, the shadow-only slots still out have 20 ms more (a healthy node
+//!   answers long before), then finish on their own (their checks reported undecided), so
+//!   that a stalled node holding only a shadow rule's key does not fail the request. What a shadow-only slot took
 //!   is kept when every other slot accepts, and rolled back otherwise.
 
 use std::pin::Pin;
@@ -39,6 +39,20 @@ use crate::store::{Check, Outcome, Refund};
 /// How long the slots still out have once one rejected (see the module docs): enough for
 /// healthy nodes, well inside the default 50 ms deadline.
 const LATE_SLOT_GRACE: Duration = Duration::from_millis(5);
+
+/// How long the shadow-only slots still out have once every slot with an enforced check
+/// has answered: a healthy node's answer (sent at the same time) is in long before; a
+/// stalled one's is not waited for, well inside the default 50 ms deadline.
+const SHADOW_SLOT_GRACE: Duration = Duration::from_millis(20);
+
+/// What a multi-slot check answers when its grace ends.
+#[derive(Clone, Copy)]
+enum Then {
+    /// A slot rejected: the rejection, without the slots still out.
+    Reject,
+    /// Every enforced slot answered: their answer, without the shadow-only slots still out.
+    Answer,
+}
 
 impl Inner {
     /// Decides `checks`: in one script call when they share a slot (or the server is
@@ -110,22 +124,32 @@ async fn check_slots(
         let mut replies: Vec<Option<Result<Reply, StoreError>>> = groups.iter().map(|_| None).collect();
         let mut rolled_back = vec![false; groups.len()];
         let mut tx = Some(tx);
-        let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        // What the caller is answered when the timer fires: a rejection without the slots
+        // still out, or the enforced slots' answer without the shadow-only ones.
+        let mut grace: Option<(Pin<Box<tokio::time::Sleep>>, Then)> = None;
         // Whether the caller was answered that every slot accepted: what the shadow-only
         // slots still out take is then kept.
         let mut kept = false;
         loop {
             let next = match grace.as_mut() {
-                Some(sleep) if tx.is_some() => tokio::select! {
-                    next = calls.next() => next,
-                    () = sleep.as_mut() => {
-                        // The slots still out are late: the rejection goes without them.
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(combine(&checks, &groups, &replies, false));
+                Some((sleep, then)) if tx.is_some() => {
+                    let then = *then;
+                    tokio::select! {
+                        next = calls.next() => next,
+                        () = sleep.as_mut() => {
+                            if let Some(tx) = tx.take() {
+                                match then {
+                                    // The slots still out are late: the rejection goes without them.
+                                    Then::Reject => drop(tx.send(combine(&checks, &groups, &replies, false))),
+                                    Then::Answer => {
+                                        kept = answer(&inner, tx, &checks, &groups, &replies, &mut rolled_back).await;
+                                    }
+                                }
+                            }
+                            continue;
                         }
-                        continue;
                     }
-                },
+                }
                 _ => calls.next().await,
             };
             let Some((slot, reply)) = next else { break };
@@ -134,15 +158,15 @@ async fn check_slots(
                 // A slot rejected: the request is rejected. Refund what the slots that
                 // accepted took.
                 roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
-                grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(LATE_SLOT_GRACE)));
+                grace.get_or_insert_with(|| (Box::pin(tokio::time::sleep(LATE_SLOT_GRACE)), Then::Reject));
                 continue;
             }
-            // Every slot with an enforced check has answered: the caller is answered now,
-            // the shadow-only slots still out finish on their own (a stalled node holding
-            // only a shadow rule's key would else fail the request).
+            // Every slot with an enforced check has answered: the shadow-only slots still
+            // out have a moment more, then finish on their own (a stalled node holding only
+            // a shadow rule's key would else fail the request).
             let enforced_answered = groups.iter().zip(&replies).all(|(g, r)| r.is_some() || shadow_only(&checks, g));
-            if let Some(tx) = tx.take_if(|_| enforced_answered) {
-                kept = answer(&inner, tx, &checks, &groups, &replies, &mut rolled_back).await;
+            if enforced_answered && tx.is_some() && grace.is_none() {
+                grace = Some((Box::pin(tokio::time::sleep(SHADOW_SLOT_GRACE)), Then::Answer));
             }
         }
         if let Some(tx) = tx {
