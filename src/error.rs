@@ -90,9 +90,10 @@ pub enum StoreError {
     /// back (a failover, a restart), not a cool-down later.
     #[error("store not connected: {0}")]
     NotConnected(String),
-    /// One node of a clustered store failed (did not answer in time, or its connection
-    /// broke) while the store's other nodes answer: the keys it serves are undecided,
-    /// the others are not affected. The circuit breaker does not count it (nor take it for
+    /// One node of a clustered store failed (its connection broke or could not be made)
+    /// while the store's other nodes answer: the keys it serves are undecided, the others
+    /// are not affected. One that did not answer in time is
+    /// [`NodeTimeout`](StoreError::NodeTimeout). The circuit breaker does not count it (nor take it for
     /// a success), so that one failed node does not stop the calls to the healthy ones.
     #[error("store node unavailable: {0}")]
     NodeUnavailable(String),

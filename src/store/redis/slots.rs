@@ -12,7 +12,8 @@ use std::time::Duration;
 /// master that died or hangs), makes the store read the slot map again.
 const SLOT_STALE_AFTER: Duration = Duration::from_secs(1);
 /// How recent a success of another slot must be for a slot's failure to count as its
-/// node's ([`StoreError::NodeUnavailable`](crate::StoreError::NodeUnavailable)).
+/// node's ([`StoreError::NodeTimeout`](crate::StoreError::NodeTimeout),
+/// [`StoreError::NodeUnavailable`](crate::StoreError::NodeUnavailable)).
 const OTHERS_ANSWERED: Duration = Duration::from_secs(1);
 /// How many slots failing at once, with no success since, make the store read the slot
 /// map again even when none has failed twice.
