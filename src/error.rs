@@ -90,9 +90,10 @@ pub enum StoreError {
     /// back (a failover, a restart), not a cool-down later.
     #[error("store not connected: {0}")]
     NotConnected(String),
-    /// One node of a clustered store failed (did not answer in time, or its connection
-    /// broke) while the store's other nodes answer: the keys it serves are undecided,
-    /// the others are not affected. The circuit breaker does not count it (nor take it for
+    /// One node of a clustered store failed (its connection broke or could not be made)
+    /// while the store's other nodes answer: the keys it serves are undecided, the others
+    /// are not affected. One that did not answer in time is
+    /// [`NodeTimeout`](StoreError::NodeTimeout). The circuit breaker does not count it (nor take it for
     /// a success), so that one failed node does not stop the calls to the healthy ones.
     #[error("store node unavailable: {0}")]
     NodeUnavailable(String),
@@ -136,6 +137,35 @@ pub enum StoreError {
     /// caller can.
     #[error("invalid store call: {0}")]
     Invalid(String),
+}
+
+impl StoreError {
+    /// Whether the call that failed with this error never reached the store (refused
+    /// before it left this process: the circuit was open, too many calls in flight, no
+    /// connection; or the connection failed, a node's or the store's, with nothing
+    /// answered): what the fallback admitted for it is charged to the store later. The one
+    /// classification of "unsent" (the decision path, late calls and write-backs all ask
+    /// it).
+    ///
+    /// A timeout — the caller's deadline, a connection's response timeout, one cluster
+    /// node's ([`StoreError::NodeTimeout`]) — is "sent, outcome unknown": the store may
+    /// still run it, so what it asked is never sent again ([`StoreError::is_timeout`]).
+    pub(crate) fn never_sent(&self) -> bool {
+        matches!(
+            self,
+            StoreError::CircuitOpen(_)
+                | StoreError::Overloaded(_)
+                | StoreError::NotConnected(_)
+                | StoreError::Unavailable(_)
+                | StoreError::NodeUnavailable(_)
+        )
+    }
+
+    /// Whether the call was sent and nothing answered in time (the store's or one node's
+    /// timeout): its outcome is unknown.
+    pub(crate) fn is_timeout(&self) -> bool {
+        matches!(self, StoreError::Timeout(_) | StoreError::NodeTimeout(_))
+    }
 }
 
 #[cfg(test)]

@@ -68,8 +68,9 @@ pub(crate) fn fallback(outcome: &'static str) {
 }
 
 /// Checks the fallback admitted while the store never saw them, as they are charged to
-/// it when it answers again: `written`, `failed` (the charge failed), `dropped` (more
-/// were waiting than are kept).
+/// it when it answers again: `written`, `unknown` (sent, not answered in time: the store
+/// may have taken it), `failed` (the store answered with an error), `dropped` (more were
+/// waiting than are kept).
 pub(crate) fn write_back(outcome: &'static str, checks: usize) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_write_backs_total", "outcome" => outcome).increment(checks as u64);

@@ -9,7 +9,7 @@ use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
 use super::held::{Exit, Held, Holder, Probe, Unit};
-use super::holders::{lost, never_sent};
+use super::holders::lost;
 use super::{Limiter, Plan, RuleSet};
 use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
@@ -183,7 +183,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             None
         } else {
             let ids: SmallVec<[RuleId; 2]> = plan.rules.iter().map(|&r| set.id(r)).collect();
-            rt.fallback(&err, &plan.checks, &ids, &use_it, servers)
+            // Each limiter of the process that counts into a rule takes its part of this
+            // server's share.
+            let parts: SmallVec<[u64; 2]> = plan.rules.iter().map(|&r| servers * set.sharers(r)).collect();
+            rt.fallback(&err, &plan.checks, &ids, &use_it, servers, &parts)
         };
         // What the fallback admitted, as the store would count it, each with the store's
         // copy of it: the late call's commit, or what is written back.
@@ -207,7 +210,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 };
                 self.learn_late(late, plan, goes_on, copies.clone(), epoch, servers);
             }
-            None if never_sent(&err) => self.write_back_now(plan, &copies),
+            None if err.never_sent() => self.write_back_now(plan, &copies),
             None => {}
         }
         match decided {
@@ -272,7 +275,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 }
                 // The store lost it, or never had it: written back at its next answer (a
                 // refund meanwhile keeps them out), once kept for a count-by-outcome rule.
-                Err(err) if never_sent(&err) => {
+                Err(err) if err.never_sent() => {
                     for ((check, &rule), copy) in checks.iter().zip(&rules).zip(&copies) {
                         let Some(copy) = copy else { continue };
                         if set.rules[rule].count_if.is_none() || copy.pending(check) {
@@ -339,7 +342,8 @@ impl Teach<'_> {
             if set.fail_mode_of(rule) == FailMode::Fallback {
                 let remaining = if d.allowed { d.remaining } else { 0 };
                 let whole_in = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
-                self.shares.record(id, check, remaining, whole_in, self.servers, self.now, self.late);
+                let parts = self.servers * set.sharers(rule);
+                self.shares.record(id, check, remaining, whole_in, parts, self.now, self.late);
             }
             let r = &set.rules[rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.

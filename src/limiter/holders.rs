@@ -266,27 +266,13 @@ fn failed<'a>(checks: impl IntoIterator<Item = &'a Check>, err: &dyn std::fmt::D
     tracing::warn!(error = %err, ?rules, "tollgate: a charge reported after a response was not taken");
 }
 
-/// Whether a call that failed with `err` never reached the store (or reached a store
-/// that has since lost it): what the fallback admitted for it is charged to the store.
-/// A timeout — the caller's deadline, a connection's response timeout, one cluster node's
-/// ([`StoreError::NodeTimeout`]) — is "sent, outcome unknown": the store may still run it,
-/// so it is never sent again.
-pub(crate) fn never_sent(err: &StoreError) -> bool {
-    matches!(
-        err,
-        StoreError::CircuitOpen(_)
-            | StoreError::Overloaded(_)
-            | StoreError::NotConnected(_)
-            | StoreError::Unavailable(_)
-            | StoreError::NodeUnavailable(_)
-    )
-}
-
 /// Charges `store` with `checks`, admitted by the fallback while it never saw it, one
 /// check a call (on a cluster, a call fails when one of its slots does: the others would
-/// be charged again with it), `in_flight` calls at a time, each within [`LATE_WRITE`];
-/// what fails unsent, and all that follows a round in which a call took longer, is kept
-/// for the store's next answer.
+/// be charged again with it), `in_flight` calls at a time, each within [`LATE_WRITE`].
+/// What fails unsent is kept for the store's next answer; one that timed out (within
+/// [`LATE_WRITE`] or not) was sent, its outcome unknown: never sent again (the store may
+/// run it still, as a stalled node does on resume), and all that follows its round is
+/// kept for the store's next answer.
 pub(crate) async fn write_back<St: Store>(store: &St, unsent: &Unsent, checks: Vec<Check>, in_flight: usize) {
     let mut again = Vec::new();
     let mut checks = checks.into_iter();
@@ -300,15 +286,14 @@ pub(crate) async fn write_back<St: Store>(store: &St, unsent: &Unsent, checks: V
                 .await;
         let mut late = false;
         for (check, answer) in round.into_iter().zip(answers) {
-            match answer {
-                Ok(Ok(())) => crate::metrics::write_back("written", 1),
-                Ok(Err(err)) if never_sent(&err) => again.push(check),
-                Ok(Err(_)) => crate::metrics::write_back("failed", 1),
-                // Out of time: this one may have reached the store.
-                Err(_) => {
-                    crate::metrics::write_back("failed", 1);
-                    late = true;
-                }
+            let outcome = WriteBack::of(&answer.unwrap_or(Err(StoreError::Timeout(LATE_WRITE))));
+            match outcome {
+                WriteBack::Unsent => again.push(check),
+                WriteBack::Unknown => late = true,
+                WriteBack::Written | WriteBack::Failed => {}
+            }
+            if let Some(label) = outcome.label() {
+                crate::metrics::write_back(label, 1);
             }
         }
         if late {
@@ -322,8 +307,75 @@ pub(crate) async fn write_back<St: Store>(store: &St, unsent: &Unsent, checks: V
     }
 }
 
+/// What became of one write-back call (`tollgate_write_backs_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteBack {
+    /// The store took it: `written`.
+    Written,
+    /// It never reached the store: kept for its next answer (no label yet).
+    Unsent,
+    /// Sent and not answered in time: the store may have taken it, or may still (a
+    /// stalled node on resume): `unknown`, and never sent again.
+    Unknown,
+    /// The store answered with an error: `failed`.
+    Failed,
+}
+
+impl WriteBack {
+    pub(crate) fn of(answer: &Result<(), StoreError>) -> Self {
+        match answer {
+            Ok(()) => Self::Written,
+            Err(err) if err.never_sent() => Self::Unsent,
+            Err(err) if err.is_timeout() => Self::Unknown,
+            Err(_) => Self::Failed,
+        }
+    }
+
+    /// The metric's label (none for what is kept to be sent later).
+    pub(crate) fn label(self) -> Option<&'static str> {
+        match self {
+            Self::Written => Some("written"),
+            Self::Unsent => None,
+            Self::Unknown => Some("unknown"),
+            Self::Failed => Some("failed"),
+        }
+    }
+}
+
 /// The most calls one write-back runs at once (each holds a slot of `max_in_flight`).
 const WRITE_BACK_IN_FLIGHT: usize = 64;
 
 /// How long a write-back of what the fallback admitted may take.
 const LATE_WRITE: std::time::Duration = std::time::Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::WriteBack;
+    use crate::error::StoreError;
+    use std::time::Duration;
+
+    /// Issue 37: a write-back that timed out was sent, its outcome unknown — neither sent
+    /// again (the store may run it on resume) nor counted as `failed` (the store answered
+    /// with an error).
+    #[test]
+    fn a_timed_out_write_back_is_unknown_not_unsent_nor_failed() {
+        let of = |e: StoreError| WriteBack::of(&Err(e));
+        assert_eq!(WriteBack::of(&Ok(())), WriteBack::Written);
+        assert_eq!(of(StoreError::Timeout(Duration::from_secs(1))), WriteBack::Unknown);
+        assert_eq!(of(StoreError::NodeTimeout("slot 1".into())), WriteBack::Unknown);
+        assert_eq!(of(StoreError::Backend("WRONGTYPE".into())), WriteBack::Failed);
+        assert_eq!(of(StoreError::Full(1)), WriteBack::Failed);
+        for unsent in [
+            StoreError::NodeUnavailable("slot 1".into()),
+            StoreError::Unavailable("reset".into()),
+            StoreError::NotConnected("down".into()),
+            StoreError::CircuitOpen(Duration::from_secs(1)),
+            StoreError::Overloaded(1),
+        ] {
+            assert_eq!(of(unsent.clone()), WriteBack::Unsent, "{unsent}");
+        }
+        let labels: Vec<_> =
+            [WriteBack::Written, WriteBack::Unknown, WriteBack::Failed, WriteBack::Unsent].map(WriteBack::label).into();
+        assert_eq!(labels, [Some("written"), Some("unknown"), Some("failed"), None]);
+    }
+}

@@ -24,17 +24,48 @@ pub(crate) fn new_owner() -> Owner {
 }
 
 /// The names one rule set of a limiter holds on one store, released when the set is
-/// dropped.
+/// dropped; with each, how many limiters of the process count into it (see
+/// [`Claim::sharers`]).
 #[derive(Debug)]
 pub(crate) struct Claim {
     names: Vec<(usize, RuleName)>,
+    sharers: Vec<Arc<AtomicU64>>,
+}
+
+impl Claim {
+    /// How many live limiters of this process count into the state of name `i` (in the
+    /// order claimed): 1, or more for a name joined with [`OnClash::Share`]. The process
+    /// is one server in the store's count; while the store fails, each of these limiters'
+    /// fallbacks takes this part of the server's share.
+    pub(crate) fn sharers(&self, i: usize) -> u64 {
+        self.sharers.get(i).map_or(1, |n| n.load(Ordering::Relaxed).max(1))
+    }
 }
 
 /// Per (store, name): its owners (one, or several that joined it: see [`OnClash::Share`]),
-/// and their claims that list the name (several while sets of inputs in flight outlive a
-/// swap). Counted, never upgraded: an upgraded claim dropped under the lock would run its
-/// `Drop`, which takes the lock.
-type Registry = HashMap<(usize, RuleName), (SmallVec<[Owner; 1]>, Vec<Weak<Claim>>)>;
+/// their claims that list the name, with each one's owner (several while sets of inputs in
+/// flight outlive a swap), and how many distinct owners have a live claim. Counted, never
+/// upgraded: an upgraded claim dropped under the lock would run its `Drop`, which takes
+/// the lock.
+type Registry = HashMap<(usize, RuleName), Entry>;
+
+#[derive(Default)]
+struct Entry {
+    by: SmallVec<[Owner; 1]>,
+    claims: Vec<(Owner, Weak<Claim>)>,
+    sharers: Arc<AtomicU64>,
+}
+
+impl Entry {
+    /// Drops the dead claims and counts the owners of the live ones.
+    fn tidy(&mut self) {
+        self.claims.retain(|(_, w)| w.strong_count() > 0);
+        let mut owners: SmallVec<[Owner; 2]> = self.claims.iter().map(|(o, _)| *o).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        self.sharers.store(owners.len() as u64, Ordering::Relaxed);
+    }
+}
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
@@ -65,8 +96,8 @@ pub(crate) fn claim<'a>(
     let names: Vec<(usize, RuleName)> = names.map(|&n| (store, n)).collect();
     let mut reg = registry();
     for k in &names {
-        let Some((by, claims)) = reg.get_mut(k) else { continue };
-        if by.contains(&owner) || !claims.iter().any(|w| w.strong_count() > 0) {
+        let Some(Entry { by, claims, .. }) = reg.get_mut(k) else { continue };
+        if by.contains(&owner) || !claims.iter().any(|(_, w)| w.strong_count() > 0) {
             continue; // free, or already this owner's
         }
         match on_clash {
@@ -85,15 +116,17 @@ pub(crate) fn claim<'a>(
             }
         }
     }
-    let claim = Arc::new(Claim { names });
+    let sharers = names.iter().map(|k| Arc::clone(&reg.entry(*k).or_default().sharers)).collect();
+    let claim = Arc::new(Claim { names, sharers });
     for k in &claim.names {
-        let (by, claims) = reg.entry(*k).or_insert_with(|| (SmallVec::from_elem(owner, 1), Vec::new()));
-        claims.retain(|w| w.strong_count() > 0);
-        if !by.contains(&owner) {
+        let entry = reg.entry(*k).or_default();
+        entry.claims.retain(|(_, w)| w.strong_count() > 0);
+        if !entry.by.contains(&owner) {
             // The other owners' claims are all gone (else this claim was refused or joined).
-            *by = SmallVec::from_elem(owner, 1);
+            entry.by = SmallVec::from_elem(owner, 1);
         }
-        claims.push(Arc::downgrade(&claim));
+        entry.claims.push((owner, Arc::downgrade(&claim)));
+        entry.tidy();
     }
     Ok(claim)
 }
@@ -106,9 +139,9 @@ impl Drop for Claim {
         let mut reg = registry();
         for k in &self.names {
             // This claim's weak is dead now; the name stays while another claim lists it.
-            if let Some((_, claims)) = reg.get_mut(k) {
-                claims.retain(|w| w.strong_count() > 0);
-                if claims.is_empty() {
+            if let Some(entry) = reg.get_mut(k) {
+                entry.tidy();
+                if entry.claims.is_empty() {
                     reg.remove(k);
                 }
             }
@@ -139,6 +172,25 @@ mod tests {
         drop((joined, swapped));
         let free = claim(4, third, [&d, &j, &x].into_iter(), REFUSE).unwrap();
         drop(free);
+    }
+
+    /// Issue 37, item 9: a name two limiters of the process count into is shared by two
+    /// (each fallback takes half of the server's share); its own names by one; back to one
+    /// when the other limiter goes.
+    #[test]
+    fn a_joined_name_counts_its_sharers() {
+        let (d, own): (RuleName, RuleName) = ("hd".into(), "ho".into());
+        let (limiter, layer) = (new_owner(), new_owner());
+        let first = claim(5, limiter, [&d, &own].into_iter(), REFUSE).unwrap();
+        assert_eq!((first.sharers(0), first.sharers(1)), (1, 1));
+        let joined = claim(5, layer, [&d].into_iter(), OnClash::Share).unwrap();
+        assert_eq!((first.sharers(0), first.sharers(1), joined.sharers(0)), (2, 1, 2));
+        // A swap of the first limiter (both its sets alive) is still one sharer.
+        let swapped = claim(5, limiter, [&d].into_iter(), REFUSE).unwrap();
+        assert_eq!(swapped.sharers(0), 2);
+        drop(joined);
+        assert_eq!((first.sharers(0), swapped.sharers(0)), (1, 1));
+        drop((first, swapped));
     }
 
     #[test]

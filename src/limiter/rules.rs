@@ -38,7 +38,6 @@ pub(crate) struct RuleSet<I: ?Sized> {
     /// fallback's shares name it.
     ids: Box<[RuleId]>,
     /// The rule names this set holds on its store (see `registry`), released on drop.
-    #[allow(dead_code, reason = "held for its drop, which releases the names")]
     claim: Option<Arc<Claim>>,
 }
 
@@ -65,6 +64,13 @@ impl<I: ?Sized> RuleSet<I> {
     /// What an input decided under this set holds before its store call.
     pub(crate) fn held(&self) -> Held {
         Held { deadline: self.deadline, ..Held::default() }
+    }
+
+    /// How many limiters of this process count into rule `rule`'s state on the store (1
+    /// unless `RateLimitLayer::new` joined a name): the fallback's share of this server's
+    /// share that each takes.
+    pub(crate) fn sharers(&self, rule: usize) -> u64 {
+        self.claim.as_ref().map_or(1, |c| c.sharers(rule))
     }
 
     pub(crate) fn fail_mode_of(&self, rule: usize) -> FailMode {

@@ -217,10 +217,11 @@ impl Runtime {
 
     /// The fallback limiter's outcomes for the checks `use_it` selects of `checks` (the
     /// others `None`), after the store failed with `err`, and the checks as it decided
-    /// them: each quota divided by `servers` (refunds and charges to the fallback use
-    /// these), and each key within this server's share of what the store last said
-    /// remains (`ids`: the checks' rules). Each outcome's `limit` is its rule's quota,
-    /// its `remaining` what is left of this server's share.
+    /// them: each quota divided by its `parts` (the `servers` sharing the store, times the
+    /// limiters of this process that count into the rule; refunds and charges to the
+    /// fallback use these), and each key within this server's share of what the store
+    /// last said remains (`ids`: the checks' rules). Each outcome's `limit` is its rule's
+    /// quota, its `remaining` what is left of this server's share.
     pub(crate) fn fallback(
         &self,
         err: &StoreError,
@@ -228,15 +229,17 @@ impl Runtime {
         ids: &[RuleId],
         use_it: &[bool],
         servers: u64,
+        parts: &[u64],
     ) -> Option<(Outcomes, Vec<Check>)> {
         crate::metrics::store_error(err);
         self.warn_store_failure(err, FailedThen::Fallback(servers));
         let now = self.mono_us();
         let local: Vec<Check> = checks
             .iter()
-            .map(|c| {
+            .zip(parts)
+            .map(|(c, &parts)| {
                 let mut c = c.clone();
-                c.params.quota = c.params.quota.divided(servers);
+                c.params.quota = c.params.quota.divided(parts);
                 c
             })
             .collect();

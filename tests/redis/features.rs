@@ -677,3 +677,44 @@ async fn a_local_charge_counts_for_the_very_next_request() {
     let failing = RateLimitLayer::builder(store).add_rule(tokens()).fallback(MemoryStore::new()).servers(1);
     charged_then_next(failing.build().unwrap(), "the fallback").await;
 }
+
+/// Issue 37, item 11: a write-back of what the fallback admitted that the store does not
+/// answer in time was sent, its outcome unknown: `tollgate_write_backs_total{outcome=
+/// "unknown"}`, not `failed` (the store answered with an error), and it is not sent again.
+#[test]
+fn a_write_back_not_answered_in_time_is_counted_unknown_not_failed() {
+    use support::fake::{Mode, Remote};
+    use tollgate::verdict::DecidedBy;
+    let (calls_after, scrape) = with_metrics(async {
+        // Paused: the write-back's own time limit passes at once.
+        tokio::time::pause();
+        let store = Remote::new(MemoryStore::new());
+        let limiter = tollgate::Limiter::builder(store.clone())
+            .rule("api", Quota::per_minute(100), |k: &String| Some(k.clone()))
+            .servers(1)
+            .local_cache(false)
+            .build()
+            .unwrap();
+        store.set(Mode::Failing);
+        let v = limiter.check(&"ada".to_owned()).await;
+        assert_eq!(v.decided_by(), Some(DecidedBy::Fallback), "{:?}", v.store_error());
+        // Its write-back fails unsent (connection refused): kept for the store's next answer.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        store.set(Mode::Up);
+        assert_eq!(limiter.check(&"bob".to_owned()).await.decided_by(), Some(DecidedBy::Store));
+        // The write-back that answer starts (not run yet: one thread) hangs.
+        store.set(Mode::Hanging);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        store.set(Mode::Up);
+        let before = store.checks();
+        assert_eq!(limiter.check(&"carol".to_owned()).await.decided_by(), Some(DecidedBy::Store));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        store.checks() - before
+    });
+    let write_backs =
+        |outcome: &str| counter(&scrape, "tollgate_write_backs_total", &[&format!("outcome=\"{outcome}\"")]);
+    assert_eq!(write_backs("unknown"), 1.0, "{scrape}");
+    assert_eq!(write_backs("failed"), 0.0, "{scrape}");
+    assert_eq!(write_backs("written"), 0.0, "{scrape}");
+    assert_eq!(calls_after, 1, "the write-back that timed out was sent again");
+}

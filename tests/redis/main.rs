@@ -8,6 +8,7 @@ mod support;
 mod auth;
 mod batch;
 mod cluster;
+mod cluster_stall;
 mod degradation;
 mod failover;
 mod fallback_counts;

@@ -1,6 +1,6 @@
 //! How many servers share a store (the fallback's share, issue 26): counted, lapsing,
-//! never lower after a restart or a long stall, and once per limiter (two layers of one
-//! process over one store take two shares).
+//! never lower after a restart or a long stall, and once per process and store (two
+//! limiters of one process are one server; two that share a rule's count divide its share).
 #![cfg(feature = "redis")]
 
 use crate::support;
@@ -226,4 +226,43 @@ async fn a_store_behind_an_arc_counts_its_servers() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(counted(), [Some(2), Some(2)], "two servers announced through their Arcs");
+}
+
+/// Issue 37, item 9: the README's own pattern, an API limiter and a login limiter over one
+/// store in one process, is one server, not two: each fallback's share is 1/N of its own
+/// rule's quota (it was 1/(2N)). Two stores built separately still count as two servers
+/// (as the tests above play several servers in one process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_limiters_of_one_process_count_one_server() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    let api = Limiter::<_, str>::builder(store.clone()).rule("api", Quota::per_hour(100), user).build().unwrap();
+    let login = Limiter::<_, str>::builder(store.clone()).rule("login", Quota::per_hour(5), user).build().unwrap();
+    assert!(api.check("warm").await.is_allowed());
+    assert!(login.check("warm").await.is_allowed());
+    tokio::time::sleep(Duration::from_millis(3_500)).await; // no longer young
+    assert_eq!(store.servers(), Some(1), "two limiters of one process counted as several servers");
+
+    // Redis stalled: the API limiter's fallback takes this server's whole share (1/1) of
+    // what Redis last said remains (98), not half of it.
+    assert!(api.check("warm").await.is_allowed());
+    server.pause();
+    let mut admitted = 0;
+    for _ in 0..200 {
+        admitted += usize::from(api.check("warm").await.is_allowed());
+    }
+    server.resume();
+    assert!(admitted >= 90, "the one server admitted {admitted} of the 98 remaining");
+
+    let other = RedisStore::from_url(&server.url()).unwrap();
+    let elsewhere =
+        Limiter::<_, str>::builder(other.clone()).rule("other", Quota::per_hour(100), user).build().unwrap();
+    assert!(elsewhere.check("warm").await.is_allowed());
+    let until = Instant::now() + Duration::from_secs(5);
+    while other.servers() != Some(2) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(3_500)).await; // no longer young
+    assert_eq!(other.servers(), Some(2), "a store built separately plays another server");
+    drop((api, login, elsewhere));
 }

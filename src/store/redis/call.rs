@@ -61,8 +61,9 @@ impl Inner {
         }
     }
 
-    /// `err` of a call about cluster slot `slot`, as [`StoreError::NodeUnavailable`]
-    /// while other slots answer (one node failed, not the store).
+    /// `err` of a call about cluster slot `slot` while other slots answer (one node failed,
+    /// not the store): a timeout as [`StoreError::NodeTimeout`] (sent, outcome unknown), a
+    /// broken connection as [`StoreError::NodeUnavailable`].
     pub(super) fn on_node(&self, slot: Option<u16>, err: StoreError) -> StoreError {
         match (slot, err) {
             (Some(slot), err @ StoreError::Timeout(_)) if self.link.others_answer(slot) => {

@@ -17,8 +17,11 @@
 //!   rules of a failed slot are reported undecided (`None`). An error is returned only
 //!   when no answer rejects.
 //! - A slot that holds only shadow checks (`Params::shadow`) never rejects, and its error
-//!   fails nothing: its checks are reported undecided. What it took is kept when every
-//!   other slot accepts, and rolled back with theirs otherwise.
+//!   fails nothing: its checks are reported undecided. Once every slot holding an enforced
+//!   check has answered, the shadow-only slots still out have 20 ms more (a healthy node
+//!   answers long before), then finish on their own (their checks reported undecided), so
+//!   that a stalled node holding only a shadow rule's key does not fail the request. What a shadow-only slot took
+//!   is kept when every other slot accepts, and rolled back otherwise.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -36,6 +39,20 @@ use crate::store::{Check, Outcome, Refund};
 /// How long the slots still out have once one rejected (see the module docs): enough for
 /// healthy nodes, well inside the default 50 ms deadline.
 const LATE_SLOT_GRACE: Duration = Duration::from_millis(5);
+
+/// How long the shadow-only slots still out have once every slot with an enforced check
+/// has answered: a healthy node's answer (sent at the same time) is in long before; a
+/// stalled one's is not waited for, well inside the default 50 ms deadline.
+const SHADOW_SLOT_GRACE: Duration = Duration::from_millis(20);
+
+/// What a multi-slot check answers when its grace ends.
+#[derive(Clone, Copy)]
+enum Then {
+    /// A slot rejected: the rejection, without the slots still out.
+    Reject,
+    /// Every enforced slot answered: their answer, without the shadow-only slots still out.
+    Answer,
+}
 
 impl Inner {
     /// Decides `checks`: in one script call when they share a slot (or the server is
@@ -107,45 +124,85 @@ async fn check_slots(
         let mut replies: Vec<Option<Result<Reply, StoreError>>> = groups.iter().map(|_| None).collect();
         let mut rolled_back = vec![false; groups.len()];
         let mut tx = Some(tx);
-        let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        // What the caller is answered when the timer fires: a rejection without the slots
+        // still out, or the enforced slots' answer without the shadow-only ones.
+        let mut grace: Option<(Pin<Box<tokio::time::Sleep>>, Then)> = None;
+        // Whether the caller was answered that every slot accepted: what the shadow-only
+        // slots still out take is then kept.
+        let mut kept = false;
         loop {
             let next = match grace.as_mut() {
-                Some(sleep) if tx.is_some() => tokio::select! {
-                    next = calls.next() => next,
-                    () = sleep.as_mut() => {
-                        // The slots still out are late: the rejection goes without them.
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(combine(&checks, &groups, &replies, false));
+                Some((sleep, then)) if tx.is_some() => {
+                    let then = *then;
+                    tokio::select! {
+                        next = calls.next() => next,
+                        () = sleep.as_mut() => {
+                            if let Some(tx) = tx.take() {
+                                match then {
+                                    // The slots still out are late: the rejection goes without them.
+                                    Then::Reject => drop(tx.send(combine(&checks, &groups, &replies, false))),
+                                    Then::Answer => {
+                                        kept = answer(&inner, tx, &checks, &groups, &replies, &mut rolled_back).await;
+                                    }
+                                }
+                            }
+                            continue;
                         }
-                        continue;
                     }
-                },
+                }
                 _ => calls.next().await,
             };
             let Some((slot, reply)) = next else { break };
             replies[slot] = Some(reply);
-            if !replies.iter().flatten().any(|r| matches!(r, Ok(reply) if !reply.all)) {
+            if replies.iter().flatten().any(|r| matches!(r, Ok(reply) if !reply.all)) {
+                // A slot rejected: the request is rejected. Refund what the slots that
+                // accepted took.
+                roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
+                grace.get_or_insert_with(|| (Box::pin(tokio::time::sleep(LATE_SLOT_GRACE)), Then::Reject));
                 continue;
             }
-            // A slot rejected: the request is rejected. Refund what the slots that
-            // accepted took.
-            roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
-            grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(LATE_SLOT_GRACE)));
+            // Every slot with an enforced check has answered: the shadow-only slots still
+            // out have a moment more, then finish on their own (a stalled node holding only
+            // a shadow rule's key would else fail the request).
+            let enforced_answered = groups.iter().zip(&replies).all(|(g, r)| r.is_some() || shadow_only(&checks, g));
+            if enforced_answered && tx.is_some() && grace.is_none() {
+                grace = Some((Box::pin(tokio::time::sleep(SHADOW_SLOT_GRACE)), Then::Answer));
+            }
         }
-        let Some(tx) = tx else { return };
-        let everyone = groups
-            .iter()
-            .zip(&replies)
-            .all(|(g, r)| shadow_only(&checks, g) || matches!(r, Some(Ok(reply)) if reply.all));
-        if !everyone {
-            roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
+        if let Some(tx) = tx {
+            kept = answer(&inner, tx, &checks, &groups, &replies, &mut rolled_back).await;
         }
-        // Answered once the units are back; a caller gone by then admitted nothing.
-        if tx.send(combine(&checks, &groups, &replies, everyone)).is_err() && everyone {
+        if !kept {
+            // The shadow-only slots that answered after the caller heard of a rejection or
+            // an error (or after the caller left): nobody uses what they took.
             roll_back(&inner, &checks, &groups, &replies, &mut rolled_back).await;
         }
     });
     rx.await.unwrap_or_else(|_| Err(StoreError::Unavailable("the multi-slot check task ended early".into())))
+}
+
+/// Answers the caller once every slot with an enforced check has answered and none
+/// rejected: whether what the slots took is kept (every one accepted, the caller still
+/// there); else it is given back first (or, the caller gone, after).
+async fn answer(
+    inner: &Inner,
+    tx: tokio::sync::oneshot::Sender<Result<Vec<Option<Outcome>>, StoreError>>,
+    checks: &[Check],
+    groups: &[Vec<usize>],
+    replies: &[Option<Result<Reply, StoreError>>],
+    rolled_back: &mut [bool],
+) -> bool {
+    let everyone =
+        groups.iter().zip(replies).all(|(g, r)| shadow_only(checks, g) || matches!(r, Some(Ok(reply)) if reply.all));
+    if !everyone {
+        roll_back(inner, checks, groups, replies, rolled_back).await;
+    }
+    // Answered once the units are back; a caller gone by then admitted nothing.
+    let heard = tx.send(combine(checks, groups, replies, everyone)).is_ok();
+    if everyone && !heard {
+        roll_back(inner, checks, groups, replies, rolled_back).await;
+    }
+    everyone && heard
 }
 
 /// Gives back, by each commit's identity, what the slots that accepted took, once per

@@ -140,6 +140,11 @@ impl Link {
         self.slots.others_answer(slot, self.elapsed_ms() + 1)
     }
 
+    /// Of a cut call's slots, the one that did not answer (see [`Slots::unanswered`]).
+    pub(crate) fn unanswered(&self, slots: &[u16]) -> Option<u16> {
+        self.slots.unanswered(slots)
+    }
+
     fn on_slot_failure(self: &Arc<Self>, slot: u16) {
         if let Some(why) = self.slots.on_failure(slot, || self.elapsed_ms() + 1) {
             self.refresh(why);

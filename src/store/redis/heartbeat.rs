@@ -1,5 +1,5 @@
 //! The heartbeat of a store some limiter counts on (its `Presence`): announcing its
-//! limiters, counting the servers, loading the charge and refund scripts, and withdrawing
+//! process (one member, while a limiter counts on it), counting the servers, loading the charge and refund scripts, and withdrawing
 //! a dropped limiter's announcement.
 
 use std::sync::atomic::Ordering;
@@ -69,7 +69,8 @@ pub(super) fn recount(inner: &Arc<Inner>) {
 pub(super) async fn announce(inner: &Inner) {
     let name = format!("{}:servers", inner.config.names.prefix);
     let mut cmd = redis::cmd("EVAL");
-    let limiters = inner.presence.limiters.load(Ordering::Relaxed);
+    // One member per process and store identity, however many limiters count on it.
+    let limiters = u64::from(inner.presence.limiters.load(Ordering::Relaxed) > 0);
     cmd.arg(ANNOUNCE).arg(1).arg(&name).arg(&inner.presence.member).arg(LAPSE.as_millis() as u64).arg(limiters);
     let Ok((conn, generation)) = inner.connection().await else { return };
     let slot = inner.config.origin.is_cluster().then(|| super::keys::slot(name.as_bytes()));

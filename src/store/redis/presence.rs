@@ -25,8 +25,9 @@ pub(super) const HEARTBEAT: Duration = Duration::from_secs(1);
 /// this.
 pub(super) const LAPSE: Duration = Duration::from_secs(3);
 
-/// Adds this server's `ARGV[3]` limiters (`ARGV[1]:<i>`) until `ARGV[2]` ms from the
-/// server's now, drops the lapsed, and counts the rest.
+/// Adds this server (`ARGV[1]:1`, when `ARGV[3]` is 1: a limiter counts on it; 0: it is
+/// withdrawn and lapses) until `ARGV[2]` ms from the server's now, drops the lapsed, and
+/// counts the rest.
 pub(super) const ANNOUNCE: &str = "local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 1, tonumber(ARGV[3]) do
@@ -44,15 +45,18 @@ pub(super) struct Presence {
     /// Whether a limiter asked for the count ([`Store::announce`](crate::store::Store::announce)):
     /// a store used on its own announces nothing.
     pub(super) wanted: AtomicBool,
-    /// How many limiters were built over the store: each has a fallback of its own, so
-    /// each counts as a server (two layers of one process that share a count take two
-    /// shares of it, not two whole quotas).
+    /// How many live limiters count on the store: the process is announced (one member)
+    /// while there is one at least. Limiters of one process are one server: two layers
+    /// that share a rule's count divide their shares of it between themselves instead
+    /// (see the rule-name registry).
     pub(super) limiters: AtomicU64,
     /// Whether the heartbeat task runs.
     pub(super) started: AtomicBool,
     /// Whether the first check counted again.
     pub(super) recounted: AtomicBool,
-    /// This server's name in the set: random, never another's.
+    /// This server's name in the set: random per process, and the store's identity, so
+    /// that every copy of one store in one process (`response_timeout`, …) announces one
+    /// member, and stores built separately (several servers played in one process) two.
     pub(super) member: String,
     /// The connection on which the charge and refund scripts were loaded last (0: none).
     pub(super) loaded: AtomicU64,
@@ -65,9 +69,14 @@ pub(super) struct Presence {
 impl Presence {
     pub(super) fn new(identity: usize) -> Self {
         use std::hash::BuildHasher;
-        let seed = hashbrown::DefaultHashBuilder::default();
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let member = format!("{:016x}", seed.hash_one((std::process::id(), nanos, identity)));
+        // Random per process (fixed keys: one member per identity in the whole process).
+        static PROCESS: std::sync::OnceLock<(u32, Duration)> = std::sync::OnceLock::new();
+        let process = PROCESS.get_or_init(|| {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            (std::process::id(), nanos)
+        });
+        let seed = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+        let member = format!("{:016x}", seed.hash_one((process, identity)));
         Self { member, ..Self::default() }
     }
 

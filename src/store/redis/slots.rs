@@ -12,7 +12,8 @@ use std::time::Duration;
 /// master that died or hangs), makes the store read the slot map again.
 const SLOT_STALE_AFTER: Duration = Duration::from_secs(1);
 /// How recent a success of another slot must be for a slot's failure to count as its
-/// node's ([`StoreError::NodeUnavailable`](crate::StoreError::NodeUnavailable)).
+/// node's ([`StoreError::NodeTimeout`](crate::StoreError::NodeTimeout),
+/// [`StoreError::NodeUnavailable`](crate::StoreError::NodeUnavailable)).
 const OTHERS_ANSWERED: Duration = Duration::from_secs(1);
 /// How many slots failing at once, with no success since, make the store read the slot
 /// map again even when none has failed twice.
@@ -58,6 +59,23 @@ impl Slots {
         let last = self.last_ok.load(Ordering::Relaxed);
         let (at, last_slot) = (last >> 16, last & 0xFFFF);
         at != 0 && last_slot != u64::from(slot) && now < at + millis(OTHERS_ANSWERED)
+    }
+
+    /// Of the slots of a call the caller's deadline cut (in order, repeats allowed), the one
+    /// that did not answer, as far as is known: one failing with no success since, else one
+    /// that is not the last slot to answer (on a multi-slot call, that is usually the healthy
+    /// slot that did), else the first.
+    pub(super) fn unanswered(&self, slots: &[u16]) -> Option<u16> {
+        let first = *slots.first()?;
+        if self.any_failing.load(Ordering::Relaxed) {
+            let table = self.table();
+            if let Some(&slot) = slots.iter().find(|s| table.slots.contains_key(s)) {
+                return Some(slot);
+            }
+        }
+        let last = self.last_ok.load(Ordering::Relaxed);
+        let last_slot = (last != 0).then_some(last & 0xFFFF);
+        Some(slots.iter().copied().find(|&s| Some(u64::from(s)) != last_slot).unwrap_or(first))
     }
 
     /// A call about `slot` failed at `now` (read by `now()` under the table's lock, so that

@@ -103,10 +103,14 @@ impl Store for RedisStore {
         }
     }
 
-    /// On a cluster, [`StoreError::NodeUnavailable`] while calls about other slots
-    /// succeed: the deadline cut off a call to one failing node.
+    /// On a cluster, [`StoreError::NodeTimeout`] while calls about other slots succeed: the
+    /// deadline cut off a call to one stalled node. A call over several slots is named after
+    /// the slot that did not answer (see `Slots::unanswered`), not its first check's: that
+    /// one may be a healthy slot that answered, and a plain timeout would have the breaker
+    /// stop the healthy nodes too.
     fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
-        let slot = checks.first().and_then(|c| self.inner.slot_of(&c.key));
+        let slots: smallvec::SmallVec<[u16; 4]> = checks.iter().filter_map(|c| self.inner.slot_of(&c.key)).collect();
+        let slot = self.inner.link.unanswered(&slots);
         self.inner.on_node(slot, StoreError::Timeout(deadline))
     }
 
