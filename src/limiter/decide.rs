@@ -182,7 +182,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let decided = if closed || !use_it.contains(&true) {
             None
         } else {
-            let ids: SmallVec<[RuleId; 2]> = plan.rules.iter().map(|&r| set.id(r)).collect();
+            let ids: SmallVec<[RuleId; 2]> = plan.rules.iter().map(|&r| set.share_id(r)).collect();
             // Each limiter of the process that counts into a rule takes its part of this
             // server's share.
             let parts: SmallVec<[u64; 2]> = plan.rules.iter().map(|&r| servers * set.sharers(r)).collect();
@@ -343,7 +343,7 @@ impl Teach<'_> {
                 let remaining = if d.allowed { d.remaining } else { 0 };
                 let whole_in = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
                 let parts = self.servers * set.sharers(rule);
-                self.shares.record(id, check, remaining, whole_in, parts, self.now, self.late);
+                self.shares.record(set.share_id(rule), check, remaining, whole_in, parts, self.now, self.late);
             }
             let r = &set.rules[rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.
@@ -419,7 +419,7 @@ fn probes<I: ?Sized>(
             check: held.clone(),
             holder,
             store: (holder == Holder::Fallback).then(|| c.clone()),
-            id: set.id(rule),
+            id: set.share_id(rule),
         })
         .collect()
 }
