@@ -143,3 +143,68 @@ async fn a_swap_to_the_same_rule_rebuilt_keeps_what_redis_said() {
     let n = admitted_after_swapping_to(|| Rule::new("r", Quota::per_day(100), user)).await;
     assert_eq!(n, 0, "admitted after a swap to the same rule, while Redis said 0 remain");
 }
+
+/// `n` keys (their own hash tags) whose slot node `node` of `cluster` serves.
+fn keys_on(cluster: &support::redis::RedisCluster, node: usize, base: &str, n: usize) -> Vec<String> {
+    let mut keys = Vec::new();
+    for i in 0.. {
+        let key = format!("{base}-{i}");
+        let slot: u16 = cluster.node(0).cmd(&["CLUSTER", "KEYSLOT", &format!("{{{key}}}")]).parse().unwrap();
+        if cluster.owner_of(slot) == Some(node) {
+            keys.push(key);
+            if keys.len() == n {
+                return keys;
+            }
+        }
+    }
+    unreachable!()
+}
+
+/// A request with two rules whose keys sit on two masters of a 3-master cluster; the
+/// first's master stopped (SIGSTOP) for 1.5 s, longer than the cluster connection's 250 ms
+/// response timeout. The fallback admits 5 such requests (`.servers(1)`: its share is the
+/// whole quota); they go on. The README: "what the fallback admits reaches the store" — the
+/// stalled master runs the 5 calls it read once it resumes (sent, outcome unknown), and
+/// the healthy master had counted the second rule's 5 units at once. Fails today for the
+/// healthy master: the multi-slot check, its stalled slot timed out, rolls back the slot
+/// that answered, and nothing writes the fallback's units back: Redis counts 0 of the 5
+/// units the fallback admitted on the healthy master, which then admits its whole quota
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_the_fallback_admitted_on_a_healthy_master_reach_it_when_another_master_stalls() {
+    let cluster = tokio::task::spawn_blocking(|| support::redis::RedisCluster::start(3)).await.unwrap();
+    let mut on_0 = keys_on(&cluster, 0, "user", 2);
+    let (user, warm_user) = (on_0.remove(0), on_0.remove(0));
+    let mut on_1 = keys_on(&cluster, 1, "ip", 2);
+    let (ip, warm_ip) = (on_1.remove(0), on_1.remove(0));
+    type Pair = (String, String);
+    let store = RedisStore::cluster(cluster.urls()).unwrap();
+    let limiter = Limiter::<_, Pair>::builder(store)
+        .rule("user", Quota::per_hour(100), |p: &Pair| Some(Key::from(p.0.as_str())))
+        .add_rule(Rule::new("ip", Quota::per_hour(100), |p: &Pair| Some(Key::from(p.1.as_str()))))
+        .algorithm(Algorithm::SlidingWindowLog)
+        .servers(1)
+        .build()
+        .unwrap();
+    // Both masters have run the script (else the stalled call answers NOSCRIPT on resume).
+    let v = limiter.check(&(warm_user.clone(), warm_ip.clone())).await;
+    assert_eq!(v.decided_by(), Some(DecidedBy::Store), "{:?}", v.store_error());
+    cluster.node(0).pause();
+    let stopped = Stopped(cluster.node(0));
+    for _ in 0..5 {
+        let v = limiter.check(&(user.clone(), ip.clone())).await;
+        assert!(v.is_allowed() && v.decided_by() == Some(DecidedBy::Fallback), "{v:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    drop(stopped);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A peek says what would remain after one more: 100 - used - 1.
+    let used = |d: tollgate::Decision| 99 - d.remaining;
+    let on_stalled = used(limiter.peek("user", user.as_str()).await.unwrap());
+    let on_healthy = used(limiter.peek("ip", ip.as_str()).await.unwrap());
+    assert_eq!(
+        (on_stalled, on_healthy),
+        (5, 5),
+        "units Redis counts of the 5 the fallback admitted: (stalled master, healthy master)"
+    );
+}
