@@ -208,3 +208,33 @@ async fn units_the_fallback_admitted_on_a_healthy_master_reach_it_when_another_m
         "units Redis counts of the 5 the fallback admitted: (stalled master, healthy master)"
     );
 }
+
+/// Several swaps in a row while Redis is stalled: the key spent on GCRA, the rule swapped
+/// to a sliding log (a new count: the store would start it afresh, and so does each
+/// fallback, a third each), then back to GCRA: the store still holds the GCRA count, spent,
+/// and so must every fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swaps_to_another_algorithm_and_back_keep_the_first_count() {
+    let server = RedisServer::start();
+    let quota = Quota::per_day(100);
+    let limiters = three_servers(&server, quota).await;
+    for i in 0..100 {
+        assert!(limiters[i % 3].check("k").await.is_allowed());
+    }
+    for l in &limiters {
+        assert!(l.check("k").await.is_rejected());
+    }
+    server.pause();
+    let _stopped = Stopped(&server);
+    assert_eq!(admitted(&limiters, 30).await, 0, "before the swaps");
+    for l in &limiters {
+        l.handle().set_rules(vec![Rule::new("r", quota, user).algorithm(Algorithm::SlidingWindowLog)]).unwrap();
+    }
+    let log = admitted(&limiters, 150).await;
+    println!("review: admitted under the sliding log after the swap: {log}");
+    assert!(log <= 99, "a new count, a third each: {log}");
+    for l in &limiters {
+        l.handle().set_rules(vec![Rule::new("r", quota, user).algorithm(Algorithm::Gcra)]).unwrap();
+    }
+    assert_eq!(admitted(&limiters, 150).await, 0, "back on GCRA, spent in Redis (the log admitted {log})");
+}
