@@ -238,3 +238,37 @@ async fn swaps_to_another_algorithm_and_back_keep_the_first_count() {
     }
     assert_eq!(admitted(&limiters, 150).await, 0, "back on GCRA, spent in Redis (the log admitted {log})");
 }
+
+/// Costs around the share while Redis is stalled (`.servers(4)`: a share of 25 of 100), the
+/// calls late (the connection waits 10 s): a cost of 20 is admitted by the fallback and
+/// counted once in Redis when it resumes; a cost of 30 (above the share, within the quota)
+/// is refused with a wait, and what its late call took in Redis is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_around_the_share_during_a_stall_are_counted_exactly() {
+    let redis = RedisServer::start();
+    let store = RedisStore::from_url(&redis.url()).unwrap().response_timeout(Duration::from_secs(10));
+    let limiter = Limiter::builder(store)
+        .rule("r", Quota::per_hour(100), |k: &str| Some(Key::from(k)))
+        .algorithm(Algorithm::Gcra)
+        .servers(4)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(1_000, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    assert!(limiter.check_key("r", "warm", 1).await.is_allowed());
+    redis.pause();
+    let stopped = Stopped(&redis);
+    let within = limiter.check_key("r", "within", 20).await;
+    assert!(within.is_allowed() && within.decided_by() == Some(DecidedBy::Fallback), "{within:?}");
+    let above = limiter.check_key("r", "above", 30).await;
+    assert!(above.is_rejected() && above.decided_by() == Some(DecidedBy::Fallback), "{above:?}");
+    let wait = above.retry_after();
+    assert!(wait.is_some(), "a cost within the quota can pass: {above:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(stopped);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let used = |d: tollgate::Decision| 99 - d.remaining;
+    let counted = (used(limiter.peek("r", "within").await.unwrap()), used(limiter.peek("r", "above").await.unwrap()));
+    println!("review: Redis counts (within, above) = {counted:?}; the refusal's wait {wait:?}");
+    assert_eq!(counted, (20, 0), "Redis's count of (the admitted cost 20, the refused cost 30)");
+}
