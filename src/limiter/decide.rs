@@ -159,12 +159,13 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         // Taken before the store decides: a refund while it decides voids the cache's
         // record of its rejection.
         let epoch = rt.cache.epoch();
+        let asked = rt.mono_us();
         let (answer, late) = rt.call(&self.holders.store, &plan.checks, plan.set.deadline).await;
         let servers = rt.servers(&*self.holders.store);
         let err = match answer {
             Ok(outcomes) => {
                 let cache = rt.settings.cache_enabled.then_some(&*rt.cache);
-                let teach = Teach { cache, shares: &rt.shares, now: rt.mono_us(), epoch, servers, late: false };
+                let teach = Teach { cache, shares: &rt.shares, now: rt.mono_us(), asked, epoch, servers, late: false };
                 teach.learn(&plan.set, &plan.checks, &plan.rules[..plan.enforced], &outcomes);
                 // What the fallback admitted while the store could not be reached, now that it answers.
                 if rt.unsent.any() {
@@ -182,7 +183,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let decided = if closed || !use_it.contains(&true) {
             None
         } else {
-            let ids: SmallVec<[RuleId; 2]> = plan.rules.iter().map(|&r| set.id(r)).collect();
+            let ids: SmallVec<[RuleId; 2]> = plan.rules.iter().map(|&r| set.share_id(r)).collect();
             // Each limiter of the process that counts into a rule takes its part of this
             // server's share.
             let parts: SmallVec<[u64; 2]> = plan.rules.iter().map(|&r| servers * set.sharers(r)).collect();
@@ -208,7 +209,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     Some((outcomes, _)) => outcomes[..plan.enforced].iter().flatten().all(|o| o.decision.allowed),
                     None => !closed,
                 };
-                self.learn_late(late, plan, goes_on, copies.clone(), epoch, servers);
+                self.learn_late(late, plan, goes_on, copies.clone(), (epoch, asked), servers);
             }
             None if err.never_sent() => self.write_back_now(plan, &copies),
             None => {}
@@ -243,8 +244,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// store's decision) teaches the cache and the shares; what it took is given back
     /// unless the input `goes_on`, else becomes the store's copy of the fallback's units
     /// (`copies`), which their refund undoes; when it fails without the store having seen
-    /// it, those units wait to be written back.
-    fn learn_late(&self, late: Late, plan: &Plan<I>, goes_on: bool, copies: Copies, epoch: u64, servers: u64) {
+    /// it, those units wait to be written back. `asked`: the cache's epoch and the time
+    /// (the runtime's clock) when the store was asked.
+    fn learn_late(&self, late: Late, plan: &Plan<I>, goes_on: bool, copies: Copies, asked: (u64, u64), servers: u64) {
+        let (epoch, asked) = asked;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (lessons, holders) = (self.runtime.lessons(), self.holders.clone());
         let (set, checks, rules, enforced) = (plan.set.clone(), plan.checks.clone(), plan.rules.clone(), plan.enforced);
@@ -253,7 +256,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 Ok(outcomes) => {
                     let now = lessons.clock.us();
                     let cache = lessons.cache.as_deref();
-                    let teach = Teach { cache, shares: &lessons.shares, now, epoch, servers, late: true };
+                    let teach = Teach { cache, shares: &lessons.shares, now, asked, epoch, servers, late: true };
                     teach.learn(&set, &checks, &rules[..enforced], &outcomes);
                     // Refused meanwhile (a 503, the fallback's share): nobody uses them. Else
                     // the store's copy of the fallback's units, unless those went back.
@@ -321,6 +324,8 @@ struct Teach<'a> {
     cache: Option<&'a BlockedCache>,
     shares: &'a Shares,
     now: u64,
+    /// When the store was asked (µs, the runtime's clock).
+    asked: u64,
     /// The cache's epoch when the store was asked (see [`BlockedCache::epoch`]).
     epoch: u64,
     servers: u64,
@@ -343,7 +348,16 @@ impl Teach<'_> {
                 let remaining = if d.allowed { d.remaining } else { 0 };
                 let whole_in = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
                 let parts = self.servers * set.sharers(rule);
-                self.shares.record(id, check, remaining, whole_in, parts, self.now, self.late);
+                self.shares.record(
+                    set.share_id(rule),
+                    check,
+                    remaining,
+                    whole_in,
+                    parts,
+                    self.now,
+                    self.asked,
+                    self.late,
+                );
             }
             let r = &set.rules[rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.
@@ -419,7 +433,7 @@ fn probes<I: ?Sized>(
             check: held.clone(),
             holder,
             store: (holder == Holder::Fallback).then(|| c.clone()),
-            id: set.id(rule),
+            id: set.share_id(rule),
         })
         .collect()
 }

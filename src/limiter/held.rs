@@ -68,7 +68,8 @@ pub(crate) struct Probe {
     /// For the fallback's probe, the check as the store decides it: a charge the fallback
     /// takes is written back to the store too.
     pub(crate) store: Option<Check>,
-    /// The rule's identity (see `RuleSet::id`): a charge lowers the fallback's share of it.
+    /// The rule's count's identity (see `RuleSet::share_id`): a charge lowers the
+    /// fallback's share of it.
     pub(crate) id: RuleId,
 }
 

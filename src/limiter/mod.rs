@@ -381,7 +381,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     pub async fn block(&self, rule: &str, key: impl Into<Key>, duration: Duration) -> Result<(), StoreError> {
         let set = self.rules.load();
         let (i, r) = set.find(rule).ok_or_else(|| unknown(rule))?;
-        let (check, id) = (set.check(r, key.into(), r.quota, 1), set.id(i));
+        let (check, id, share_id) = (set.check(r, key.into(), r.quota, 1), set.id(i), set.share_id(i));
         drop(set);
         if !check.params.reads_block() {
             return Err(StoreError::Invalid(format!(
@@ -401,7 +401,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             tracing::warn!(error = %err, rule, "tollgate: the fallback could not record a block");
         }
         if duration.is_zero() {
-            self.runtime.shares.forget(id, &check.key);
+            self.runtime.shares.forget(share_id, &check.key);
         }
         if let Err(err) = &stored {
             tracing::warn!(
@@ -462,7 +462,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         if let Err(err) = crate::store::LocalStore::reset(&self.runtime.fallback, rule, &key, algorithm) {
             tracing::warn!(error = %err, rule, "tollgate: the fallback could not reset a key");
         }
-        self.runtime.shares.forget(set.id(i), &key);
+        self.runtime.shares.forget(set.share_id(i), &key);
         Ok(())
     }
 }

@@ -37,6 +37,9 @@ pub(crate) struct RuleSet<I: ?Sized> {
     /// Per rule: its identity ([`identity`]), by which the blocked-key cache and the
     /// fallback's shares name it.
     ids: Box<[RuleId]>,
+    /// Per rule: its count's identity ([`count_identity`]), by which the fallback's shares
+    /// name it.
+    share_ids: Box<[RuleId]>,
     /// The rule names this set holds on its store (see `registry`), released on drop.
     claim: Option<Arc<Claim>>,
 }
@@ -55,10 +58,26 @@ fn identity<I: ?Sized>(rule: &Rule<I>, algorithm: Algorithm) -> RuleId {
     h.finish()
 }
 
+/// What names a rule's count in the fallback's shares: its name and algorithm, as the
+/// store names the count's state (`<prefix>:{<key>}:<rule>:<algorithm>:v1`). Its blocks
+/// and the leaky bucket's longest delay change how a rejection reads, not what the key
+/// used: a swap that only makes a rule blockable, or changes its penalty, keeps the
+/// share of what the store said remains (the store keeps counting the same state).
+fn count_identity<I: ?Sized>(rule: &Rule<I>, algorithm: Algorithm) -> RuleId {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&*rule.name, rule.algorithm_or(algorithm)).hash(&mut h);
+    h.finish()
+}
+
 impl<I: ?Sized> RuleSet<I> {
-    /// The blocked-key cache's and the shares' name for rule `index` of this set.
+    /// The blocked-key cache's name for rule `index` of this set.
     pub(crate) fn id(&self, index: usize) -> RuleId {
         self.ids[index]
+    }
+
+    /// The fallback's shares' name for rule `index` of this set ([`count_identity`]).
+    pub(crate) fn share_id(&self, index: usize) -> RuleId {
+        self.share_ids[index]
     }
 
     /// What an input decided under this set holds before its store call.
@@ -136,6 +155,7 @@ impl<I: ?Sized> Draft<I> {
         Ok(RuleSet {
             names: rules.iter().map(Rule::public_name_or_name).collect(),
             ids: rules.iter().map(|r| identity(r, self.algorithm)).collect(),
+            share_ids: rules.iter().map(|r| count_identity(r, self.algorithm)).collect(),
             rules: rules.into(),
             algorithm: self.algorithm,
             fail_mode: self.fail_mode,

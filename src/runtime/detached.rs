@@ -101,7 +101,7 @@ impl Late {
     }
 }
 
-type Asked = Pin<Box<dyn Future<Output = Result<Outcomes, StoreError>> + Send>>;
+pub(super) type Asked = Pin<Box<dyn Future<Output = Result<Outcomes, StoreError>> + Send>>;
 
 /// One store call that owns what it needs, boxed: it can outlive its caller ([`Late`]).
 /// `check_one` for one rule (no `Vec`), else `check`.

@@ -166,18 +166,21 @@ impl Runtime {
             return (Err(StoreError::Overloaded(s.max_in_flight)), None);
         };
         let started = Instant::now();
-        let mut asked = owned_ask(store, checks);
+        // Dropped before its answer (the caller went away), the call may still be sent and
+        // committed: the guard lets it finish and gives back what it took.
+        let mut asked = Sent::new(owned_ask(store, checks), store, checks, self.late_slots());
         let slack = (deadline / 5).max(STALL_SLACK);
-        let mut answer = tokio::time::timeout(deadline, &mut asked).await;
+        let mut answer = tokio::time::timeout(deadline, asked.ask()).await;
         // Whether the store then had the slack, with this process running, to answer.
         let mut watched = false;
         if answer.is_err() && started.elapsed() > deadline + slack {
             // The deadline's timer fired late: this process was stalled (descheduled,
             // CPU-throttled), and the reply may be waiting for the connection's task.
             let looked = Instant::now();
-            answer = tokio::time::timeout(slack, &mut asked).await;
+            answer = tokio::time::timeout(slack, asked.ask()).await;
             watched = answer.is_err() && looked.elapsed() <= slack * 2;
         }
+        let asked = asked.defuse();
         let cut = answer.is_err();
         let r = answer.unwrap_or_else(|_| Err(store.timed_out(checks, deadline)));
         crate::metrics::store_latency(started.elapsed());
@@ -425,6 +428,59 @@ fn capacity(check: &Check) -> u64 {
         Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => q.limit(),
         Algorithm::TokenBucket | Algorithm::Gcra => q.burst_size(),
         Algorithm::LeakyBucket => q.burst_size().saturating_add(1),
+    }
+}
+
+/// A store call on its way, while its caller waits for the answer: dropped before that
+/// (the caller went away at this `.await`), the call may have been sent and the store
+/// commit it (Redis runs what it read before a stall once it resumes). Nobody goes on
+/// with its units: the call runs on in a task of its own (in a late call's slot, up to
+/// [`LATE_WAIT`]) and what it took is given back. Never sent again.
+struct Sent<St: Store> {
+    asked: Option<detached::Asked>,
+    store: Arc<St>,
+    checks: smallvec::SmallVec<[Check; 2]>,
+    slots: LateSlots,
+}
+
+impl<St: Store> Sent<St> {
+    fn new(asked: detached::Asked, store: &Arc<St>, checks: &[Check], slots: LateSlots) -> Self {
+        Self { asked: Some(asked), store: Arc::clone(store), checks: checks.into(), slots }
+    }
+
+    fn ask(&mut self) -> &mut detached::Asked {
+        self.asked.as_mut().expect("asked until defused")
+    }
+
+    /// The caller has the answer, or takes the call on ([`Late`]).
+    fn defuse(mut self) -> detached::Asked {
+        self.asked.take().expect("defused once")
+    }
+}
+
+impl<St: Store> Drop for Sent<St> {
+    fn drop(&mut self) {
+        let Some(asked) = self.asked.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let Some(slot) = self.slots.take() else { return };
+        let (store, checks) = (Arc::clone(&self.store), std::mem::take(&mut self.checks));
+        drop(runtime.spawn(async move {
+            let _slot = slot;
+            let Ok(Ok(outcomes)) = tokio::time::timeout(LATE_WAIT, asked).await else { return };
+            let refunds: Vec<crate::store::Refund> = checks
+                .iter()
+                .zip(&outcomes)
+                .filter_map(|(c, o)| o.as_ref()?.taken.map(|taken| crate::store::Refund { check: c.clone(), taken }))
+                .collect();
+            if !refunds.is_empty() {
+                if let Err(err) = store.refund(&refunds).await {
+                    for r in &refunds {
+                        crate::metrics::refund_failed(&r.check.rule);
+                    }
+                    tracing::warn!(error = %err, "tollgate: could not refund the units of a call whose caller went away");
+                }
+            }
+        }));
     }
 }
 

@@ -53,6 +53,10 @@ struct Entry {
     /// The quota `left` counts under, and the servers it was shared by.
     quota: Quota,
     servers: u64,
+    /// How recent `left` is (µs): when the call whose answer set it was made, or the
+    /// fallback's last take (which no answer to a call made before it counts). An answer
+    /// to a call made before then is older news than what the entry holds.
+    asked: u64,
 }
 
 impl Entry {
@@ -129,7 +133,10 @@ impl Shares {
     /// server's share is `remaining / servers`, rounded down, until then. An answer that
     /// came `late` (after its call's deadline, while the fallback decided) only lowers the
     /// share: the fallback may have admitted more since that call, in calls the store has
-    /// yet to count.
+    /// yet to count. So does one to a call made (`asked`) before the one whose answer the
+    /// share holds, or before the fallback's last take: answers reach this process in any
+    /// order (a loaded one wakes its callers late), and an old one heard last must not
+    /// raise the share a fresher one, or the fallback's takes since, lowered.
     #[allow(clippy::too_many_arguments, reason = "one entry's fields")]
     pub(crate) fn record(
         &self,
@@ -139,6 +146,7 @@ impl Shares {
         whole_in: u64,
         servers: u64,
         now: u64,
+        asked: u64,
         late: bool,
     ) {
         let (key, quota, servers) = (&check.key, check.params.quota, servers.max(1));
@@ -146,10 +154,14 @@ impl Shares {
         let until = now.saturating_add(whole_in);
         let (h, mut shard) = self.shard(rule, key);
         if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
+            let old_news = late || asked < e.asked;
             let e = e.under(quota, check.algorithm);
             (e.left, e.until) =
-                if late && e.until > now { (left.min(e.left), until.max(e.until)) } else { (left, until) };
+                if old_news && e.until > now { (left.min(e.left), until.max(e.until)) } else { (left, until) };
             e.servers = servers;
+            if !old_news || e.until <= now {
+                e.asked = asked;
+            }
             return;
         }
         if self.len.load(Ordering::Relaxed) >= self.cap {
@@ -158,7 +170,7 @@ impl Shares {
         // Another shard's room may be taken meanwhile: the count may pass the cap by the
         // records under way (a few), never more.
         self.len.fetch_add(1, Ordering::Relaxed);
-        let entry = Entry { rule, key: key.clone(), left, until, quota, servers };
+        let entry = Entry { rule, key: key.clone(), left, until, quota, servers, asked };
         let hasher = &self.hasher;
         shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key)));
     }
@@ -224,6 +236,7 @@ impl Shares {
         }
         let e = e.under(check.params.quota, check.algorithm);
         e.left = e.left.saturating_sub(i64::try_from(cost).unwrap_or(i64::MAX));
+        e.asked = e.asked.max(now);
         Some(u64::try_from(e.left).unwrap_or(0))
     }
 }
@@ -244,7 +257,7 @@ mod tests {
         let k = check("k", Quota::per_day(10), Algorithm::Gcra);
         assert_eq!(shares.fits(1, &k, 1, 0), Ok(()), "nothing known: the fresh share decides");
         // 10 left, 3 servers: 3 for this one, for 1 s.
-        shares.record(1, &k, 10, 1_000_000, 3, 0, false);
+        shares.record(1, &k, 10, 1_000_000, 3, 0, 0, false);
         for _ in 0..3 {
             assert_eq!(shares.fits(1, &k, 1, 10), Ok(()));
             shares.take(1, &k, 1, 10);
@@ -253,12 +266,12 @@ mod tests {
         assert_eq!(shares.fits(2, &k, 1, 10), Ok(()), "another rule");
         assert_eq!(shares.fits(1, &k, 1, 1_000_000), Ok(()), "the quota is whole again");
         // A late answer only lowers it: the fallback admitted since.
-        shares.record(1, &k, 3, 1_000_000, 1, 20, true);
+        shares.record(1, &k, 3, 1_000_000, 1, 20, 20, true);
         assert_eq!(shares.fits(1, &k, 1, 21), Err(999_999));
-        shares.record(1, &k, 0, 5, 3, 20, true);
+        shares.record(1, &k, 0, 5, 3, 20, 20, true);
         assert_eq!(shares.fits(1, &k, 1, 21), Err(999_999), "the quota is whole no sooner");
         // An answer in time replaces it, up or down.
-        shares.record(1, &k, 9, 50, 3, 30, false);
+        shares.record(1, &k, 9, 50, 3, 30, 30, false);
         assert_eq!(shares.fits(1, &k, 3, 31), Ok(()));
         assert_eq!(shares.fits(1, &k, 4, 31), Err(49));
     }
@@ -270,18 +283,18 @@ mod tests {
         let shares = Shares::new(SHARDS * 4);
         let (q100, q200, q50) = (Quota::per_day(100), Quota::per_day(200), Quota::per_day(50));
         // GCRA, the key spent (0 left): spent under any rate, as in the store.
-        shares.record(1, &check("g", q100, Algorithm::Gcra), 0, 86_400_000_000, 3, 0, false);
+        shares.record(1, &check("g", q100, Algorithm::Gcra), 0, 86_400_000_000, 3, 0, 0, false);
         assert!(shares.fits(1, &check("g", q200, Algorithm::Gcra), 1, 10).is_err(), "spent time stays spent");
         assert!(shares.fits(1, &check("g", q50, Algorithm::Gcra), 1, 10).is_err());
         // GCRA, 60 of 100 left on 2 servers (30 each): 120 of 200 (60 each), 30 of 50 (15).
-        shares.record(2, &check("h", q100, Algorithm::Gcra), 60, 1_000_000, 2, 0, false);
+        shares.record(2, &check("h", q100, Algorithm::Gcra), 60, 1_000_000, 2, 0, 0, false);
         assert_eq!(shares.fits(2, &check("h", q200, Algorithm::Gcra), 60, 10), Ok(()));
         assert!(shares.fits(2, &check("h", q200, Algorithm::Gcra), 61, 10).is_err());
         assert_eq!(shares.fits(2, &check("h", q50, Algorithm::Gcra), 15, 10), Ok(()));
         assert!(shares.fits(2, &check("h", q50, Algorithm::Gcra), 16, 10).is_err());
         // A window, the key spent: a raise frees what it adds, a cut stays spent.
         let w = Algorithm::SlidingWindowLog;
-        shares.record(3, &check("w", q100, w), 0, 1_000_000, 2, 0, false);
+        shares.record(3, &check("w", q100, w), 0, 1_000_000, 2, 0, 0, false);
         assert_eq!(shares.fits(3, &check("w", q200, w), 50, 10), Ok(()), "100 more, 50 each");
         shares.take(3, &check("w", q200, w), 50, 10);
         assert!(shares.fits(3, &check("w", q200, w), 1, 10).is_err(), "taken under the new quota");
@@ -298,21 +311,21 @@ mod tests {
         let c = |k: &str| check(k, q, Algorithm::Gcra);
         // Spent keys (0 left of 10) early, and one lapsing at 10 µs.
         for i in 0..SHARDS {
-            shares.record(1, &c(&format!("spent{i}")), 0, 1_000_000_000, 1, 0, false);
+            shares.record(1, &c(&format!("spent{i}")), 0, 1_000_000_000, 1, 0, 0, false);
         }
-        shares.record(1, &c("lapsing"), 0, 10, 1, 0, false);
+        shares.record(1, &c("lapsing"), 0, 10, 1, 0, 0, false);
         // A flood of keys with 9 of 10 left.
         for i in 0..10_000 {
-            shares.record(1, &c(&format!("k{i}")), 9, 500_000_000, 1, 20, false);
+            shares.record(1, &c(&format!("k{i}")), 9, 500_000_000, 1, 20, 20, false);
             assert!(shares.len.load(Ordering::Relaxed) <= SHARDS * 8 + 1, "over the cap at {i}");
         }
         for i in 0..SHARDS {
             assert!(shares.fits(1, &c(&format!("spent{i}")), 1, 30).is_err(), "spent{i} pushed out");
         }
         // A late spent key too.
-        shares.record(1, &c("late"), 0, 1_000_000_000, 1, 40, false);
+        shares.record(1, &c("late"), 0, 1_000_000_000, 1, 40, 40, false);
         for i in 10_000..20_000 {
-            shares.record(1, &c(&format!("k{i}")), 9, 500_000_000, 1, 50, false);
+            shares.record(1, &c(&format!("k{i}")), 9, 500_000_000, 1, 50, 50, false);
         }
         assert!(shares.fits(1, &c("late"), 1, 60).is_err(), "late pushed out");
         let n: usize = shares.shards.iter().map(|s| s.lock().unwrap().table.len()).sum();
@@ -326,7 +339,7 @@ mod tests {
         let shares = Shares::new(SHARDS * 4);
         for i in 0..1_000 {
             let c = check(&format!("k{i}"), Quota::per_day(10), Algorithm::Gcra);
-            shares.record(1, &c, 0, u64::MAX / 2, 1, 0, false);
+            shares.record(1, &c, 0, u64::MAX / 2, 1, 0, 0, false);
         }
         let n: usize = shares.shards.iter().map(|s| s.lock().unwrap().table.len()).sum();
         assert!(n <= SHARDS * 4 + 1, "{n} entries");

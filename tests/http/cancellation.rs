@@ -487,3 +487,31 @@ fn an_unpolled_requests_units_are_back_with_no_runtime() {
     let res = poll_now(svc.call(get("/", "a"))).unwrap();
     assert_eq!(res.status(), StatusCode::OK, "the dropped request's unit was not refunded");
 }
+
+/// A store call that was sent (the store will commit it, as Redis runs a command it read
+/// before a stall once it resumes) and whose request is dropped before the reply: the
+/// request never goes on, so the unit the store takes for it must come back, as the late
+/// call's does when the deadline cuts it instead (`learn_late`, `goes_on = false`).
+/// Review (issue 37's closing effort): fails today, the dropped future drops the call's
+/// reply and nobody gives the unit back.
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_its_sent_call_is_in_flight_gives_back_what_the_store_took() {
+    let store = Remote::new(MemoryStore::with_clock(TokioClock::new()));
+    let svc = RateLimitLayer::builder(store.clone())
+        .rule("default", Quota::per_minute(10), key::header("x-key"))
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap()
+        .layer(inner());
+    // The reply comes 30 ms after the call (within the deadline); the client goes at 10 ms.
+    store.set(Mode::Relayed(Duration::from_millis(30)));
+    for _ in 0..3 {
+        dropped(&svc, get("/", "a"), Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    settle().await;
+    store.set(Mode::Up);
+    let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(remaining(&res), 9, "3 requests dropped before their reply kept their units in the store");
+}

@@ -11,3 +11,4 @@ mod max_keys;
 mod memory_store;
 mod model;
 mod quota;
+mod review;

@@ -17,6 +17,7 @@ mod fallback_shares;
 mod faults;
 mod features;
 mod local_cache;
+mod review;
 mod servers;
 mod shared_limit;
 mod store;
