@@ -14,7 +14,7 @@ use super::{Limiter, Plan, RuleSet};
 use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
 use crate::rule::FailMode;
-use crate::runtime::{BlockedCache, FailedThen, Late, RuleId, Shares, StoreCopy};
+use crate::runtime::{BlockedCache, Cached, FailedThen, Late, RuleId, Shares, StoreCopy};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
 use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
 
@@ -304,9 +304,12 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 continue; // units may be refunded: a rejection is not final (a block is)
             }
             let quota = check.params.quota;
-            if let Some(decision) = self.runtime.cache.blocked(set.id(rule), &check.key, check.params.cost, quota, now)
-            {
-                worst.offer(decision.retry_after, (check, rule, decision));
+            match self.runtime.cache.lookup(set.id(rule), &check.key, check.params.cost, quota, now) {
+                Some(Cached::Blocked(decision)) => worst.offer(decision.retry_after, (check, rule, decision)),
+                // A rejection due to be asked again (a reset elsewhere may have lifted it):
+                // the store answers, and names the longest wait itself.
+                Some(Cached::Recheck) => return None,
+                None => {}
             }
         }
         let (check, rule, decision) = worst.take()?;

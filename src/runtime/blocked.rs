@@ -12,6 +12,14 @@ use crate::decision::Decision;
 use crate::key::Key;
 use crate::quota::Quota;
 
+/// What the cache knows of a (rule, key) rejection that still applies.
+pub(crate) enum Cached {
+    /// Rejected: the store's decision as it stands now.
+    Blocked(Decision),
+    /// Rejected when last asked, and due to be asked again.
+    Recheck,
+}
+
 /// Keys known to be rejected until some time: rejected locally, with no store call.
 pub(crate) struct BlockedCache {
     shards: Box<[Mutex<Blocked>]>,
@@ -74,13 +82,30 @@ impl BlockedCache {
 
     /// If (rule, key) is blocked at `now` for `cost` under `quota`: the store's rejection
     /// as it stands now (its durations less the time since).
+    #[cfg(test)]
     pub(crate) fn blocked(&self, rule: RuleId, key: &Key, cost: u64, quota: Quota, now: u64) -> Option<Decision> {
+        match self.lookup(rule, key, cost, quota, now)? {
+            Cached::Blocked(d) => Some(d),
+            Cached::Recheck => None,
+        }
+    }
+
+    /// [`BlockedCache::blocked`], and whether a rejection that still applies is due to be
+    /// asked of the store again ([`Cached::Recheck`]): then no other rule's cached
+    /// rejection may answer for the request either, as it might not be the longest wait.
+    pub(crate) fn lookup(&self, rule: RuleId, key: &Key, cost: u64, quota: Quota, now: u64) -> Option<Cached> {
         if now >= self.last_until.load(Ordering::Relaxed) {
             return None;
         }
         let (h, shard) = self.shard(rule, key);
         let e = shard.table.find(h, |e| e.rule == rule && e.key == *key)?;
-        (e.fresh_until > now && cost >= e.cost && quota == e.quota).then(|| {
+        if !(e.until > now && cost >= e.cost && quota == e.quota) {
+            return None;
+        }
+        if e.fresh_until <= now {
+            return Some(Cached::Recheck);
+        }
+        Some(Cached::Blocked({
             let left = Duration::from_micros(e.until - now);
             let passed = Duration::from_micros(now.saturating_sub(e.at));
             let d = &e.decision;
@@ -92,7 +117,7 @@ impl BlockedCache {
                 delay: Duration::ZERO,
                 ..d.clone()
             }
-        })
+        }))
     }
 
     /// Where the forgets stand: take it before asking the store, and give it to

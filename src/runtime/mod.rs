@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub(crate) use self::blocked::{BlockedCache, RuleId};
+pub(crate) use self::blocked::{BlockedCache, Cached, RuleId};
 use self::breaker::Breaker;
 pub(crate) use self::copy::{Copy, StoreCopy};
 use self::detached::owned_ask;

@@ -164,13 +164,15 @@ impl Shares {
             }
             return;
         }
-        if self.len.load(Ordering::Relaxed) >= self.cap {
-            self.make_room(&mut shard, now);
+        let entry = Entry { rule, key: key.clone(), left, until, quota, servers, asked };
+        if self.len.load(Ordering::Relaxed) >= self.cap && !self.make_room(&mut shard, now, entry.binding()) {
+            // Full of entries that bind more than this one: it is not recorded (the
+            // fallback's fresh share decides the key, which holds less back).
+            return;
         }
         // Another shard's room may be taken meanwhile: the count may pass the cap by the
         // records under way (a few), never more.
         self.len.fetch_add(1, Ordering::Relaxed);
-        let entry = Entry { rule, key: key.clone(), left, until, quota, servers, asked };
         let hasher = &self.hasher;
         shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key)));
     }
@@ -194,26 +196,34 @@ impl Shares {
         }
     }
 
-    /// Full: makes room in `shard` (the new entry's), whose entries are a sample of all
-    /// (keys are spread by a seeded hash): an eighth of it, its lapsed entries first, then
-    /// its least binding (see [`Entry::binding`]). Each round frees room for the records
-    /// that follow, in any shard: a record pays for a round once per eighth of a shard.
-    fn make_room(&self, shard: &mut Shard, now: u64) {
+    /// Full: makes room in `shard` (the new entry's, whose binding is `incoming`), whose
+    /// entries are a sample of all (keys are spread by a seeded hash): an eighth of it,
+    /// its lapsed entries first, then its least binding (see [`Entry::binding`]) — only
+    /// those that bind less than the new entry: a shard that holds only spent keys keeps
+    /// them (it once gave one up to a key with most of its share left). Each round frees
+    /// room for the records that follow, in any shard: a record pays for a round once per
+    /// eighth of a shard. Whether any room was made.
+    fn make_room(&self, shard: &mut Shard, now: u64, incoming: u128) -> bool {
         let before = shard.table.len();
         let n = (before / 8).max(1);
         shard.table.retain(|e| e.until > now);
         let lapsed = before - shard.table.len();
         if lapsed < n && !shard.table.is_empty() {
-            let mut to_go = (n - lapsed).min(shard.table.len());
-            let mut scores: Vec<u128> = shard.table.iter().map(Entry::binding).collect();
-            let (_, &mut nth, _) = scores.select_nth_unstable(to_go - 1);
-            shard.table.retain(|e| {
-                let go = to_go > 0 && e.binding() <= nth;
-                to_go -= usize::from(go);
-                !go
-            });
+            let mut scores: Vec<u128> = shard.table.iter().map(Entry::binding).filter(|&b| b < incoming).collect();
+            let mut to_go = (n - lapsed).min(scores.len());
+            if to_go > 0 {
+                let (_, &mut nth, _) = scores.select_nth_unstable(to_go - 1);
+                shard.table.retain(|e| {
+                    let b = e.binding();
+                    let go = to_go > 0 && b <= nth && b < incoming;
+                    to_go -= usize::from(go);
+                    !go
+                });
+            }
         }
-        self.len.fetch_sub(before - shard.table.len(), Ordering::Relaxed);
+        let freed = before - shard.table.len();
+        self.len.fetch_sub(freed, Ordering::Relaxed);
+        freed > 0
     }
 
     /// Forgets what the store said of (rule, key): a reset, a lifted block.

@@ -173,3 +173,33 @@ async fn a_block_while_the_store_is_down_fails_and_holds_on_this_server() {
     assert!(v.is_rejected() && v.retry_after() > Some(Duration::from_secs(3500)), "{v}");
     assert!(limiter.check("ada").await.is_allowed());
 }
+
+/// The blocked-key cache answers for a request only when every rejection it holds for the
+/// request's rules is fresh: a client over a minute's and an hour's rule whose hour's
+/// rejection is due to be asked again (once a second) while the minute's, cached later, is
+/// fresh, was told the minute's wait (60 s) from the cache, where the store names the
+/// hour's (found as a flake of `fallback_rejections`).
+#[tokio::test(start_paused = true)]
+async fn the_cache_does_not_answer_with_a_partial_picture() {
+    type Pair = (&'static str, &'static str);
+    let store = Remote::new(MemoryStore::with_clock(support::fake::TokioClock::new()));
+    let limiter = Limiter::<_, Pair>::builder(store.clone())
+        .rule("per-minute", Quota::per_minute(1), |p: &Pair| Some(Key::from(p.0)))
+        .rule("per-hour", Quota::per_hour(1), |p: &Pair| Some(Key::from(p.1)))
+        .algorithm(Algorithm::Gcra)
+        .build()
+        .unwrap();
+    assert!(limiter.check(&("ak_1", "acct_1")).await.is_allowed());
+    // The hour's rule refuses acct_1 (another API key): cached.
+    let v = limiter.check(&("ak_2", "acct_1")).await;
+    assert_eq!(v.rejected_by().map(|r| r.rule), Some("per-hour"), "{v}");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Another account, the first API key: only the minute's refuses; cached 800 ms later.
+    let v = limiter.check(&("ak_1", "acct_2")).await;
+    assert_eq!(v.rejected_by().map(|r| r.rule), Some("per-minute"), "{v}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The hour's rejection is due to be asked again, the minute's is fresh.
+    let v = limiter.check(&("ak_1", "acct_1")).await;
+    assert_eq!(v.rejected_by().map(|r| r.rule), Some("per-hour"), "{v}");
+    assert!(v.retry_after() > Some(Duration::from_secs(3000)), "{v}");
+}
