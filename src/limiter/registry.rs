@@ -120,7 +120,6 @@ pub(crate) fn claim<'a>(
     let claim = Arc::new(Claim { names, sharers });
     for k in &claim.names {
         let entry = reg.entry(*k).or_default();
-        entry.claims.retain(|(_, w)| w.strong_count() > 0);
         if !entry.by.contains(&owner) {
             // The other owners' claims are all gone (else this claim was refused or joined).
             entry.by = SmallVec::from_elem(owner, 1);

@@ -168,7 +168,7 @@ impl Runtime {
         let started = Instant::now();
         // Dropped before its answer (the caller went away), the call may still be sent and
         // committed: the guard lets it finish and gives back what it took.
-        let mut asked = Sent::new(owned_ask(store, checks), store, checks, self.late_slots());
+        let mut asked = Sent { asked: Some(owned_ask(store, checks)), store, checks, runtime: self };
         let slack = (deadline / 5).max(STALL_SLACK);
         let mut answer = tokio::time::timeout(deadline, asked.ask()).await;
         // Whether the store then had the slack, with this process running, to answer.
@@ -435,19 +435,17 @@ fn capacity(check: &Check) -> u64 {
 /// (the caller went away at this `.await`), the call may have been sent and the store
 /// commit it (Redis runs what it read before a stall once it resumes). Nobody goes on
 /// with its units: the call runs on in a task of its own (in a late call's slot, up to
-/// [`LATE_WAIT`]) and what it took is given back. Never sent again.
-struct Sent<St: Store> {
+/// [`LATE_WAIT`]) and what it took is given back. Never sent again. It borrows what the
+/// call was made of, and copies it only when dropped unanswered: an answered call (the
+/// common case) copies nothing more than the call itself did.
+struct Sent<'a, St: Store> {
     asked: Option<detached::Asked>,
-    store: Arc<St>,
-    checks: smallvec::SmallVec<[Check; 2]>,
-    slots: LateSlots,
+    store: &'a Arc<St>,
+    checks: &'a [Check],
+    runtime: &'a Runtime,
 }
 
-impl<St: Store> Sent<St> {
-    fn new(asked: detached::Asked, store: &Arc<St>, checks: &[Check], slots: LateSlots) -> Self {
-        Self { asked: Some(asked), store: Arc::clone(store), checks: checks.into(), slots }
-    }
-
+impl<St: Store> Sent<'_, St> {
     fn ask(&mut self) -> &mut detached::Asked {
         self.asked.as_mut().expect("asked until defused")
     }
@@ -458,12 +456,12 @@ impl<St: Store> Sent<St> {
     }
 }
 
-impl<St: Store> Drop for Sent<St> {
+impl<St: Store> Drop for Sent<'_, St> {
     fn drop(&mut self) {
         let Some(asked) = self.asked.take() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let Some(slot) = self.slots.take() else { return };
-        let (store, checks) = (Arc::clone(&self.store), std::mem::take(&mut self.checks));
+        let Some(slot) = self.runtime.late_slots().take() else { return };
+        let (store, checks) = (Arc::clone(self.store), smallvec::SmallVec::<[Check; 2]>::from(self.checks));
         drop(runtime.spawn(async move {
             let _slot = slot;
             let Ok(Ok(outcomes)) = tokio::time::timeout(LATE_WAIT, asked).await else { return };
