@@ -94,6 +94,8 @@ pub struct Rule<I: ?Sized> {
     /// Whether the rule's keys can be blocked by hand (`Limiter::block`).
     pub(crate) blockable: bool,
     pub(crate) shadow: bool,
+    /// Quota slices for this rule's hot keys: `None` follows the limiter's setting.
+    pub(crate) slices: Option<bool>,
     /// Made from a configuration: a reload replaces it.
     pub(crate) from_config: bool,
     /// Takes what responses report (`Charge`), after them.
@@ -157,6 +159,7 @@ impl<I: ?Sized> Clone for Rule<I> {
             block: self.block,
             blockable: self.blockable,
             shadow: self.shadow,
+            slices: self.slices,
             from_config: self.from_config,
             charged: self.charged,
             bypass: self.bypass.clone(),
@@ -203,6 +206,7 @@ impl<I: ?Sized> Rule<I> {
             block: Duration::ZERO,
             blockable: false,
             shadow: false,
+            slices: None,
             from_config: false,
             charged: false,
             bypass: None,
@@ -286,6 +290,21 @@ impl<I: ?Sized> Rule<I> {
     #[must_use]
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;
+        self
+    }
+
+    /// Quota slices for this rule's hot keys, on or off (default: the limiter's setting,
+    /// [`LimiterBuilder::slices`](crate::LimiterBuilder::slices)). A server that decides
+    /// a key of this rule often takes a slice of its quota from the store — the
+    /// algorithm's own check of `k` units, in the same script — and decides that key in
+    /// memory until the slice is spent, its window ends, or it lapses (100 ms): never more
+    /// than the limit in a window, at the cost of units left unused where a server did not
+    /// need them. Only the fixed window and the sliding window counter take slices, only
+    /// on a store on a real clock (`RedisStore`), and only for an enforced rule; see the
+    /// README's "Quota slices".
+    #[must_use]
+    pub fn slices(mut self, on: bool) -> Self {
+        self.slices = Some(on);
         self
     }
 

@@ -87,6 +87,10 @@ pub enum DecidedBy {
     /// This process's cache of blocked keys: a rejection the store made earlier, still
     /// in force.
     LocalCache,
+    /// A quota slice this server took from the store for the key (see
+    /// [`Rule::slices`](crate::Rule::slices)): decided in memory, on units the store
+    /// already counted.
+    Slice,
 }
 
 impl DecidedBy {
@@ -96,6 +100,7 @@ impl DecidedBy {
             DecidedBy::Store => "store",
             DecidedBy::Fallback => "fallback",
             DecidedBy::LocalCache => "cache",
+            DecidedBy::Slice => "slice",
         }
     }
 }
@@ -234,6 +239,7 @@ impl std::fmt::Display for Verdict {
             Some(DecidedBy::Store) => "the store",
             Some(DecidedBy::Fallback) => "the fallback (this server's share, while the store fails)",
             Some(DecidedBy::LocalCache) => "the blocked-key cache",
+            Some(DecidedBy::Slice) => "a quota slice this server holds",
             None => "nobody",
         };
         match &self.ruling {

@@ -163,6 +163,16 @@ impl<St, I: ?Sized, Out> LimiterBuilder<St, I, Out> {
         self
     }
 
+    /// Quota slices for hot keys, for every rule that does not say otherwise
+    /// ([`Rule::slices`](crate::Rule::slices)); default off. See the README's "Quota
+    /// slices": a server that decides a key often decides it in memory from a slice of its
+    /// quota taken from the store, never over the limit.
+    #[must_use]
+    pub fn slices(mut self, on: bool) -> Self {
+        self.settings.slices = on;
+        self
+    }
+
     /// The share of a quota in use from which an allowed decision counts as near the
     /// limit, in the metric `tollgate_near_limit_total{rule}` (default 0.8: at most a fifth
     /// left; see [`Decision::is_near_limit`](crate::Decision::is_near_limit)). An alert on

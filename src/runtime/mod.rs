@@ -45,6 +45,8 @@ pub(crate) struct Settings {
     /// The share of a quota in use from which an allowed decision counts as near the
     /// limit (`tollgate_near_limit_total`).
     pub(crate) near_limit: f64,
+    /// Quota slices for the rules that do not say (see `LimiterBuilder::slices`).
+    pub(crate) slices: bool,
 }
 
 impl Default for Settings {
@@ -56,6 +58,7 @@ impl Default for Settings {
             fallback: None,
             cache_enabled: true,
             near_limit: 0.8,
+            slices: false,
         }
     }
 }

@@ -175,6 +175,14 @@ pub trait Store: Send + Sync + 'static {
         Announced::none()
     }
 
+    /// Whether this store decides on a real clock that runs at the rate of this process's
+    /// own (Redis's `TIME`): only then may a limiter take quota slices from it (a slice
+    /// lapses on this process's clock). Default `false`; `RedisStore` answers `true`
+    /// unless built with a test clock.
+    fn real_clock(&self) -> bool {
+        false
+    }
+
     /// The error for a call about `checks` that the caller's `deadline` cut off. The
     /// default is [`StoreError::Timeout`]; a store of several nodes may say that only the
     /// node of these keys did not answer ([`StoreError::NodeTimeout`], which the circuit
@@ -383,5 +391,8 @@ impl<S: Store> Store for Arc<S> {
     }
     fn timed_out(&self, checks: &[Check], deadline: Duration) -> StoreError {
         (**self).timed_out(checks, deadline)
+    }
+    fn real_clock(&self) -> bool {
+        (**self).real_clock()
     }
 }

@@ -114,6 +114,12 @@ impl Store for RedisStore {
         self.inner.on_node(slot, StoreError::Timeout(deadline))
     }
 
+    /// On Redis's own `TIME`, not on a test clock ([`RedisStore::with_clock`]): quota
+    /// slices lapse on this process's clock, which runs at the rate of the server's.
+    fn real_clock(&self) -> bool {
+        self.inner.config.clock.is_none()
+    }
+
     /// The store as built by `from_url`, `new`, `cluster` or `cluster_pool`, and its key
     /// prefix: a reconfigured copy (`response_timeout`, `with_clock`, …) counts into the
     /// same keys and keeps the identity; another prefix is another identity. Two stores
