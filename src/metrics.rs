@@ -17,6 +17,19 @@ pub(crate) fn decision(rule: RuleName, outcome: &'static str, by: &'static str) 
         .increment(1);
 }
 
+/// A quota slice granted (`tollgate_slices_total{rule}`).
+pub(crate) fn slice_taken(rule: RuleName) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_slices_total", "rule" => rule.as_str()).increment(1);
+}
+
+/// Units of quota slices not admitted: `given_back` to the store, or `stranded` (left
+/// when their window ended, or in a slice whose grant is unknown).
+pub(crate) fn slice_units(rule: RuleName, outcome: &'static str, units: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_slice_units_total", "rule" => rule.as_str(), "outcome" => outcome).increment(units);
+}
+
 pub(crate) fn near_limit(rule: RuleName) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_near_limit_total", "rule" => rule.as_str()).increment(1);

@@ -14,7 +14,9 @@ use super::{Limiter, Plan, RuleSet};
 use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
 use crate::rule::FailMode;
-use crate::runtime::{BlockedCache, Cached, FailedThen, Late, RuleId, Shares, StoreCopy};
+use crate::runtime::{
+    pays, slice_id, sliceable, BlockedCache, Cached, FailedThen, Late, RuleId, Shares, Slice, StoreCopy, LATE_WAIT,
+};
 use crate::store::{Check, Outcome, Outcomes, Refund, Store};
 use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
 
@@ -42,8 +44,187 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         // Timed only for the debug event that reports it (two clock reads a decision).
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        let answer = self.ask(&plan).await;
+        let answer = match self.from_slices(&plan) {
+            Some(sliced) => self.ask_with(&plan, sliced).await,
+            None => self.ask(&plan).await,
+        };
         self.conclude(plan, answer, started).0
+    }
+
+    /// Whether check `i` of `plan` is decided from quota slices: an enforced check of a
+    /// window algorithm on a rule with slices on, that pays at this many servers
+    /// ([`pays`]), on a store on a real clock. Its slices' name, and the servers (times
+    /// this process's limiters counting into the rule) it shares the key with.
+    fn sliced(&self, plan: &Plan<I>, i: usize) -> Option<(RuleId, u64)> {
+        let (check, rule) = (&plan.checks[i], plan.rules[i]);
+        let r = &plan.set.rules[rule];
+        let on = i < plan.enforced
+            && r.slices.unwrap_or(self.runtime.settings.slices)
+            && sliceable(check.algorithm)
+            && !r.charged
+            && check.params.cost > 0
+            && self.holders.store.real_clock();
+        if !on {
+            return None;
+        }
+        let servers = self.runtime.servers(&*self.holders.store) * plan.set.sharers(rule);
+        pays(check.params.quota, servers).then(|| (slice_id(plan.set.share_id(rule), check.params.quota), servers))
+    }
+
+    /// The units `plan`'s sliced checks take from this server's open slices (each counts
+    /// as demand, and may start a slice's request), when any does.
+    fn from_slices(&self, plan: &Plan<I>) -> Option<FromSlices<St>> {
+        let rt = &self.runtime;
+        let now = rt.mono_us();
+        let mut units: SmallVec<[Option<(Arc<Slice>, Decision)>; 2]> = SmallVec::new();
+        for i in 0..plan.checks.len() {
+            let Some((id, servers)) = self.sliced(plan, i) else {
+                units.push(None);
+                continue;
+            };
+            let take = rt.slices.take(id, &plan.checks[i], servers, now);
+            if let Some(k) = take.fetch {
+                self.ask_slice(plan, i, id, k, servers);
+            }
+            units.push(take.unit);
+        }
+        units.iter().any(Option::is_some).then(|| FromSlices {
+            units,
+            checks: plan.checks.clone(),
+            ids: plan.rules.iter().map(|&r| plan.set.id(r)).collect(),
+            holders: self.holders.clone(),
+        })
+    }
+
+    /// Asks the store for a slice of `k` units of check `i` of `plan`, in a task of its
+    /// own: a check of cost `k` through the same script, awaited to its end (a timeout
+    /// means "sent, outcome unknown"; nothing is sent twice). Its answer opens the slice,
+    /// or gives its units back at once when it came too late to use them; it also tells
+    /// the fallback what remains.
+    fn ask_slice(&self, plan: &Plan<I>, i: usize, id: RuleId, k: u64, servers: u64) {
+        let rt = &self.runtime;
+        let mut check = plan.checks[i].clone();
+        check.params.cost = k;
+        let rule = plan.rules[i];
+        let handle = tokio::runtime::Handle::try_current();
+        let slot = rt.late_slots().take();
+        let (Ok(handle), Some(slot), true) = (handle, slot, rt.circuit_closed()) else {
+            rt.slices.not_granted(id, &check, false, rt.mono_us());
+            return;
+        };
+        let (slices, store, clock) = (rt.slices.clone(), self.holders.store.clone(), rt.clock());
+        let teach =
+            (plan.set.fail_mode_of(rule) == FailMode::Fallback).then(|| (rt.shares.clone(), plan.set.share_id(rule)));
+        self.sweep_slices(&handle);
+        drop(handle.spawn(async move {
+            let _slot = slot;
+            let asked = clock.us();
+            let answer = tokio::time::timeout(LATE_WAIT, store.check_one(&check)).await;
+            let now = clock.us();
+            match answer {
+                Ok(Ok(o)) => {
+                    if let Some((shares, share_id)) = teach {
+                        let remaining = if o.decision.allowed { o.decision.remaining } else { 0 };
+                        let whole_in = u64::try_from(o.decision.reset_after.as_micros()).unwrap_or(u64::MAX);
+                        shares.record(share_id, &check, remaining, whole_in, servers, now, asked, false);
+                    }
+                    if let Some(refund) = slices.install(id, &check, &o, asked, now) {
+                        if let Err(err) = store.refund(std::slice::from_ref(&refund)).await {
+                            lost(&[refund], "a quota slice granted too late to use", &err);
+                        }
+                    }
+                }
+                Ok(Err(err)) => slices.not_granted(id, &check, !err.never_sent(), now),
+                Err(_) => slices.not_granted(id, &check, true, now),
+            }
+        }));
+    }
+
+    /// Starts, once, the task that closes lapsed slices and gives back what they left
+    /// (ends with the limiter).
+    fn sweep_slices(&self, handle: &tokio::runtime::Handle) {
+        let rt = &self.runtime;
+        if rt.slices.sweeping.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let (slices, store, clock) = (Arc::downgrade(&rt.slices), self.holders.store.clone(), rt.clock());
+        drop(handle.spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut n: u32 = 0;
+            loop {
+                tick.tick().await;
+                let Some(slices) = slices.upgrade() else { return };
+                n = n.wrapping_add(1);
+                let refunds = slices.sweep(clock.us(), n % PRUNE_EVERY == 0);
+                drop(slices);
+                if refunds.is_empty() {
+                    continue;
+                }
+                match tokio::time::timeout(LATE_WAIT, store.refund(&refunds)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => lost(&refunds, "quota slices that lapsed", &err),
+                    Err(_) => lost(&refunds, "quota slices that lapsed", &"the store did not answer"),
+                }
+            }
+        }));
+    }
+
+    /// `plan` decided with the units `sliced` took from slices, and the store (or the
+    /// fallback) for the rest: all or nothing, as one store call is — a request the rest
+    /// refuses gives the slices' units back.
+    async fn ask_with(&self, plan: &Plan<I>, mut sliced: FromSlices<St>) -> Answer {
+        let n = plan.checks.len();
+        if plan.enforced == n && sliced.units.iter().all(Option::is_some) {
+            let mut answered = Answered::new(DecidedBy::Slice);
+            for unit in &mut sliced.units {
+                let (slice, decision) = unit.take().expect("every check sliced");
+                answered.outcomes.push(Some(Outcome { decision, taken: Some(slice.taken) }));
+                answered.slices.push(Some(slice));
+            }
+            return Ok(answered);
+        }
+        let rest: SmallVec<[usize; 2]> = (0..n).filter(|&i| sliced.units[i].is_none()).collect();
+        let sub = Plan {
+            checks: rest.iter().map(|&i| plan.checks[i].clone()).collect(),
+            rules: rest.iter().map(|&i| plan.rules[i]).collect(),
+            enforced: rest.iter().filter(|&&i| i < plan.enforced).count(),
+            set: plan.set.clone(),
+        };
+        // Dropped here, `sliced` gives its units back.
+        let answered = self.ask(&sub).await?;
+        let refused = answered.outcomes[..sub.enforced].iter().any(|o| o.as_ref().is_none_or(|o| !o.decision.allowed));
+        let Answered { outcomes, by, fallback, copies, .. } = answered;
+        let mut merged = Answered::new(by);
+        let mut fallback = fallback.map(Vec::into_iter);
+        let (mut outcomes, mut copies) = (outcomes.into_iter(), copies.into_iter());
+        let mut as_held = Vec::with_capacity(n);
+        for (i, check) in plan.checks.iter().enumerate() {
+            match &mut sliced.units[i] {
+                Some((_, decision)) if refused => {
+                    // Refused by another rule: this one's units go back (when `sliced` drops).
+                    merged.outcomes.push(Some(Outcome { decision: decision.clone(), taken: None }));
+                    merged.slices.push(None);
+                    merged.copies.push(None);
+                    as_held.push(check.clone());
+                }
+                unit @ Some(_) => {
+                    let (slice, decision) = unit.take().expect("a sliced unit");
+                    merged.outcomes.push(Some(Outcome { decision, taken: Some(slice.taken) }));
+                    merged.slices.push(Some(slice));
+                    merged.copies.push(None);
+                    as_held.push(check.clone());
+                }
+                None => {
+                    merged.outcomes.push(outcomes.next().flatten());
+                    merged.slices.push(None);
+                    merged.copies.push(copies.next().flatten());
+                    as_held.push(fallback.as_mut().and_then(Iterator::next).unwrap_or_else(|| check.clone()));
+                }
+            }
+        }
+        merged.fallback = (by == DecidedBy::Fallback).then_some(as_held);
+        Ok(merged)
     }
 
     /// [`Limiter::decide`] at once, with no future, for an in-process store
@@ -55,12 +236,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             [one] => local.check_one(one).map(|o| smallvec![Some(o)]),
             checks => local.check(checks).map(Outcomes::from_vec),
         };
-        let answer = outcomes.map(|outcomes| Answered {
-            outcomes,
-            by: DecidedBy::Store,
-            fallback: None,
-            copies: SmallVec::new(),
-        });
+        let answer = outcomes.map(|outcomes| Answered { outcomes, ..Answered::new(DecidedBy::Store) });
         let (verdict, set) = self.conclude(plan, answer, started);
         Now::Decided(verdict, set)
     }
@@ -100,7 +276,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 return (Verdict::empty(Ruling::Failed { error, closed }, held), set);
             }
         };
-        let Answered { outcomes, by, fallback, copies } = answered;
+        let Answered { outcomes, by, fallback, copies, slices } = answered;
         let holder = if by == DecidedBy::Fallback { Holder::Fallback } else { Holder::Store };
         // What each holder decided: the fallback's share of each quota, for the fallback.
         let as_held = fallback.as_deref().unwrap_or(&checks);
@@ -112,7 +288,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         for (i, (check, &rule)) in checks.iter().zip(&rules).enumerate() {
             let Some(Outcome { decision: d, taken }) = &outcomes[i] else { continue };
             let shadow = i >= enforced;
-            record(check, d, shadow, started, by);
+            let slice = slices.get(i).cloned().flatten();
+            record(check, d, shadow, started, if slice.is_some() { DecidedBy::Slice } else { by });
             if let Some(taken) = *taken {
                 let exit = match &set.rules[rule].count_if {
                     Some(counts) => Exit::UnlessCounted(counts.clone()),
@@ -120,7 +297,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 };
                 let refund = Refund { check: as_held[i].clone(), taken };
                 let copy = copies.get(i).cloned().flatten();
-                held.units.push(Unit { refund, rule, id: set.id(rule), holder, exit, copy });
+                // A slice's units are the store's (it counted the slice).
+                let holder = if slice.is_some() { Holder::Store } else { holder };
+                held.units.push(Unit { refund, rule, id: set.id(rule), holder, exit, copy, slice });
             }
             if !shadow {
                 if !d.allowed {
@@ -171,7 +350,13 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 if rt.unsent.any() {
                     self.holders.write_back_detached(rt.unsent.take());
                 }
-                return Ok(Answered { outcomes, by: DecidedBy::Store, fallback: None, copies: SmallVec::new() });
+                // What the store said remains sizes the next slice of a sliced key.
+                for (i, o) in outcomes.iter().enumerate() {
+                    if let (Some((id, _)), Some(o)) = (self.sliced(plan, i), o) {
+                        rt.slices.learn(id, &plan.checks[i], o, asked, rt.mono_us());
+                    }
+                }
+                return Ok(Answered { outcomes, ..Answered::new(DecidedBy::Store) });
             }
             Err(err) => err,
         };
@@ -216,7 +401,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         match decided {
             Some((outcomes, local)) => {
-                Ok(Answered { outcomes, by: DecidedBy::Fallback, fallback: Some(local), copies })
+                Ok(Answered { outcomes, fallback: Some(local), copies, ..Answered::new(DecidedBy::Fallback) })
             }
             None => Err(err),
         }
@@ -385,12 +570,52 @@ static FAIL_CLOSED: crate::notice::Once = crate::notice::Once::new();
 const RECHECK_US: u64 = 1_000_000;
 
 /// A store call's answer: the outcomes, who decided them, and for the fallback its checks
-/// (its share of each quota) and the store's copy of each one's units.
+/// (its share of each quota) and the store's copy of each one's units; per check, the
+/// quota slice that decided it.
 struct Answered {
     outcomes: Outcomes,
     by: DecidedBy,
     fallback: Option<Vec<Check>>,
     copies: Copies,
+    slices: SmallVec<[Option<Arc<Slice>>; 2]>,
+}
+
+impl Answered {
+    fn new(by: DecidedBy) -> Self {
+        Self { outcomes: Outcomes::new(), by, fallback: None, copies: SmallVec::new(), slices: SmallVec::new() }
+    }
+}
+
+/// How often lapsed slices are closed and given back.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+/// Every this many sweeps, keys idle for long are forgotten too.
+const PRUNE_EVERY: u32 = 100;
+
+/// Units a request took from quota slices while the rest of its checks are decided: what
+/// is still in it when dropped (the request refused, the future dropped at the `.await`)
+/// goes back to its slice, or to the store once the slice closed.
+struct FromSlices<St: Store> {
+    units: SmallVec<[Option<(Arc<Slice>, Decision)>; 2]>,
+    checks: SmallVec<[Check; 2]>,
+    /// The checks' rules' identities (the blocked-key cache's names).
+    ids: SmallVec<[RuleId; 2]>,
+    holders: Arc<super::Holders<St>>,
+}
+
+impl<St: Store> Drop for FromSlices<St> {
+    fn drop(&mut self) {
+        let mut held = super::Held::default();
+        for (i, unit) in self.units.iter_mut().enumerate() {
+            let Some((slice, _)) = unit.take() else { continue };
+            let refund = Refund { check: self.checks[i].clone(), taken: slice.taken };
+            let (id, exit, copy) = (self.ids[i], Exit::Kept, None);
+            held.units.push(Unit { refund, rule: 0, id, holder: Holder::Store, exit, copy, slice: Some(slice) });
+        }
+        if !held.units.is_empty() {
+            held.deadline = LATE_WAIT;
+            self.holders.refund(held, "units of a quota slice a refused request took");
+        }
+    }
 }
 
 /// Per check, the store's copy of what the fallback admitted for it.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::StatusCode;
 use smallvec::SmallVec;
 
-use crate::runtime::{RuleId, StoreCopy};
+use crate::runtime::{RuleId, Slice, StoreCopy};
 use crate::store::{Check, Refund};
 
 /// Who holds a unit, or decides a probe's charge: fixed when the input is decided.
@@ -57,6 +57,10 @@ pub(crate) struct Unit {
     pub(crate) exit: Exit,
     /// For the fallback's units, the store's copy of them, if it may have one.
     pub(crate) copy: Option<Arc<StoreCopy>>,
+    /// For units taken from a quota slice (held by the store, which counted the slice):
+    /// the slice, which takes them back while it is open (`refund`: a refund of the
+    /// slice's commit, after).
+    pub(crate) slice: Option<Arc<Slice>>,
 }
 
 /// A charged rule's probe: what a charge after the work takes from, by whom.

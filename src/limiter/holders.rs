@@ -141,6 +141,10 @@ impl<St: Store> Holders<St> {
         for u in &held.units {
             match u.holder {
                 Holder::Store => {
+                    // Back to its slice while that is open: no store call.
+                    if u.slice.as_ref().is_some_and(|s| s.give_back(u.refund.check.params.cost)) {
+                        continue;
+                    }
                     refunds.push(u.refund.clone());
                     rules.push(u.id);
                 }
@@ -250,7 +254,7 @@ impl Drop for Unfinished {
 }
 
 /// Units not refunded: logged, and counted per rule.
-pub(super) fn lost(refunds: &[Refund], what: &str, err: &dyn std::fmt::Display) {
+pub(crate) fn lost(refunds: &[Refund], what: &str, err: &dyn std::fmt::Display) {
     for r in refunds {
         crate::metrics::refund_failed(&r.check.rule);
     }

@@ -389,6 +389,18 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             )));
         }
         let stored = self.holders.store.block(&check, duration).await;
+        // This server's slices of the key close (what they left goes back); other servers'
+        // lapse within 100 ms.
+        let refunds = self.runtime.slices.void(
+            crate::runtime::slice_id(share_id, check.params.quota),
+            &check.key,
+            self.runtime.mono_us(),
+        );
+        if !refunds.is_empty() {
+            if let Err(err) = self.holders.store.refund(&refunds).await {
+                holders::lost(&refunds, "quota slices of a blocked key", &err);
+            }
+        }
         // A rejection this process cached for the key may end before a new block, or
         // after a lifted one.
         self.runtime.cache.forget(id, &check.key);
@@ -438,9 +450,15 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     pub async fn peek_with(&self, rule: &str, key: impl Into<Key>, quota: Quota) -> Result<Decision, StoreError> {
         let set = self.rules.load();
         let (_, r) = set.find(rule).ok_or_else(|| unknown(rule))?;
+        let (i, _) = set.find(rule).ok_or_else(|| unknown(rule))?;
         let check = set.check(r, key.into(), quota, 1);
+        let id = crate::runtime::slice_id(set.share_id(i), quota);
         drop(set);
-        self.holders.store.peek(&check).await
+        let mut decision = self.holders.store.peek(&check).await?;
+        // The store counted this server's slices as taken: what they hold is not used yet.
+        let held = self.runtime.slices.held(id, &check.key, self.runtime.mono_us());
+        decision.remaining = decision.remaining.saturating_add(held).min(decision.limit);
+        Ok(decision)
     }
 
     /// Forgets the state of `key` under rule `rule`, in the store and in this process's
@@ -457,6 +475,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let key = key.into();
         let algorithm = r.algorithm_or(set.algorithm);
         self.holders.store.reset(rule, &key, algorithm).await?;
+        // This server's slices of the key end with the state they were taken from (given
+        // back, they would be taken from the fresh one); other servers' lapse within 100 ms.
+        let id = crate::runtime::slice_id(set.share_id(i), r.quota);
+        drop(self.runtime.slices.void(id, &key, self.runtime.mono_us()));
         self.runtime.cache.forget(set.id(i), &key);
         // And in the fallback: its counts and block, and its share of what the store said.
         if let Err(err) = crate::store::LocalStore::reset(&self.runtime.fallback, rule, &key, algorithm) {
@@ -464,6 +486,25 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         self.runtime.shares.forget(set.share_id(i), &key);
         Ok(())
+    }
+}
+
+impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
+    /// Gives back what this server's quota slices hold (see
+    /// [`Rule::slices`](crate::Rule::slices)), for a graceful shutdown: other servers may
+    /// use those units at once, instead of when the slices lapse. No slice is taken after
+    /// it: the limiter decides every request with the store until it is dropped. A limiter dropped without it leaves its slices' units
+    /// unused until their window ends (at most one window of each sliced key).
+    ///
+    /// # Errors
+    ///
+    /// The store's error (no deadline or circuit breaker applies here).
+    pub async fn close(&self) -> Result<(), StoreError> {
+        let refunds = self.runtime.slices.close_all(self.runtime.mono_us());
+        if refunds.is_empty() {
+            return Ok(());
+        }
+        self.holders.store.refund(&refunds).await
     }
 }
 

@@ -102,6 +102,11 @@ impl Breaker {
         }
     }
 
+    /// Whether the circuit is closed (no failures enough to open it, no probe due).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) == 0
+    }
+
     /// Leave to call the store, or how long the circuit stays open.
     pub(crate) fn admit(&self, now_us: u64) -> Result<Permit<'_>, Duration> {
         let until = self.open_until.load(Ordering::Acquire);

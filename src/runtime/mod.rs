@@ -9,6 +9,7 @@ mod breaker;
 mod copy;
 mod detached;
 mod share;
+mod slice;
 
 use std::fmt;
 use std::ops::Deref;
@@ -24,6 +25,7 @@ pub(crate) use self::copy::{Copy, StoreCopy};
 use self::detached::owned_ask;
 pub(crate) use self::detached::{Late, LateSlots, Lessons, Unsent};
 pub(crate) use self::share::Shares;
+pub(crate) use self::slice::{pays, slice_id, sliceable, Slice, Slices, SLICE_KEYS};
 use crate::algorithm::Algorithm;
 use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
@@ -67,7 +69,7 @@ impl Default for Settings {
 /// response timeout ends it sooner (`RedisStore`: 100 ms, 250 ms on a cluster); a store
 /// paused longer under a long response timeout still runs it when it resumes, and the
 /// answer gives back what the request did not keep (a `count_if` unit of a 200).
-const LATE_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const LATE_WAIT: Duration = Duration::from_secs(60);
 
 /// The most keys the fallback limiter, the shares and the unsent list each hold.
 const FALLBACK_KEYS: usize = 100_000;
@@ -100,6 +102,8 @@ pub(crate) struct Runtime {
     /// while the store fails, with this server's share of each quota.
     pub(crate) fallback: MemoryStore,
     pub(crate) shares: Arc<Shares>,
+    /// This server's quota slices of hot keys.
+    pub(crate) slices: Arc<Slices>,
     /// Calls cut by their deadline and still running (at most `max_in_flight`).
     late: Arc<AtomicUsize>,
     /// What the fallback admitted that the store never saw, to charge it when it answers.
@@ -134,6 +138,7 @@ impl Runtime {
             cache: Arc::new(BlockedCache::new(100_000)),
             fallback,
             shares: Arc::new(Shares::new(FALLBACK_KEYS)),
+            slices: Arc::new(Slices::new(SLICE_KEYS)),
             late: Arc::new(AtomicUsize::new(0)),
             unsent: Arc::default(),
             warn_at: AtomicU64::new(0),
@@ -214,6 +219,12 @@ impl Runtime {
         // store), in a slot of its own.
         let slot = if cut { Slot::enter(Arc::clone(&self.late), s.max_in_flight) } else { None };
         (r, slot.map(|slot| Late { asked, slot }))
+    }
+
+    /// Whether the circuit breaker lets calls through (a slice is not asked for while it
+    /// is open).
+    pub(crate) fn circuit_closed(&self) -> bool {
+        self.breaker.is_closed()
     }
 
     /// The number of servers sharing the store (see [`Settings::servers`]).

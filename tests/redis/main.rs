@@ -20,5 +20,6 @@ mod local_cache;
 mod review;
 mod servers;
 mod shared_limit;
+mod slices;
 mod store;
 mod swaps;

@@ -1,0 +1,517 @@
+//! Quota slices: a server that decides a key of a window algorithm often takes a slice of
+//! its quota from the store — the algorithm's own check of `k` units, through the same
+//! script as a request's check — and decides that key in memory until the slice is spent,
+//! its window ends, or it lapses ([`LAPSE_US`]).
+//!
+//! **Never over the limit.** A slice's units are counted by the store when it grants
+//! them, in the window of the grant (the store's `now`, [`Taken::at`]). This server admits
+//! them only while that window is surely current: until the window's end counted from
+//! when it *asked* (its clock is then never later than the store's), and never past the
+//! lapse. For the fixed window, a window's count is then never above `L`; for the sliding
+//! window counter, the estimate at every later moment of the window is at most the one
+//! the grant was decided by (the previous window's weight only falls).
+//!
+//! What a slice does not use goes back to the store when it lapses (a refund of its
+//! commit, exact for both algorithms while the window lasts): only the units left when
+//! the window ended are lost to it (*stranded*), and the metrics count them. A unit a
+//! request gives back (a `count_if` status, a dropped lease, `Limiter::refund`) returns to
+//! its slice while the slice is open, and to the store, as a refund of the slice's commit,
+//! after.
+//!
+//! Sizes come from traffic: a slice is what this server's demand on the key needs for the
+//! next [`PERIOD_US`], at most a fair part of what the store last said remains (that
+//! divided by the servers sharing the store), and only when both are at least
+//! [`MIN_UNITS`]; below that (the edge of a quota) every decision goes to the store.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use smallvec::SmallVec;
+
+use super::RuleId;
+use crate::algorithm::Algorithm;
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::quota::Quota;
+use crate::store::{Check, Outcome, Refund, Taken};
+
+/// The demand a slice is sized for: this server's units on the key over this long, µs.
+pub(crate) const PERIOD_US: u64 = 100_000;
+/// The longest a slice's units may be admitted, from when it was asked, µs: a block, a
+/// reset or a swap on another server reaches this one within it.
+pub(crate) const LAPSE_US: u64 = 100_000;
+/// The least slice worth a store call: below it, per-request decisions.
+pub(crate) const MIN_UNITS: u64 = 16;
+/// A key seen less recently than this, holding nothing, is forgotten, µs.
+const IDLE_US: u64 = 1_000_000;
+/// How long a key waits before asking again after a slice was refused or failed, µs.
+const RETRY_US: u64 = 2_000;
+/// The most keys tracked (a flood of cold keys of a sliced rule is tracked up to it).
+pub(crate) const SLICE_KEYS: usize = 100_000;
+const SHARDS: usize = 16;
+/// The bit of [`Slice::left`] that says the slice is closed.
+const CLOSED: u64 = 1 << 63;
+
+/// Whether `algorithm` takes slices.
+pub(crate) fn sliceable(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindowCounter)
+}
+
+/// Whether a rule of `quota` shared by `servers` gives each server at least
+/// [`MIN_UNITS`] a [`PERIOD_US`]: else slices never pay.
+pub(crate) fn pays(quota: Quota, servers: u64) -> bool {
+    let per_period = u128::from(quota.limit()) * u128::from(PERIOD_US) / u128::from(quota.period_micros().max(1));
+    per_period / u128::from(servers.max(1)) >= u128::from(MIN_UNITS)
+}
+
+/// The slices' name for a rule: its count's identity and its quota (a slice holds only
+/// under the quota it was taken under; a swap to another quota leaves the old slices to
+/// lapse and go back).
+pub(crate) fn slice_id(share_id: RuleId, quota: Quota) -> RuleId {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (share_id, quota.limit(), quota.period_micros()).hash(&mut h);
+    h.finish()
+}
+
+/// One slice: units the store counted for this server, to admit until `until`.
+#[derive(Debug)]
+pub(crate) struct Slice {
+    /// The check the store committed (its cost: the slice's size).
+    pub(crate) check: Check,
+    pub(crate) taken: Taken,
+    /// Until when its units may be admitted (µs, the runtime's clock).
+    until: u64,
+    /// After this, its window has surely ended: what is left is stranded (µs).
+    ended_by: u64,
+    /// When it was asked for (µs), and what the store said then (µs from then).
+    asked: u64,
+    reset_after: u64,
+    refill_after: u64,
+    /// Units not admitted yet; [`CLOSED`] once closed.
+    left: AtomicU64,
+}
+
+impl Slice {
+    fn try_take(&self, cost: u64) -> bool {
+        let mut cur = self.left.load(Ordering::Acquire);
+        loop {
+            if cur & CLOSED != 0 || cur < cost {
+                return false;
+            }
+            match self.left.compare_exchange_weak(cur, cur - cost, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Gives `cost` units back to the slice, while it is open: `false` once closed (the
+    /// caller refunds them to the store, as units of the slice's commit).
+    pub(crate) fn give_back(&self, cost: u64) -> bool {
+        let mut cur = self.left.load(Ordering::Acquire);
+        loop {
+            if cur & CLOSED != 0 {
+                return false;
+            }
+            match self.left.compare_exchange_weak(cur, cur + cost, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Closes it: what was left, the first time.
+    fn close(&self) -> Option<u64> {
+        let was = self.left.swap(CLOSED, Ordering::AcqRel);
+        (was & CLOSED == 0).then_some(was)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.left.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    fn left(&self) -> u64 {
+        let v = self.left.load(Ordering::Acquire);
+        if v & CLOSED != 0 {
+            0
+        } else {
+            v
+        }
+    }
+
+    /// The refund of `units` of its commit.
+    fn refund(&self, units: u64) -> Refund {
+        let mut check = self.check.clone();
+        check.params.cost = units;
+        Refund { check, taken: self.taken }
+    }
+}
+
+/// What the slices counted, for the metrics and the bench.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    /// Slices granted.
+    pub(crate) taken: AtomicU64,
+    /// Decisions made from a slice.
+    pub(crate) decided: AtomicU64,
+    /// Units given back to the store unused.
+    pub(crate) given_back: AtomicU64,
+    /// Units left unused when their window ended (or whose slice's outcome is unknown).
+    pub(crate) stranded: AtomicU64,
+}
+
+struct Entry {
+    rule: RuleId,
+    key: Key,
+    /// This server's demand: units in the current [`PERIOD_US`] (index `period`) and in the
+    /// one before.
+    period: u64,
+    seen: u64,
+    seen_before: u64,
+    last_seen: u64,
+    open: SmallVec<[Arc<Slice>; 2]>,
+    fetching: bool,
+    /// What the store last said remains, until when that holds (µs), and when the window
+    /// of that answer surely had not ended yet (µs; 0: unknown).
+    remaining: u64,
+    remaining_until: u64,
+    window_end: u64,
+    /// No slice is asked for before this (µs): the edge of the quota, a refusal.
+    wait_until: u64,
+}
+
+impl Entry {
+    fn demand(&self) -> u64 {
+        self.seen.max(self.seen_before)
+    }
+
+    /// Units this server may still admit from its open slices at `now`.
+    fn held(&self, now: u64) -> u64 {
+        self.open.iter().filter(|s| now < s.until).map(|s| s.left()).sum()
+    }
+
+    /// Learns what the store said of the key (a slice's grant or refusal, a request's
+    /// answer), asked at `asked`.
+    fn learn(&mut self, check: &Check, o: &Outcome, asked: u64, now: u64) {
+        self.remaining = if o.decision.allowed { o.decision.remaining } else { 0 };
+        if let Some(taken) = o.taken {
+            let period = check.params.quota.period_micros().max(1);
+            let to_end = (taken.at / period + 1) * period - taken.at;
+            self.window_end = asked.saturating_add(to_end);
+        }
+        let window = if self.window_end > now { self.window_end } else { u64::MAX };
+        self.remaining_until = now.saturating_add(PERIOD_US).min(window);
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    table: HashTable<Entry>,
+}
+
+/// What [`Slices::take`] found.
+#[derive(Debug, Default)]
+pub(crate) struct Take {
+    /// The unit taken from an open slice, and its decision.
+    pub(crate) unit: Option<(Arc<Slice>, Decision)>,
+    /// A slice of this many units is to be asked for (this caller asks).
+    pub(crate) fetch: Option<u64>,
+}
+
+/// Per (rule, key): this server's open slices and its demand.
+pub(crate) struct Slices {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: hashbrown::DefaultHashBuilder,
+    cap: usize,
+    len: AtomicUsize,
+    /// Every open slice, for the sweeper (closed ones leave at the next sweep).
+    open: Mutex<Vec<Arc<Slice>>>,
+    /// Whether the task that gives back lapsed slices runs.
+    pub(crate) sweeping: AtomicBool,
+    /// Closed for good (`Limiter::close`): no slice is asked for any more.
+    shut: AtomicBool,
+    pub(crate) stats: Stats,
+}
+
+impl std::fmt::Debug for Slices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slices").field("keys", &self.len.load(Ordering::Relaxed)).field("stats", &self.stats).finish()
+    }
+}
+
+impl Slices {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: hashbrown::DefaultHashBuilder::default(),
+            cap: capacity.max(1),
+            len: AtomicUsize::new(0),
+            open: Mutex::default(),
+            sweeping: AtomicBool::new(false),
+            shut: AtomicBool::new(false),
+            stats: Stats::default(),
+        }
+    }
+
+    fn shard(&self, rule: RuleId, key: &Key) -> (u64, std::sync::MutexGuard<'_, Shard>) {
+        let h = self.hasher.hash_one((rule, key));
+        #[allow(clippy::cast_possible_truncation)]
+        let i = ((h >> 32) as usize) % SHARDS;
+        (h, self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Counts `check` (cost > 0) as this server's demand on its key under rule `rule`, and
+    /// takes its cost from an open slice when one has room at `now`; says whether a slice
+    /// is to be asked for (`servers`: how many share the store).
+    pub(crate) fn take(&self, rule: RuleId, check: &Check, servers: u64, now: u64) -> Take {
+        let (h, mut shard) = self.shard(rule, &check.key);
+        let e = match shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key) {
+            Some(e) => e,
+            None => {
+                if self.len.load(Ordering::Relaxed) >= self.cap {
+                    return Take::default();
+                }
+                self.len.fetch_add(1, Ordering::Relaxed);
+                let hasher = &self.hasher;
+                let entry = Entry {
+                    rule,
+                    key: check.key.clone(),
+                    period: now / PERIOD_US,
+                    seen: 0,
+                    seen_before: 0,
+                    last_seen: now,
+                    open: SmallVec::new(),
+                    fetching: false,
+                    remaining: 0,
+                    remaining_until: 0,
+                    window_end: 0,
+                    wait_until: 0,
+                };
+                shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key))).into_mut()
+            }
+        };
+        let cost = check.params.cost;
+        let period = now / PERIOD_US;
+        if period != e.period {
+            e.seen_before = if period == e.period + 1 { e.seen } else { 0 };
+            (e.seen, e.period) = (0, period);
+        }
+        e.seen += cost;
+        e.last_seen = now;
+        e.open.retain(|s| !s.is_closed());
+        let mut take = Take::default();
+        if let Some(slice) = e.open.iter().find(|s| now < s.until && s.try_take(cost)) {
+            self.stats.decided.fetch_add(1, Ordering::Relaxed);
+            let elapsed = now.saturating_sub(slice.asked);
+            let remaining = e.remaining.saturating_add(e.held(now));
+            let decision = Decision {
+                allowed: true,
+                limit: check.params.quota.limit(),
+                remaining,
+                reset_after: Duration::from_micros(slice.reset_after.saturating_sub(elapsed)),
+                refill_after: Duration::from_micros(slice.refill_after.saturating_sub(elapsed)),
+                retry_after: None,
+                delay: Duration::ZERO,
+            };
+            take.unit = Some((slice.clone(), decision));
+        }
+        // Asked for ahead of need: when what is held would last less than half a period.
+        let demand = e.demand();
+        if e.fetching
+            || self.shut.load(Ordering::Relaxed)
+            || now < e.wait_until
+            || demand < MIN_UNITS
+            || e.held(now) >= demand / 2
+        {
+            return take;
+        }
+        // What the demand needs until the period ends, or the window does when that is
+        // sooner; at most a fair part of what remains.
+        let mut k = demand;
+        if e.window_end > now {
+            let to_end = e.window_end - now;
+            k = k.min(u64::try_from(u128::from(demand) * u128::from(to_end) / u128::from(PERIOD_US)).unwrap_or(k));
+        }
+        let known = now < e.remaining_until;
+        let left = if known { e.remaining } else { check.params.quota.limit() };
+        k = k.min(left / servers.max(1)).min(check.params.quota.limit());
+        if k < MIN_UNITS {
+            // The edge: per-request decisions until what the store said lapses.
+            e.wait_until = if known { e.remaining_until } else { now + RETRY_US };
+            return take;
+        }
+        e.fetching = true;
+        take.fetch = Some(k);
+        take
+    }
+
+    /// What the store answered a request's check of a sliced rule (asked at `asked`):
+    /// what it said remains sizes the next slice.
+    pub(crate) fn learn(&self, rule: RuleId, check: &Check, o: &Outcome, asked: u64, now: u64) {
+        let (h, mut shard) = self.shard(rule, &check.key);
+        if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key) {
+            e.learn(check, o, asked, now);
+        }
+    }
+
+    /// The store's answer to a slice asked for at `asked` (`check`: its cost is the
+    /// slice's size): the slice is open until it lapses, or its units go back at once (a
+    /// late answer, the key forgotten meanwhile) — the refund to send.
+    pub(crate) fn install(&self, rule: RuleId, check: &Check, o: &Outcome, asked: u64, now: u64) -> Option<Refund> {
+        let (h, mut shard) = self.shard(rule, &check.key);
+        let found = shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key);
+        let Some(taken) = o.taken else {
+            if let Some(e) = found {
+                e.learn(check, o, asked, now);
+                e.fetching = false;
+                e.wait_until = now + RETRY_US;
+            }
+            return None;
+        };
+        let period = check.params.quota.period_micros().max(1);
+        let to_end = (taken.at / period + 1) * period - taken.at;
+        let until = asked.saturating_add(to_end.min(LAPSE_US));
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let slice = Slice {
+            check: check.clone(),
+            taken,
+            until,
+            ended_by: now.saturating_add(to_end),
+            asked,
+            reset_after: micros(o.decision.reset_after),
+            refill_after: micros(o.decision.refill_after),
+            left: AtomicU64::new(check.params.cost),
+        };
+        self.stats.taken.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::slice_taken(check.rule);
+        match found {
+            Some(e) if now < until => {
+                e.learn(check, o, asked, now);
+                e.fetching = false;
+                let slice = Arc::new(slice);
+                e.open.push(slice.clone());
+                drop(shard);
+                self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(slice);
+                None
+            }
+            found => {
+                if let Some(e) = found {
+                    e.learn(check, o, asked, now);
+                    e.fetching = false;
+                }
+                self.gave_back(check.rule, check.params.cost);
+                Some(slice.refund(check.params.cost))
+            }
+        }
+    }
+
+    /// A slice asked for and not granted: `unknown` when the store may have granted it
+    /// (sent, outcome unknown): its units are stranded.
+    pub(crate) fn not_granted(&self, rule: RuleId, check: &Check, unknown: bool, now: u64) {
+        if unknown {
+            self.strand(check.rule, check.params.cost);
+        }
+        let (h, mut shard) = self.shard(rule, &check.key);
+        if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key) {
+            e.fetching = false;
+            e.wait_until = now + PERIOD_US;
+        }
+    }
+
+    /// Closes the slices that lapsed by `now` (and, when `prune`, forgets keys idle for
+    /// long): the refunds of what they left while their window lasts.
+    pub(crate) fn sweep(&self, now: u64, prune: bool) -> Vec<Refund> {
+        let mut refunds = Vec::new();
+        let lapsed: Vec<Arc<Slice>> = {
+            let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (lapsed, kept) = open.drain(..).partition(|s| now >= s.until || s.is_closed());
+            *open = kept;
+            lapsed
+        };
+        for s in &lapsed {
+            self.closed(s, now, &mut refunds);
+        }
+        if prune {
+            for shard in &*self.shards {
+                let mut shard = shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut gone = 0;
+                shard.table.retain(|e| {
+                    e.open.retain(|s| !s.is_closed());
+                    let keep = !e.open.is_empty() || e.fetching || now.saturating_sub(e.last_seen) < IDLE_US;
+                    gone += usize::from(!keep);
+                    keep
+                });
+                self.len.fetch_sub(gone, Ordering::Relaxed);
+            }
+        }
+        refunds
+    }
+
+    /// Closes every slice of `key` under rule `rule` (a reset, a block): the refunds of
+    /// what they left.
+    pub(crate) fn void(&self, rule: RuleId, key: &Key, now: u64) -> Vec<Refund> {
+        let mut refunds = Vec::new();
+        let (h, mut shard) = self.shard(rule, key);
+        if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
+            for s in e.open.drain(..) {
+                self.closed(&s, now, &mut refunds);
+            }
+            e.wait_until = now + LAPSE_US;
+        }
+        refunds
+    }
+
+    /// Closes every slice (shutting down): the refunds of what they left.
+    pub(crate) fn close_all(&self, now: u64) -> Vec<Refund> {
+        self.shut.store(true, Ordering::Relaxed);
+        let mut refunds = Vec::new();
+        for shard in &*self.shards {
+            let mut shard = shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for e in shard.table.iter_mut() {
+                for s in e.open.drain(..) {
+                    self.closed(&s, now, &mut refunds);
+                }
+            }
+        }
+        refunds
+    }
+
+    /// Units this server holds for `key` under rule `rule` at `now` (for `peek`).
+    pub(crate) fn held(&self, rule: RuleId, key: &Key, now: u64) -> u64 {
+        let (h, shard) = self.shard(rule, key);
+        shard.table.find(h, |e| e.rule == rule && e.key == *key).map_or(0, |e| e.held(now))
+    }
+
+    /// Closes `s`: what it left goes back while its window lasts, else is stranded.
+    fn closed(&self, s: &Slice, now: u64, refunds: &mut Vec<Refund>) {
+        let Some(left) = s.close().filter(|&l| l > 0) else { return };
+        if now >= s.ended_by {
+            self.strand(s.check.rule, left);
+        } else {
+            self.gave_back(s.check.rule, left);
+            refunds.push(s.refund(left));
+        }
+    }
+
+    fn gave_back(&self, rule: crate::store::RuleName, units: u64) {
+        self.stats.given_back.fetch_add(units, Ordering::Relaxed);
+        crate::metrics::slice_units(rule, "given_back", units);
+    }
+
+    fn strand(&self, rule: crate::store::RuleName, units: u64) {
+        self.stats.stranded.fetch_add(units, Ordering::Relaxed);
+        crate::metrics::slice_units(rule, "stranded", units);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests;

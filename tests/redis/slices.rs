@@ -1,0 +1,109 @@
+//! Quota slices (issue 39) on a real Redis: three servers (each its own `RedisStore`, as
+//! three machines would have) deciding one hot key mostly in memory, never over the limit
+//! in any window; what the slices leave goes back; a reset, a block and `close` reach them.
+#![cfg(feature = "redis")]
+
+use crate::support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::verdict::DecidedBy;
+use tollgate::{Algorithm, Limiter, Quota, RedisStore, Rule, Verdict};
+
+use support::redis::RedisServer;
+
+type Hot = Limiter<RedisStore, str>;
+
+fn limiter(url: &str, algorithm: Algorithm, quota: Quota, slices: bool) -> Hot {
+    Limiter::builder(RedisStore::from_url(url).unwrap().response_timeout(Duration::from_secs(2)))
+        .add_rule(Rule::new("hot", quota, |k: &str| Some(k.to_owned())).algorithm(algorithm).blockable())
+        .slices(slices)
+        .fail_mode(tollgate::FailMode::Closed)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// The window an allowed verdict's unit counts in (`period` µs): that of the store's time
+/// of its commit (a slice's: when the store granted the slice).
+fn window_of(v: &Verdict, period: u64) -> u64 {
+    v.decisions().next().unwrap().taken.expect("an allowed verdict's commit").at / period
+}
+
+/// Admissions per window and how many came from a slice, from `tasks` tasks per limiter
+/// asking as fast as they can for `run`.
+async fn hammer(limiters: &[Arc<Hot>], period: u64, run: Duration) -> (BTreeMap<u64, (u64, u64)>, u64, u64) {
+    let until = tokio::time::Instant::now() + run;
+    let mut tasks = Vec::new();
+    for l in limiters {
+        for _ in 0..8 {
+            let l = l.clone();
+            tasks.push(tokio::spawn(async move {
+                let (mut windows, mut sliced, mut all) = (BTreeMap::new(), 0, 0);
+                while tokio::time::Instant::now() < until {
+                    // A decision from a slice never waits: let the connections' tasks run.
+                    tokio::task::yield_now().await;
+                    let v = l.check("k").await;
+                    assert!(v.store_error().is_none(), "{v}");
+                    all += 1;
+                    if v.is_allowed() {
+                        let s = u64::from(v.decided_by() == Some(DecidedBy::Slice));
+                        let e = windows.entry(window_of(&v, period)).or_insert((0, 0));
+                        e.0 += 1;
+                        e.1 += s;
+                        sliced += u64::from(v.decided_by() == Some(DecidedBy::Slice));
+                    }
+                }
+                (windows, sliced, all)
+            }));
+        }
+    }
+    let (mut windows, mut sliced, mut all) = (BTreeMap::new(), 0, 0);
+    for t in tasks {
+        let (w, s, a) = t.await.unwrap();
+        for (k, (v, s)) in w {
+            let e = windows.entry(k).or_insert((0, 0));
+            e.0 += v;
+            e.1 += s;
+        }
+        sliced += s;
+        all += a;
+    }
+    (windows, sliced, all)
+}
+
+async fn never_over(algorithm: Algorithm) {
+    let redis = RedisServer::start();
+    let quota = Quota::per_second(3_000);
+    let limiters: Vec<Arc<Hot>> = (0..3).map(|_| Arc::new(limiter(&redis.url(), algorithm, quota, true))).collect();
+    redis.cmd(&["CONFIG", "RESETSTAT"]);
+    let (windows, sliced, all) = hammer(&limiters, 1_000_000, Duration::from_millis(3_500)).await;
+    let calls = redis.commandstats().get("evalsha").copied().unwrap_or(0);
+    for (w, (n, _)) in &windows {
+        assert!(*n <= 3_000, "window {w} admitted {n} > 3000: {windows:?}");
+    }
+    let admitted: u64 = windows.values().map(|v| v.0).sum();
+    // The whole windows in the middle were full: the slices' units went to requests.
+    let full: Vec<_> = windows.values().skip(1).take(windows.len().saturating_sub(2)).collect();
+    assert!(full.iter().all(|&&(n, _)| n >= 2_700), "{windows:?}");
+    eprintln!(
+        "{algorithm}: {windows:?}; {sliced} of {admitted} admitted from slices; {all} decisions, {calls} EVALSHA"
+    );
+    // A counter held at its limit has little room at a time (the previous window weighs
+    // on): most of it is decided at the store, at the edge.
+    if algorithm == Algorithm::FixedWindow {
+        assert!(sliced * 10 > admitted * 8, "{sliced} of {admitted} from slices");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_never_admit_more_than_the_limit_in_a_fixed_window() {
+    never_over(Algorithm::FixedWindow).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_never_admit_more_than_the_limit_in_a_sliding_window_counter() {
+    never_over(Algorithm::SlidingWindowCounter).await;
+}
