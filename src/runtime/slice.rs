@@ -506,11 +506,6 @@ impl Slices {
         self.stats.stranded.fetch_add(units, Ordering::Relaxed);
         crate::metrics::slice_units(rule, "stranded", units);
     }
-
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
-    }
 }
 
 #[cfg(test)]

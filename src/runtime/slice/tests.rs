@@ -1,1 +1,321 @@
+//! The slices against a small model of a fleet: several simulated servers (each its own
+//! [`Slices`], its own clock offset), one store (a `MemoryStore` on the model's time), and
+//! random requests, slices asked, run and answered in any order and late, give-backs,
+//! sweeps, kills and window ends. "Never over" is checked after every step: in every
+//! window, the units admitted and not given back while that window lasted are at most L.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
 use super::*;
+use crate::algorithm::Params;
+use crate::store::memory::MemoryStore;
+
+const SERVERS: usize = 3;
+/// 600 per 200 ms: 100 a server per period, slices pay.
+const LIMIT: u64 = 600;
+const WINDOW_US: u64 = 200_000;
+
+fn quota() -> Quota {
+    Quota::new(LIMIT, Duration::from_micros(WINDOW_US))
+}
+
+fn check(algorithm: Algorithm, cost: u64) -> Check {
+    let mut params = Params::new(quota());
+    params.cost = cost;
+    Check { rule: "hot".into(), key: "k".into(), algorithm, params }
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// `n` requests of `cost` at one server.
+    Requests { server: usize, n: u32, cost: u64 },
+    /// The store runs a slice request that was sent (the oldest, or a later one).
+    Run { pick: usize },
+    /// The answer of a slice request the store ran reaches its server.
+    Answer { pick: usize },
+    /// Time passes.
+    Advance { us: u64 },
+    /// A server gives back one unit it admitted (a status that does not count, a dropped
+    /// lease): to its slice while open, else to the store.
+    GiveBack { server: usize, pick: usize },
+    /// A server's sweeper runs.
+    Sweep { server: usize, prune: bool },
+    /// A server dies (`kill -9`): its slices and the answers it waits for are gone; it
+    /// starts again empty.
+    Kill { server: usize },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        8 => (0..SERVERS, 1..40u32, prop_oneof![4 => Just(1u64), 1 => 2..5u64])
+            .prop_map(|(server, n, cost)| Step::Requests { server, n, cost }),
+        3 => (0..4usize).prop_map(|pick| Step::Run { pick }),
+        3 => (0..4usize).prop_map(|pick| Step::Answer { pick }),
+        4 => prop_oneof![3 => 0..20_000u64, 1 => 20_000..150_000u64].prop_map(|us| Step::Advance { us }),
+        2 => (0..SERVERS, 0..64usize).prop_map(|(server, pick)| Step::GiveBack { server, pick }),
+        2 => (0..SERVERS, any::<bool>()).prop_map(|(server, prune)| Step::Sweep { server, prune }),
+        1 => (0..SERVERS).prop_map(|server| Step::Kill { server }),
+    ]
+}
+
+/// A unit a server admitted: its window, and how to give it back.
+struct Admitted {
+    window: u64,
+    cost: u64,
+    slice: Option<Arc<Slice>>,
+    taken: Taken,
+}
+
+struct Server {
+    slices: Slices,
+    /// This server's clock reads the model's time plus this.
+    offset: u64,
+    admitted: Vec<Admitted>,
+}
+
+/// A slice request on its way: sent at `sent` (model time) by `server` (its life), for
+/// `check`; once the store ran it, its outcome.
+struct Asked {
+    server: usize,
+    life: u64,
+    sent: u64,
+    check: Check,
+    outcome: Option<Outcome>,
+}
+
+struct Fleet {
+    algorithm: Algorithm,
+    store: MemoryStore,
+    servers: Vec<Server>,
+    lives: Vec<u64>,
+    asked: Vec<Asked>,
+    now: u64,
+    /// Per window: units admitted and not given back while it lasted.
+    used: BTreeMap<u64, u64>,
+    from_slices: u64,
+}
+
+impl Fleet {
+    fn new(algorithm: Algorithm, offsets: &[u64]) -> Self {
+        let servers =
+            offsets.iter().map(|&offset| Server { slices: Slices::new(100), offset, admitted: Vec::new() }).collect();
+        Self {
+            algorithm,
+            store: MemoryStore::new(),
+            servers,
+            lives: vec![0; SERVERS],
+            asked: Vec::new(),
+            // Not at 0: the first window is a whole one.
+            now: 10 * WINDOW_US,
+            used: BTreeMap::new(),
+            from_slices: 0,
+        }
+    }
+
+    fn local(&self, server: usize) -> u64 {
+        self.now + self.servers[server].offset
+    }
+
+    fn admit(&mut self, server: usize, cost: u64, slice: Option<Arc<Slice>>, taken: Taken) {
+        // A unit counts in the window it is admitted in (a slice's too, whatever window the
+        // store counted the slice in: one used past its window is over the next one's L).
+        let window = self.now / WINDOW_US;
+        self.from_slices += u64::from(slice.is_some());
+        *self.used.entry(window).or_insert(0) += cost;
+        self.servers[server].admitted.push(Admitted { window, cost, slice, taken });
+    }
+
+    fn run(&mut self, step: Step) {
+        match step {
+            Step::Requests { server, n, cost } => {
+                for _ in 0..n {
+                    let c = check(self.algorithm, cost);
+                    let local = self.local(server);
+                    let take = self.servers[server].slices.take(ID, &c, SERVERS as u64, local);
+                    if let Some(k) = take.fetch {
+                        let mut asked = c.clone();
+                        asked.params.cost = k;
+                        let (life, sent) = (self.lives[server], self.now);
+                        self.asked.push(Asked { server, life, sent, check: asked, outcome: None });
+                    }
+                    match take.unit {
+                        Some((slice, d)) => {
+                            assert!(d.allowed);
+                            let taken = slice.taken;
+                            self.admit(server, cost, Some(slice), taken);
+                        }
+                        None => {
+                            let o = self.store.check_at(std::slice::from_ref(&c), self.now).unwrap().remove(0);
+                            self.servers[server].slices.learn(ID, &c, &o, local, local);
+                            if let Some(taken) = o.taken {
+                                self.admit(server, cost, None, taken);
+                            }
+                        }
+                    }
+                }
+            }
+            Step::Run { pick } => {
+                let now = self.now;
+                if let Some(a) = self.asked.iter_mut().filter(|a| a.outcome.is_none()).nth(pick) {
+                    let o = self.store.check_at(std::slice::from_ref(&a.check), now).unwrap().remove(0);
+                    a.outcome = Some(o);
+                }
+            }
+            Step::Answer { pick } => {
+                let Some(i) =
+                    self.asked.iter().enumerate().filter(|(_, a)| a.outcome.is_some()).nth(pick).map(|(i, _)| i)
+                else {
+                    return;
+                };
+                let a = self.asked.remove(i);
+                if a.life != self.lives[a.server] {
+                    return; // its server died: the units are stranded in the store
+                }
+                let s = &self.servers[a.server];
+                let (asked, local) = (a.sent + s.offset, self.local(a.server));
+                let o = a.outcome.expect("ran");
+                if let Some(refund) = s.slices.install(ID, &a.check, &o, asked, local) {
+                    self.store.refund_at(&[refund], self.now);
+                }
+            }
+            Step::Advance { us } => self.now += us,
+            Step::GiveBack { server, pick } => {
+                let s = &mut self.servers[server];
+                if s.admitted.is_empty() {
+                    return;
+                }
+                let u = s.admitted.swap_remove(pick % s.admitted.len());
+                let back = u.slice.as_ref().is_some_and(|slice| slice.give_back(u.cost));
+                if !back {
+                    let mut c = check(self.algorithm, u.cost);
+                    if let Some(slice) = &u.slice {
+                        c = slice.check.clone();
+                        c.params.cost = u.cost;
+                    }
+                    self.store.refund_at(&[Refund { check: c, taken: u.taken }], self.now);
+                }
+                // Given back while its window lasts, a unit may be admitted again in it.
+                if u.window == self.now / WINDOW_US {
+                    *self.used.get_mut(&u.window).expect("counted") -= u.cost;
+                }
+            }
+            Step::Sweep { server, prune } => {
+                let local = self.local(server);
+                let refunds = self.servers[server].slices.sweep(local, prune);
+                self.store.refund_at(&refunds, self.now);
+            }
+            Step::Kill { server } => {
+                self.lives[server] += 1;
+                let s = &mut self.servers[server];
+                s.slices = Slices::new(100);
+                // What it admitted stays admitted; nothing of it comes back.
+                s.admitted.clear();
+                self.asked.retain(|a| a.server != server || a.outcome.is_some());
+            }
+        }
+    }
+
+    fn never_over(&self) -> Result<(), TestCaseError> {
+        for (w, used) in &self.used {
+            prop_assert!(*used <= LIMIT, "window {} used {} > {}", w, used, LIMIT);
+        }
+        Ok(())
+    }
+}
+
+const ID: RuleId = 7;
+
+fn fleet_never_over(algorithm: Algorithm, offsets: &[u64], steps: Vec<Step>) -> Result<u64, TestCaseError> {
+    let mut fleet = Fleet::new(algorithm, offsets);
+    for step in steps {
+        fleet.run(step);
+        fleet.never_over()?;
+    }
+    Ok(fleet.from_slices)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_fixed_window_fleet_is_never_over(
+        offsets in proptest::collection::vec(0..1_000_000_000u64, SERVERS),
+        steps in proptest::collection::vec(step(), 50..400),
+    ) {
+        fleet_never_over(Algorithm::FixedWindow, &offsets, steps)?;
+    }
+
+    #[test]
+    fn a_sliding_window_counter_fleet_is_never_over(
+        offsets in proptest::collection::vec(0..1_000_000_000u64, SERVERS),
+        steps in proptest::collection::vec(step(), 50..400),
+    ) {
+        fleet_never_over(Algorithm::SlidingWindowCounter, &offsets, steps)?;
+    }
+}
+
+/// The model test is not vacuous: slices are asked, granted and spent in it.
+#[test]
+fn the_model_spends_slices() {
+    let mut steps = Vec::new();
+    for _ in 0..20 {
+        steps.push(Step::Requests { server: 0, n: 30, cost: 1 });
+        steps.push(Step::Run { pick: 0 });
+        steps.push(Step::Answer { pick: 0 });
+        steps.push(Step::Advance { us: 5_000 });
+    }
+    let from_slices = fleet_never_over(Algorithm::FixedWindow, &[0, 5, 9], steps).unwrap();
+    assert!(from_slices > 300, "{from_slices} units from slices");
+}
+
+/// A slice's units are admitted only while its window surely lasts: counted from when it
+/// was asked, not answered (a slow answer shortens its life, never moves it past the
+/// window's end on the store's clock).
+#[test]
+fn a_slice_ends_with_its_window_counted_from_when_it_was_asked() {
+    let s = Slices::new(10);
+    let c = check(Algorithm::FixedWindow, 1);
+    // Demand: 40 units in one period.
+    for i in 0..40 {
+        let _ = s.take(ID, &c, 1, 1_000 + i);
+    }
+    // Asked at local 2,000; the store ran it at its 190,000 (10 ms before its window's end
+    // at 200,000); the answer came at local 9,000.
+    let mut k = c.clone();
+    k.params.cost = 20;
+    let o = Outcome { decision: Decision::allow(LIMIT, 500, 10_000, 0), taken: Some(Taken { at: 190_000 }) };
+    assert!(s.install(ID, &k, &o, 2_000, 9_000).is_none());
+    // Until 2,000 + 10,000 locally: 11,999 admits, 12,000 does not.
+    assert!(s.take(ID, &c, 1, 11_999).unit.is_some());
+    assert!(s.take(ID, &c, 1, 12_000).unit.is_none());
+    // The sweep at 12,000 closes it; its window has surely ended only at 9,000 + 10,000:
+    // what it left goes back to the store.
+    let refunds = s.sweep(12_000, false);
+    assert_eq!(refunds.len(), 1);
+    assert_eq!((refunds[0].check.params.cost, refunds[0].taken.at), (19, 190_000));
+    assert_eq!(s.stats.given_back.load(Ordering::Relaxed), 19);
+}
+
+/// Below [`MIN_UNITS`] of demand, or of a fair part of what remains, no slice is asked.
+#[test]
+fn no_slice_where_it_does_not_pay() {
+    let s = Slices::new(10);
+    let c = check(Algorithm::FixedWindow, 1);
+    for i in 0..15 {
+        assert!(s.take(ID, &c, 3, 1_000 + i).fetch.is_none(), "15 units of demand");
+    }
+    let k = s.take(ID, &c, 3, 1_020).fetch.expect("16 units of demand");
+    assert_eq!(k, 16);
+    // The store says 40 remain: a third of it is below 16 — the edge.
+    let mut asked = c.clone();
+    asked.params.cost = k;
+    let refused = Outcome { decision: Decision::reject(LIMIT, 40, 1_000, Some(1_000)), taken: None };
+    assert!(s.install(ID, &asked, &refused, 1_020, 1_100).is_none());
+    for i in 0..50 {
+        assert!(s.take(ID, &c, 3, 1_200 + i).fetch.is_none(), "at the edge");
+    }
+    assert!(!pays(Quota::per_second(479), 3), "16 a server per 100 ms needs 480 a second");
+    assert!(pays(Quota::per_second(480), 3));
+}
