@@ -209,3 +209,96 @@ async fn a_reset_and_a_block_close_this_servers_slices() {
     let v = l.check("k").await;
     assert!(v.is_rejected(), "a slice admitted a blocked key: {v}");
 }
+
+/// A limiter of "hot" (sliced, 6,000 a second) and "cold" (`cold` a minute, never sliced),
+/// both on the input: a request of both is decided by a slice and the store together.
+fn mixed(url: &str, cold: u64, deadline: Duration, fail_mode: tollgate::FailMode) -> Hot {
+    Limiter::builder(RedisStore::from_url(url).unwrap().response_timeout(Duration::from_secs(2)))
+        .add_rule(Rule::new("hot", Quota::per_second(6_000), |k: &str| Some(k.to_owned())).slices(true))
+        .add_rule(Rule::new("cold", Quota::per_minute(cold), |k: &str| Some(k.to_owned())).slices(false))
+        .algorithm(Algorithm::FixedWindow)
+        .fail_mode(fail_mode)
+        .timeout(deadline)
+        .build()
+        .unwrap()
+}
+
+/// A request whose other rule refuses it takes nothing from the slice: after `close`, the
+/// store's count of the sliced rule is exactly the requests admitted.
+#[tokio::test]
+async fn a_request_another_rule_refuses_gives_its_slice_unit_back() {
+    let redis = RedisServer::start();
+    let l = mixed(&redis.url(), 300, Duration::from_secs(2), tollgate::FailMode::Closed);
+    early_in_a_second(Duration::from_millis(700)).await;
+    let (mut admitted, mut sliced_refused) = (0, 0);
+    for _ in 0..400 {
+        let v = l.check("k").await;
+        assert!(v.store_error().is_none(), "{v}");
+        if v.is_allowed() {
+            admitted += 1;
+        } else if v.decisions().any(|d| d.rule == "hot" && d.decision.allowed) {
+            sliced_refused += 1;
+        }
+        tokio::time::sleep(Duration::from_micros(100)).await;
+    }
+    assert_eq!(admitted, 300);
+    assert!(sliced_refused > 0, "no refused request had a unit of the slice");
+    l.close().await.unwrap();
+    assert_eq!(stored(&redis), admitted, "the slice's units of refused requests were not given back");
+}
+
+/// A request dropped while its other rule waits for the store (the store stalled): the
+/// unit it took from the slice goes back.
+#[tokio::test]
+async fn a_request_dropped_while_the_store_decides_its_other_rule_gives_its_slice_unit_back() {
+    let redis = RedisServer::start();
+    let l = mixed(&redis.url(), 100_000, Duration::from_secs(2), tollgate::FailMode::Closed);
+    early_in_a_second(Duration::from_millis(700)).await;
+    let mut admitted = 0;
+    // Until the hot rule's decisions come from a slice.
+    loop {
+        let v = l.check("k").await;
+        assert!(v.is_allowed(), "{v}");
+        admitted += 1;
+        if v.decisions().next().is_some_and(|d| d.taken.is_some()) && admitted > 40 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    redis.pause();
+    for _ in 0..5 {
+        assert!(tokio::time::timeout(Duration::from_millis(10), l.check("k")).await.is_err(), "decided while stalled");
+    }
+    redis.resume();
+    l.close().await.unwrap();
+    // What the dropped requests took from the store may still come (a call the caller
+    // left runs on, and gives back what it took): wait for it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(stored(&redis), admitted, "units of dropped requests stayed taken");
+}
+
+/// While the store is stalled, a server first spends the slices it holds, then the
+/// fallback decides: never a pass without a limit.
+#[tokio::test]
+async fn a_stalled_store_leaves_the_slices_held_then_the_fallback() {
+    let redis = RedisServer::start();
+    let l = Limiter::builder(RedisStore::from_url(&redis.url()).unwrap())
+        .add_rule(Rule::new("hot", Quota::per_second(6_000), |k: &str| Some(k.to_owned())).slices(true))
+        .algorithm(Algorithm::FixedWindow)
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    early_in_a_second(Duration::from_millis(700)).await;
+    until_sliced(&l).await;
+    redis.pause();
+    let mut by = Vec::new();
+    for _ in 0..40 {
+        let v = l.check("k").await;
+        by.push(v.decided_by());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    redis.resume();
+    assert_eq!(by[0], Some(DecidedBy::Slice), "{by:?}");
+    assert!(by.iter().all(|b| matches!(b, Some(DecidedBy::Slice | DecidedBy::Fallback))), "{by:?}");
+    assert!(by.contains(&Some(DecidedBy::Fallback)), "the slice outlived its lapse: {by:?}");
+}
