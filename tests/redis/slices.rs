@@ -35,6 +35,16 @@ fn window_of(v: &Verdict, period: u64) -> u64 {
 /// Admissions per window and how many came from a slice, from `tasks` tasks per limiter
 /// asking as fast as they can for `run`.
 async fn hammer(limiters: &[Arc<Hot>], period: u64, run: Duration) -> (BTreeMap<u64, (u64, u64)>, u64, u64) {
+    hammer_key(limiters, "k", period, run).await
+}
+
+/// [`hammer`] on key `key`.
+async fn hammer_key(
+    limiters: &[Arc<Hot>],
+    key: &'static str,
+    period: u64,
+    run: Duration,
+) -> (BTreeMap<u64, (u64, u64)>, u64, u64) {
     let until = tokio::time::Instant::now() + run;
     let mut tasks = Vec::new();
     for l in limiters {
@@ -45,7 +55,7 @@ async fn hammer(limiters: &[Arc<Hot>], period: u64, run: Duration) -> (BTreeMap<
                 while tokio::time::Instant::now() < until {
                     // A decision from a slice never waits: let the connections' tasks run.
                     tokio::task::yield_now().await;
-                    let v = l.check("k").await;
+                    let v = l.check(key).await;
                     assert!(v.store_error().is_none(), "{v}");
                     all += 1;
                     if v.is_allowed() {
@@ -161,7 +171,11 @@ async fn a_refund_returns_to_the_slice_and_close_gives_back_what_is_left() {
     let kept = verdicts.len() as u64 + 1;
     let before = redis.commandstats().get("evalsha").copied().unwrap_or(0);
     l.refund(sliced).await.unwrap();
-    assert_eq!(redis.commandstats().get("evalsha").copied().unwrap_or(0), before, "a store call for a refund to an open slice");
+    assert_eq!(
+        redis.commandstats().get("evalsha").copied().unwrap_or(0),
+        before,
+        "a store call for a refund to an open slice"
+    );
     // The slice holds the refunded unit: the next decision takes it.
     let again = l.check("k").await;
     assert_eq!(again.decided_by(), Some(DecidedBy::Slice));
@@ -301,4 +315,124 @@ async fn a_stalled_store_leaves_the_slices_held_then_the_fallback() {
     assert_eq!(by[0], Some(DecidedBy::Slice), "{by:?}");
     assert!(by.iter().all(|b| matches!(b, Some(DecidedBy::Slice | DecidedBy::Fallback))), "{by:?}");
     assert!(by.contains(&Some(DecidedBy::Fallback)), "the slice outlived its lapse: {by:?}");
+}
+
+/// Through the HTTP layer, a count-by-outcome rule's unit that a 200 gives back returns to
+/// its slice (no store call), and a 401 keeps it: after `close`, the store counted the
+/// 401s only.
+#[tokio::test]
+async fn a_status_that_does_not_count_gives_the_unit_back_to_its_slice() {
+    use axum::body::Body;
+    use http::{Request, Response, StatusCode};
+    use tower::{Layer, ServiceExt};
+
+    let redis = RedisServer::start();
+    let layer = tollgate::RateLimitLayer::builder(
+        RedisStore::from_url(&redis.url()).unwrap().response_timeout(Duration::from_secs(2)),
+    )
+    .add_rule(
+        Rule::new("hot", Quota::per_second(6_000), tollgate::key::Global)
+            .algorithm(Algorithm::FixedWindow)
+            .count_if(|s| s == StatusCode::UNAUTHORIZED),
+    )
+    .slices(true)
+    .build()
+    .unwrap();
+    let limiter = layer.limiter().clone();
+    let svc = layer.layer(tower::service_fn(|req: Request<Body>| async move {
+        let mut res = Response::new(Body::empty());
+        if req.uri().path() == "/wrong" {
+            *res.status_mut() = StatusCode::UNAUTHORIZED;
+        }
+        Ok::<_, std::convert::Infallible>(res)
+    }));
+    early_in_a_second(Duration::from_millis(700)).await;
+    let (mut wrong, mut sliced) = (0, 0);
+    for i in 0..300 {
+        let path = if i % 10 == 0 { "/wrong" } else { "/" };
+        let mut req = Request::get(path).body(Body::empty()).unwrap();
+        req.extensions_mut().insert(std::net::SocketAddr::from(([127, 0, 0, 1], 1)));
+        let res = svc.clone().oneshot(req).await.unwrap();
+        assert!(res.status() != StatusCode::TOO_MANY_REQUESTS);
+        wrong += u64::from(res.status() == StatusCode::UNAUTHORIZED);
+        sliced += u64::from(res.headers().contains_key("x-ratelimit-remaining"));
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    assert!(sliced > 200);
+    // The units the 200s gave back to the store (before a slice, or after one closed)
+    // travel in tasks of their own.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    limiter.close().await.unwrap();
+    assert_eq!(stored(&redis), wrong, "the store counted what the 200s gave back");
+}
+
+/// On a 3-master cluster, two hot keys on two masters: each never over its limit in a
+/// window, mostly decided from slices; while one master is stalled, its key's decisions
+/// come from the slices held, then the fallback, and the other key's go on from slices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_with_one_master_stalled() {
+    let cluster = support::redis::RedisCluster::start(3);
+    let store = || RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_millis(250));
+    let build = || {
+        Arc::new(
+            Limiter::builder(store())
+                .add_rule(Rule::new("hot", Quota::per_second(3_000), |k: &str| Some(k.to_owned())))
+                .algorithm(Algorithm::FixedWindow)
+                .slices(true)
+                .timeout(Duration::from_millis(100))
+                .build()
+                .unwrap(),
+        )
+    };
+    let limiters: Vec<Arc<Hot>> = (0..3).map(|_| build()).collect();
+    // Two keys whose state lives on two masters: the node whose key count grows.
+    let sizes = || -> Vec<u64> { (0..3).map(|i| cluster.node(i).cmd(&["DBSIZE"]).trim().parse().unwrap()).collect() };
+    let mut keys: Vec<(&'static str, usize)> = Vec::new();
+    for key in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
+        let before = sizes();
+        assert!(limiters[0].check(key).await.is_allowed());
+        let after = sizes();
+        let node = (0..3).find(|&i| after[i] > before[i]).expect("the key's node");
+        if keys.iter().all(|&(_, n)| n != node) {
+            keys.push((key, node));
+        }
+        if keys.len() == 2 {
+            break;
+        }
+    }
+    let [(healthy, _), (stalled, stalled_node)] = keys[..] else { panic!("two masters: {keys:?}") };
+    let (a, b) = (limiters.clone(), limiters.clone());
+    let healthy_run =
+        tokio::spawn(async move { hammer_key(&a, healthy, 1_000_000, Duration::from_millis(2_500)).await });
+    let stalled_run = tokio::spawn(async move {
+        let (mut by, until) = (Vec::new(), tokio::time::Instant::now() + Duration::from_millis(2_500));
+        while tokio::time::Instant::now() < until {
+            let v = b[0].check(stalled).await;
+            by.push((tokio::time::Instant::now(), v.decided_by()));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        by
+    });
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let paused_at = tokio::time::Instant::now();
+    cluster.node(stalled_node).pause();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    cluster.node(stalled_node).resume();
+    let (windows, sliced, _) = healthy_run.await.unwrap();
+    let by = stalled_run.await.unwrap();
+    for (w, (n, _)) in &windows {
+        assert!(*n <= 3_000, "window {w} admitted {n} > 3000: {windows:?}");
+    }
+    let admitted: u64 = windows.values().map(|v| v.0).sum();
+    assert!(sliced * 10 > admitted * 7, "{sliced} of {admitted} from slices on the healthy master");
+    let during: Vec<_> = by
+        .iter()
+        .filter(|(t, _)| *t > paused_at && *t < paused_at + Duration::from_millis(500))
+        .map(|(_, b)| *b)
+        .collect();
+    assert!(during.contains(&Some(DecidedBy::Fallback)), "{during:?}");
+    assert!(
+        during.iter().all(|b| matches!(b, Some(DecidedBy::Slice | DecidedBy::Fallback | DecidedBy::Store))),
+        "{during:?}"
+    );
 }
