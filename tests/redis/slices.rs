@@ -436,3 +436,27 @@ async fn on_a_cluster_with_one_master_stalled() {
         "{during:?}"
     );
 }
+
+/// A swap that keeps the rule's quota keeps its slices; one to another quota leaves the
+/// old slices to lapse and go back, and the new quota's come from the store: after
+/// `close`, the store counted exactly what was admitted.
+#[tokio::test]
+async fn a_swap_keeps_slices_of_the_same_quota_and_gives_back_the_others() {
+    let redis = RedisServer::start();
+    let l = hot(&redis.url());
+    early_in_a_second(Duration::from_millis(700)).await;
+    let mut admitted = until_sliced(&l).await.len() as u64;
+    l.handle().set_quota("hot", Quota::per_second(6_000)).unwrap();
+    let v = l.check("k").await;
+    assert_eq!(v.decided_by(), Some(DecidedBy::Slice), "the same quota lost its slice");
+    admitted += 1;
+    l.handle().set_quota("hot", Quota::per_second(8_000)).unwrap();
+    let v = l.check("k").await;
+    assert_eq!(v.decided_by(), Some(DecidedBy::Store), "a slice of the old quota decided under the new one");
+    admitted += 1;
+    admitted += until_sliced(&l).await.len() as u64;
+    l.close().await.unwrap();
+    // The old quota's slice went back when it lapsed (the sweeper), the new one's at close.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(stored(&redis), admitted);
+}
