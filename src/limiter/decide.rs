@@ -44,7 +44,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         // Timed only for the debug event that reports it (two clock reads a decision).
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        let answer = match self.from_slices(&plan) {
+        let answer = match self.take_slices(&plan) {
             Some(sliced) => self.ask_with(&plan, sliced).await,
             None => self.ask(&plan).await,
         };
@@ -73,10 +73,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     /// The units `plan`'s sliced checks take from this server's open slices (each counts
     /// as demand, and may start a slice's request), when any does.
-    fn from_slices(&self, plan: &Plan<I>) -> Option<FromSlices<St>> {
+    fn take_slices(&self, plan: &Plan<I>) -> Option<FromSlices<St>> {
         let rt = &self.runtime;
         let now = rt.mono_us();
-        let mut units: SmallVec<[Option<(Arc<Slice>, Decision)>; 2]> = SmallVec::new();
+        let mut units: SliceUnits = SmallVec::new();
         for i in 0..plan.checks.len() {
             let Some((id, servers)) = self.sliced(plan, i) else {
                 units.push(None);
@@ -156,7 +156,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 tick.tick().await;
                 let Some(slices) = slices.upgrade() else { return };
                 n = n.wrapping_add(1);
-                let refunds = slices.sweep(clock.us(), n % PRUNE_EVERY == 0);
+                let refunds = slices.sweep(clock.us(), n.is_multiple_of(PRUNE_EVERY));
                 drop(slices);
                 if refunds.is_empty() {
                     continue;
@@ -591,11 +591,14 @@ const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 /// Every this many sweeps, keys idle for long are forgotten too.
 const PRUNE_EVERY: u32 = 100;
 
+/// Per check, the unit it took from a quota slice, with its decision.
+type SliceUnits = SmallVec<[Option<(Arc<Slice>, Decision)>; 2]>;
+
 /// Units a request took from quota slices while the rest of its checks are decided: what
 /// is still in it when dropped (the request refused, the future dropped at the `.await`)
 /// goes back to its slice, or to the store once the slice closed.
 struct FromSlices<St: Store> {
-    units: SmallVec<[Option<(Arc<Slice>, Decision)>; 2]>,
+    units: SliceUnits,
     checks: SmallVec<[Check; 2]>,
     /// The checks' rules' identities (the blocked-key cache's names).
     ids: SmallVec<[RuleId; 2]>,
