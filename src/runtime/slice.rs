@@ -388,8 +388,9 @@ impl Slices {
         };
         self.stats.taken.fetch_add(1, Ordering::Relaxed);
         crate::metrics::slice_taken(check.rule);
+        let shut = self.shut.load(Ordering::Relaxed);
         match found {
-            Some(e) if now < until => {
+            Some(e) if now < until && !shut => {
                 e.learn(check, o, asked, now);
                 e.fetching = false;
                 let slice = Arc::new(slice);

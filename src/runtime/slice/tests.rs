@@ -319,3 +319,33 @@ fn no_slice_where_it_does_not_pay() {
     assert!(!pays(Quota::per_second(479), 3), "16 a server per 100 ms needs 480 a second");
     assert!(pays(Quota::per_second(480), 3));
 }
+
+/// A slice whose answer comes after its life (the store was slow): its units go back at
+/// once; one never answered (sent, outcome unknown) is counted stranded, and not asked
+/// again before a period passes.
+#[test]
+fn a_late_slice_goes_back_and_an_unanswered_one_is_stranded() {
+    let s = Slices::new(10);
+    let c = check(Algorithm::FixedWindow, 1);
+    for i in 0..40 {
+        let _ = s.take(ID, &c, 1, 1_000 + i);
+    }
+    let mut k = c.clone();
+    k.params.cost = 30;
+    let o = Outcome { decision: Decision::allow(LIMIT, 500, 100_000, 0), taken: Some(Taken { at: 100_000 }) };
+    // Asked at 2,000, answered at 2,000 + 100 ms: too late to use.
+    let refund = s.install(ID, &k, &o, 2_000, 102_000).expect("given back at once");
+    assert_eq!((refund.check.params.cost, refund.taken.at), (30, 100_000));
+    assert_eq!(s.stats.given_back.load(Ordering::Relaxed), 30);
+    let take = s.take(ID, &c, 1, 102_001);
+    assert!(take.unit.is_none());
+    // Asked again, never answered.
+    let asked = take.fetch.expect("asked again");
+    k.params.cost = asked;
+    s.not_granted(ID, &k, true, 103_000);
+    assert_eq!(s.stats.stranded.load(Ordering::Relaxed), asked);
+    for i in 0..40 {
+        assert!(s.take(ID, &c, 1, 150_000 + i).fetch.is_none(), "asked again at once after an unknown outcome");
+    }
+    assert!(s.take(ID, &c, 1, 203_000).fetch.is_some(), "never asked again");
+}
