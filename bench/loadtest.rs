@@ -37,8 +37,9 @@
 //! 5,000 decisions. Each row also shows the CPU time the client and redis-server spent per
 //! decision and how many decisions Redis got per socket read, which tell which side is the
 //! bottleneck. `--threads N` runs the client on a multi-thread runtime (default: one
-//! current-thread runtime), `--only ALGORITHM` one algorithm (for profiling). The tables
-//! are markdown, then the targets with PASS or FAIL; the exit status is 0 whatever they say
+//! current-thread runtime), `--only ALGORITHM` one algorithm (for profiling);
+//! `TOLLGATE_SLICES=on` runs the layer with quota slices on. The tables are markdown, then
+//! the targets with PASS or FAIL; the exit status is 0 whatever they say
 //! (it is a measurement), 1 only when the run itself failed. See docs/performance.md.
 
 #[cfg(feature = "redis")]
@@ -534,6 +535,9 @@ mod run {
             // A store error answers 503 and is counted as failed, never as accepted.
             .fail_mode(FailMode::Closed)
             .local_cache(cache)
+            // `TOLLGATE_SLICES=on`: quota slices on (issue 39's "no regression where it does
+            // not pay": W1's keys are cold, so no slice is ever taken).
+            .slices(std::env::var("TOLLGATE_SLICES").is_ok_and(|v| v == "on"))
             .build()?;
         let inner =
             tower::service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::empty())) });

@@ -90,7 +90,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         units.iter().any(Option::is_some).then(|| FromSlices {
             units,
-            checks: plan.checks.clone(),
+            costs: plan.checks.iter().map(|c| c.params.cost).collect(),
             ids: plan.rules.iter().map(|&r| plan.set.id(r)).collect(),
             holders: self.holders.clone(),
         })
@@ -599,7 +599,8 @@ type SliceUnits = SmallVec<[Option<(Arc<Slice>, Decision)>; 2]>;
 /// goes back to its slice, or to the store once the slice closed.
 struct FromSlices<St: Store> {
     units: SliceUnits,
-    checks: SmallVec<[Check; 2]>,
+    /// Each check's cost.
+    costs: SmallVec<[u64; 2]>,
     /// The checks' rules' identities (the blocked-key cache's names).
     ids: SmallVec<[RuleId; 2]>,
     holders: Arc<super::Holders<St>>,
@@ -610,9 +611,13 @@ impl<St: Store> Drop for FromSlices<St> {
         let mut held = super::Held::default();
         for (i, unit) in self.units.iter_mut().enumerate() {
             let Some((slice, _)) = unit.take() else { continue };
-            let refund = Refund { check: self.checks[i].clone(), taken: slice.taken };
+            // Back to the slice at once while it is open; else a refund of its commit.
+            if slice.give_back(self.costs[i]) {
+                continue;
+            }
+            let refund = slice.refund(self.costs[i]);
             let (id, exit, copy) = (self.ids[i], Exit::Kept, None);
-            held.units.push(Unit { refund, rule: 0, id, holder: Holder::Store, exit, copy, slice: Some(slice) });
+            held.units.push(Unit { refund, rule: 0, id, holder: Holder::Store, exit, copy, slice: None });
         }
         if !held.units.is_empty() {
             held.deadline = LATE_WAIT;

@@ -144,7 +144,7 @@ impl Slice {
     }
 
     /// The refund of `units` of its commit.
-    fn refund(&self, units: u64) -> Refund {
+    pub(crate) fn refund(&self, units: u64) -> Refund {
         let mut check = self.check.clone();
         check.params.cost = units;
         Refund { check, taken: self.taken }

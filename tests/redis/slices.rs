@@ -118,9 +118,17 @@ async fn three_servers_never_admit_more_than_the_limit_in_a_sliding_window_count
     never_over(Algorithm::SlidingWindowCounter).await;
 }
 
-/// A limiter of one sliced fixed-window rule "hot", 6,000 a second, as one of `servers`.
+/// 6,000 a second in windows of 10 s: a test that reads the store's count has seconds
+/// before its window ends, even on a loaded machine.
+fn hot_quota() -> Quota {
+    Quota::new(60_000, WINDOW)
+}
+
+const WINDOW: Duration = Duration::from_secs(10);
+
+/// A limiter of one sliced fixed-window rule "hot" ([`hot_quota`]).
 fn hot(url: &str) -> Hot {
-    limiter(url, Algorithm::FixedWindow, Quota::per_second(6_000), true)
+    limiter(url, Algorithm::FixedWindow, hot_quota(), true)
 }
 
 /// What the store counted for key `k` under rule "hot" in its current fixed window.
@@ -148,12 +156,13 @@ async fn until_sliced(l: &Hot) -> Vec<Verdict> {
     panic!("no decision from a slice");
 }
 
-/// Waits to be at least `margin` before the end of the current second (fixed windows of
-/// a second are aligned).
-async fn early_in_a_second(margin: Duration) {
-    let into = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_micros();
-    let left = Duration::from_micros(1_000_000 - u64::from(into));
-    if left < margin {
+/// Waits to be at least 5 s before the end of the current window of [`hot_quota`]
+/// (fixed windows are aligned on Unix time).
+async fn early_in_a_window() {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let window = WINDOW.as_micros();
+    let left = Duration::from_micros(u64::try_from(window - now.as_micros() % window).unwrap());
+    if left < Duration::from_secs(5) {
         tokio::time::sleep(left + Duration::from_millis(5)).await;
     }
 }
@@ -165,7 +174,7 @@ async fn early_in_a_second(margin: Duration) {
 async fn a_refund_returns_to_the_slice_and_close_gives_back_what_is_left() {
     let redis = RedisServer::start();
     let l = hot(&redis.url());
-    early_in_a_second(Duration::from_millis(600)).await;
+    early_in_a_window().await;
     let mut verdicts = until_sliced(&l).await;
     let sliced = verdicts.pop().unwrap();
     let kept = verdicts.len() as u64 + 1;
@@ -195,7 +204,7 @@ async fn a_refund_returns_to_the_slice_and_close_gives_back_what_is_left() {
 async fn a_refund_after_the_slice_lapsed_goes_to_the_store() {
     let redis = RedisServer::start();
     let l = hot(&redis.url());
-    early_in_a_second(Duration::from_millis(600)).await;
+    early_in_a_window().await;
     let mut verdicts = until_sliced(&l).await;
     let sliced = verdicts.pop().unwrap();
     let kept = verdicts.len() as u64;
@@ -212,7 +221,7 @@ async fn a_refund_after_the_slice_lapsed_goes_to_the_store() {
 async fn a_reset_and_a_block_close_this_servers_slices() {
     let redis = RedisServer::start();
     let l = hot(&redis.url());
-    early_in_a_second(Duration::from_millis(600)).await;
+    early_in_a_window().await;
     until_sliced(&l).await;
     l.reset("hot", "k").await.unwrap();
     let v = l.check("k").await;
@@ -228,7 +237,7 @@ async fn a_reset_and_a_block_close_this_servers_slices() {
 /// both on the input: a request of both is decided by a slice and the store together.
 fn mixed(url: &str, cold: u64, deadline: Duration, fail_mode: tollgate::FailMode) -> Hot {
     Limiter::builder(RedisStore::from_url(url).unwrap().response_timeout(Duration::from_secs(2)))
-        .add_rule(Rule::new("hot", Quota::per_second(6_000), |k: &str| Some(k.to_owned())).slices(true))
+        .add_rule(Rule::new("hot", hot_quota(), |k: &str| Some(k.to_owned())).slices(true))
         .add_rule(Rule::new("cold", Quota::per_minute(cold), |k: &str| Some(k.to_owned())).slices(false))
         .algorithm(Algorithm::FixedWindow)
         .fail_mode(fail_mode)
@@ -243,7 +252,7 @@ fn mixed(url: &str, cold: u64, deadline: Duration, fail_mode: tollgate::FailMode
 async fn a_request_another_rule_refuses_gives_its_slice_unit_back() {
     let redis = RedisServer::start();
     let l = mixed(&redis.url(), 300, Duration::from_secs(2), tollgate::FailMode::Closed);
-    early_in_a_second(Duration::from_millis(700)).await;
+    early_in_a_window().await;
     let (mut admitted, mut sliced_refused) = (0, 0);
     for _ in 0..400 {
         let v = l.check("k").await;
@@ -267,7 +276,7 @@ async fn a_request_another_rule_refuses_gives_its_slice_unit_back() {
 async fn a_request_dropped_while_the_store_decides_its_other_rule_gives_its_slice_unit_back() {
     let redis = RedisServer::start();
     let l = mixed(&redis.url(), 100_000, Duration::from_secs(2), tollgate::FailMode::Closed);
-    early_in_a_second(Duration::from_millis(700)).await;
+    early_in_a_window().await;
     let mut admitted = 0;
     // Until the hot rule's decisions come from a slice.
     loop {
@@ -297,12 +306,12 @@ async fn a_request_dropped_while_the_store_decides_its_other_rule_gives_its_slic
 async fn a_stalled_store_leaves_the_slices_held_then_the_fallback() {
     let redis = RedisServer::start();
     let l = Limiter::builder(RedisStore::from_url(&redis.url()).unwrap())
-        .add_rule(Rule::new("hot", Quota::per_second(6_000), |k: &str| Some(k.to_owned())).slices(true))
+        .add_rule(Rule::new("hot", hot_quota(), |k: &str| Some(k.to_owned())).slices(true))
         .algorithm(Algorithm::FixedWindow)
         .timeout(Duration::from_millis(50))
         .build()
         .unwrap();
-    early_in_a_second(Duration::from_millis(700)).await;
+    early_in_a_window().await;
     until_sliced(&l).await;
     redis.pause();
     let mut by = Vec::new();
@@ -331,7 +340,7 @@ async fn a_status_that_does_not_count_gives_the_unit_back_to_its_slice() {
         RedisStore::from_url(&redis.url()).unwrap().response_timeout(Duration::from_secs(2)),
     )
     .add_rule(
-        Rule::new("hot", Quota::per_second(6_000), tollgate::key::Global)
+        Rule::new("hot", hot_quota(), tollgate::key::Global)
             .algorithm(Algorithm::FixedWindow)
             .count_if(|s| s == StatusCode::UNAUTHORIZED),
     )
@@ -346,7 +355,7 @@ async fn a_status_that_does_not_count_gives_the_unit_back_to_its_slice() {
         }
         Ok::<_, std::convert::Infallible>(res)
     }));
-    early_in_a_second(Duration::from_millis(700)).await;
+    early_in_a_window().await;
     let (mut wrong, mut sliced) = (0, 0);
     for i in 0..300 {
         let path = if i % 10 == 0 { "/wrong" } else { "/" };
@@ -444,13 +453,13 @@ async fn on_a_cluster_with_one_master_stalled() {
 async fn a_swap_keeps_slices_of_the_same_quota_and_gives_back_the_others() {
     let redis = RedisServer::start();
     let l = hot(&redis.url());
-    early_in_a_second(Duration::from_millis(700)).await;
+    early_in_a_window().await;
     let mut admitted = until_sliced(&l).await.len() as u64;
-    l.handle().set_quota("hot", Quota::per_second(6_000)).unwrap();
+    l.handle().set_quota("hot", hot_quota()).unwrap();
     let v = l.check("k").await;
     assert_eq!(v.decided_by(), Some(DecidedBy::Slice), "the same quota lost its slice");
     admitted += 1;
-    l.handle().set_quota("hot", Quota::per_second(8_000)).unwrap();
+    l.handle().set_quota("hot", Quota::new(80_000, WINDOW)).unwrap();
     let v = l.check("k").await;
     assert_eq!(v.decided_by(), Some(DecidedBy::Store), "a slice of the old quota decided under the new one");
     admitted += 1;
