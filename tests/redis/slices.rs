@@ -469,3 +469,120 @@ async fn a_swap_keeps_slices_of_the_same_quota_and_gives_back_the_others() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(stored(&redis), admitted);
 }
+
+// ---------------------------------------------------------------------------------------
+// Review (slices-review): attacks on the promise.
+// ---------------------------------------------------------------------------------------
+
+/// What the store counted for key `k` under rule "hot" in its current fixed window (the
+/// state key, not a block key beside it).
+fn stored_state(redis: &RedisServer) -> u64 {
+    let keys = redis.cmd(&["KEYS", "*hot*"]);
+    let key = keys.lines().map(str::trim).find(|k| !k.is_empty() && !k.contains("block")).expect("the key").to_owned();
+    let value = redis.cmd(&["GET", &key]);
+    value.trim().split(':').nth(1).expect("window:count").parse().unwrap()
+}
+
+/// Review finding: a reset on ANOTHER server (here a limiter without slices) forgets the
+/// key's state, but this server's open slice was counted in the forgotten state. When the
+/// slice lapses, the sweeper refunds what it left *into the fresh state* (same window, so
+/// the fixed window's refund takes it off the new count): the store then admits more
+/// than the limit in the window after the reset, by itself, from the store alone.
+#[tokio::test]
+async fn review_a_slice_lapsing_after_a_reset_elsewhere_lets_the_fresh_window_admit_more_than_the_limit() {
+    let redis = RedisServer::start();
+    let quota = Quota::new(12_000, WINDOW);
+    let a = limiter(&redis.url(), Algorithm::FixedWindow, quota, true);
+    let c = limiter(&redis.url(), Algorithm::FixedWindow, quota, false);
+    early_in_a_window().await;
+    until_sliced(&a).await;
+    // A holds an open slice (it took one unit of it). Another server resets the key.
+    c.reset("hot", "k").await.unwrap();
+    // The fresh window: C admits half the limit at once.
+    let mut admitted = 0;
+    let v = c.check_key("hot", "k", 6_000).await;
+    assert!(v.is_allowed(), "{v}");
+    admitted += 6_000;
+    // A's slice lapses; the sweeper gives back what it left (to the fresh state).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let counted = stored_state(&redis);
+    let v = c.check_key("hot", "k", 6_000).await;
+    assert!(v.is_allowed(), "{v}");
+    admitted += 6_000;
+    // The limit is reached: nothing more may be admitted in this window.
+    for _ in 0..2_000 {
+        if c.check("k").await.is_allowed() {
+            admitted += 1;
+        } else {
+            break;
+        }
+    }
+    assert!(
+        admitted <= 12_000,
+        "after the reset the store admitted {admitted} > 12000 in one window (its count read {counted} after \
+         admitting 6000: a slice taken before the reset was refunded into the fresh state)"
+    );
+}
+
+/// A limiter of one sliced fixed-window rule "hot" of `quota` with a penalty block
+/// (`Rule::block_for`) of 60 s.
+fn penalised(url: &str, quota: Quota, slices: bool) -> Hot {
+    Limiter::builder(RedisStore::from_url(url).unwrap().response_timeout(Duration::from_secs(2)))
+        .add_rule(
+            Rule::new("hot", quota, |k: &str| Some(k.to_owned()))
+                .algorithm(Algorithm::FixedWindow)
+                .block_for(Duration::from_secs(60)),
+        )
+        .slices(slices)
+        .fail_mode(tollgate::FailMode::Closed)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// Review finding: a rule with `block_for` takes slices, and a slice is asked for as a
+/// check of cost k through the same script — whose rejection by the algorithm starts the
+/// rule's penalty block. Near the end of a quota (another server used most of it) a
+/// server asks a slice larger than what remains: the store refuses it and BLOCKS the key
+/// for `block_for` (60 s), though no request was ever refused and units remain.
+#[tokio::test]
+async fn review_a_refused_slice_starts_a_block_for_penalty() {
+    let redis = RedisServer::start();
+    let quota = Quota::new(12_000, WINDOW);
+    let a = penalised(&redis.url(), quota, true);
+    // Another server, without slices and without the penalty (its checks never block).
+    let c = limiter(&redis.url(), Algorithm::FixedWindow, quota, false);
+    early_in_a_window().await;
+    until_sliced(&a).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // The other server uses all but 10 units of the window.
+    loop {
+        let used = stored_state(&redis);
+        let v = c.check_key("hot", "k", 12_000 - used - 10).await;
+        if v.is_allowed() {
+            break;
+        }
+    }
+    // A spends its slice (each decision from it; the last from the store, one unit of
+    // the 10 left): on the way it asks for another slice, larger than what remains.
+    let mut by = Vec::new();
+    for _ in 0..500 {
+        let v = a.check("k").await;
+        assert!(v.is_allowed(), "a request refused with units left: {v} ({by:?})");
+        by.push(v.decided_by());
+        if v.decided_by() != Some(DecidedBy::Slice) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let used = stored_state(&redis);
+    assert!(used < 12_000, "the window is full: {used}");
+    let v = a.check("k").await;
+    assert!(
+        v.is_allowed(),
+        "no request was refused and {} units remain, yet the key is blocked: {v} (retry after {:?})",
+        12_000 - used,
+        v.retry_after()
+    );
+}
