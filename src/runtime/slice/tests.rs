@@ -349,3 +349,28 @@ fn a_late_slice_goes_back_and_an_unanswered_one_is_stranded() {
     }
     assert!(s.take(ID, &c, 1, 203_000).fetch.is_some(), "never asked again");
 }
+
+/// Review finding: `void` (a reset on this server) closes the open slices of the key, but
+/// not one asked for before it and answered after it: the store granted that slice from
+/// the state the reset forgot, yet `install` opens it, and it admits on the fresh state
+/// (and its leftovers are refunded into the fresh count when it lapses).
+#[test]
+fn review_a_slice_asked_before_a_reset_and_answered_after_it_is_not_installed() {
+    let s = Slices::new(10);
+    let c = check(Algorithm::FixedWindow, 1);
+    let mut fetch = None;
+    for i in 0..40 {
+        fetch = fetch.or(s.take(ID, &c, 1, 1_000 + i).fetch);
+    }
+    let k = fetch.expect("a slice asked for");
+    let mut asked = c.clone();
+    asked.params.cost = k;
+    // The store grants it (at its 5,000), then the reset forgets the key's state; this
+    // server voids its slices of the key at local 2,100, before the answer arrives.
+    let refunds = s.void(ID, &c.key, 2_100);
+    assert!(refunds.is_empty());
+    let o = Outcome { decision: Decision::allow(LIMIT, 500, 195_000, 0), taken: Some(Taken { at: 5_000 }) };
+    let _ = s.install(ID, &asked, &o, 1_050, 2_200);
+    let after = s.take(ID, &c, 1, 2_300);
+    assert!(after.unit.is_none(), "a slice of the state the reset forgot admits after the reset");
+}
