@@ -13,6 +13,10 @@ pub(crate) struct FixedWindow {
     pub window: u64,
     /// Units accepted in that window.
     pub count: u64,
+    /// When this state was first written (µs; 0: never): a refund of a commit made before
+    /// it gives nothing back — that commit's state was forgotten (a reset), and its units
+    /// are not in this count.
+    pub born: u64,
 }
 
 impl FixedWindow {
@@ -52,14 +56,17 @@ impl FixedWindow {
         let w = window_of(self.window, period, now);
         self.count = self.count_at(w) + p.cost;
         self.window = w;
+        if self.born == 0 {
+            self.born = now;
+        }
         now.max(w * period)
     }
 
     /// Gives back the units of a commit made at `at`, if its window is still the stored
     /// one (after the boundary they have left already; units of the new window are never
-    /// touched).
+    /// touched) and this state was written by then (else a reset forgot it).
     pub(crate) fn refund(&mut self, p: &Params, at: u64, _now: u64) {
-        if self.window == at / p.quota.period_micros() {
+        if self.window == at / p.quota.period_micros() && at >= self.born {
             self.count = self.count.saturating_sub(p.cost);
         }
     }

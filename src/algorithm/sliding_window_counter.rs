@@ -18,6 +18,9 @@ pub(crate) struct SlidingWindowCounter {
     pub prev: u64,
     /// Units accepted in window `window`.
     pub curr: u64,
+    /// When this state was first written (µs; 0: never): a refund of a commit made before
+    /// it gives nothing back — that commit's state was forgotten (a reset).
+    pub born: u64,
 }
 
 /// `prev · (W - e) / W + curr`, in this order, in doubles.
@@ -95,7 +98,8 @@ impl SlidingWindowCounter {
         let period = p.quota.period_micros();
         let (w, _) = self.window_of(period, now);
         let (prev, curr) = self.counts_at(w);
-        *self = Self { window: w, prev, curr: curr + p.cost };
+        let born = if self.born == 0 { now } else { self.born };
+        *self = Self { window: w, prev, curr: curr + p.cost, born };
         now.max(w * period)
     }
 
@@ -104,6 +108,9 @@ impl SlidingWindowCounter {
     /// that (they have left the estimate).
     pub(crate) fn refund(&mut self, p: &Params, at: u64, _now: u64) {
         let w = at / p.quota.period_micros();
+        if at < self.born {
+            return;
+        }
         if self.window == w {
             self.curr = self.curr.saturating_sub(p.cost);
         } else if self.window == w + 1 {

@@ -71,7 +71,12 @@ fn sliding_window_counter_vectors() {
     assert_eq!(est(9, 5, 15 * SEC, MIN), 11.75);
 
     let at = |prev, curr| {
-        State::SlidingWindowCounter(sliding_window_counter::SlidingWindowCounter { window: T0 / MIN, prev, curr })
+        State::SlidingWindowCounter(sliding_window_counter::SlidingWindowCounter {
+            window: T0 / MIN,
+            prev,
+            curr,
+            born: 0,
+        })
     };
     // 84/15 at 25 %: 78 + 1 <= 100, accepted with 21 left.
     let d = at(84, 15).decide(&Params::new(Quota::per_minute(100)), T0 + 15 * SEC);

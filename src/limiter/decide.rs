@@ -62,6 +62,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             && r.slices.unwrap_or(self.runtime.settings.slices)
             && sliceable(check.algorithm)
             && !r.charged
+            // A slice's check refused by the algorithm would start the rule's penalty
+            // block, though no request was refused.
+            && r.block.is_zero()
             && check.params.cost > 0
             && self.holders.store.real_clock();
         if !on {
@@ -83,8 +86,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 continue;
             };
             let take = rt.slices.take(id, &plan.checks[i], servers, now);
-            if let Some(k) = take.fetch {
-                self.ask_slice(plan, i, id, k, servers);
+            if let Some((k, epoch)) = take.fetch {
+                self.ask_slice(plan, i, (id, epoch), k, servers);
             }
             units.push(take.unit);
         }
@@ -101,7 +104,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// means "sent, outcome unknown"; nothing is sent twice). Its answer opens the slice,
     /// or gives its units back at once when it came too late to use them; it also tells
     /// the fallback what remains.
-    fn ask_slice(&self, plan: &Plan<I>, i: usize, id: RuleId, k: u64, servers: u64) {
+    fn ask_slice(&self, plan: &Plan<I>, i: usize, (id, epoch): (RuleId, u64), k: u64, servers: u64) {
         let rt = &self.runtime;
         let mut check = plan.checks[i].clone();
         check.params.cost = k;
@@ -128,7 +131,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                         let whole_in = u64::try_from(o.decision.reset_after.as_micros()).unwrap_or(u64::MAX);
                         shares.record(share_id, &check, remaining, whole_in, servers, now, asked, false);
                     }
-                    if let Some(refund) = slices.install(id, &check, &o, asked, now) {
+                    if let Some(refund) = slices.install(id, epoch, &check, &o, asked, now) {
                         if let Err(err) = store.refund(std::slice::from_ref(&refund)).await {
                             lost(&[refund], "a quota slice granted too late to use", &err);
                         }
@@ -149,6 +152,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         let (slices, store, clock) = (Arc::downgrade(&rt.slices), self.holders.store.clone(), rt.clock());
         drop(handle.spawn(async move {
+            // Dropped with its runtime: the next slice asked for starts another.
+            let _running = slices.upgrade().map(|s| s.sweeper());
             let mut tick = tokio::time::interval(SWEEP_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut n: u32 = 0;

@@ -249,10 +249,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// exactly those of its commits, to whoever decided them (the store, or the fallback
     /// limiter), and nothing once they have left their window.
     ///
-    /// A verdict from before a [`reset`](Limiter::reset) of its key is not told apart from
-    /// later ones by every algorithm (the stores keep no trace of a reset): refunded after
-    /// it, it may refund up to its own units from requests made since. Do not refund
-    /// across a reset.
+    /// A verdict from before a [`reset`](Limiter::reset) of its key gives nothing back
+    /// under the window algorithms (their state says when it was first written). The
+    /// token bucket, the leaky bucket, GCRA and the sliding window log do not tell it apart
+    /// from later ones: refunded after the reset, it may refund up to its own units from
+    /// requests made since. Do not refund across a reset.
     ///
     /// Takes the verdict: its units go back at most once (a second refund of the same
     /// commits would refund units of other requests). A verdict is not `Clone` for

@@ -182,6 +182,9 @@ struct Entry {
     window_end: u64,
     /// No slice is asked for before this (µs): the edge of the quota, a refusal.
     wait_until: u64,
+    /// Bumped by a reset or a block of the key here: a slice asked for before it is not
+    /// opened when its answer comes after.
+    epoch: u64,
 }
 
 impl Entry {
@@ -218,8 +221,9 @@ struct Shard {
 pub(crate) struct Take {
     /// The unit taken from an open slice, and its decision.
     pub(crate) unit: Option<(Arc<Slice>, Decision)>,
-    /// A slice of this many units is to be asked for (this caller asks).
-    pub(crate) fetch: Option<u64>,
+    /// A slice of this many units is to be asked for (this caller asks), and the key's
+    /// epoch to give [`Slices::install`] with its answer.
+    pub(crate) fetch: Option<(u64, u64)>,
 }
 
 /// Per (rule, key): this server's open slices and its demand.
@@ -290,6 +294,7 @@ impl Slices {
                     remaining_until: 0,
                     window_end: 0,
                     wait_until: 0,
+                    epoch: 0,
                 };
                 shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key))).into_mut()
             }
@@ -345,7 +350,7 @@ impl Slices {
             return take;
         }
         e.fetching = true;
-        take.fetch = Some(k);
+        take.fetch = Some((k, e.epoch));
         take
     }
 
@@ -360,8 +365,17 @@ impl Slices {
 
     /// The store's answer to a slice asked for at `asked` (`check`: its cost is the
     /// slice's size): the slice is open until it lapses, or its units go back at once (a
-    /// late answer, the key forgotten meanwhile) — the refund to send.
-    pub(crate) fn install(&self, rule: RuleId, check: &Check, o: &Outcome, asked: u64, now: u64) -> Option<Refund> {
+    /// late answer, the key forgotten meanwhile, a reset or a block of the key here since
+    /// it was asked for, `epoch` telling) — the refund to send.
+    pub(crate) fn install(
+        &self,
+        rule: RuleId,
+        epoch: u64,
+        check: &Check,
+        o: &Outcome,
+        asked: u64,
+        now: u64,
+    ) -> Option<Refund> {
         let (h, mut shard) = self.shard(rule, &check.key);
         let found = shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key);
         let Some(taken) = o.taken else {
@@ -390,7 +404,7 @@ impl Slices {
         crate::metrics::slice_taken(check.rule);
         let shut = self.shut.load(Ordering::Relaxed);
         match found {
-            Some(e) if now < until && !shut => {
+            Some(e) if now < until && !shut && e.epoch == epoch => {
                 e.learn(check, o, asked, now);
                 e.fetching = false;
                 let slice = Arc::new(slice);
@@ -462,6 +476,8 @@ impl Slices {
                 self.closed(&s, now, &mut refunds);
             }
             e.wait_until = now + LAPSE_US;
+            e.epoch += 1;
+            e.fetching = false;
         }
         refunds
     }
@@ -487,6 +503,11 @@ impl Slices {
         shard.table.find(h, |e| e.rule == rule && e.key == *key).map_or(0, |e| e.held(now))
     }
 
+    /// The sweeper's mark: `sweeping` until dropped (its task ends with its runtime).
+    pub(crate) fn sweeper(self: &Arc<Self>) -> Sweeper {
+        Sweeper(Arc::downgrade(self))
+    }
+
     /// Closes `s`: what it left goes back while its window lasts, else is stranded.
     fn closed(&self, s: &Slice, now: u64, refunds: &mut Vec<Refund>) {
         let Some(left) = s.close().filter(|&l| l > 0) else { return };
@@ -506,6 +527,18 @@ impl Slices {
     fn strand(&self, rule: crate::store::RuleName, units: u64) {
         self.stats.stranded.fetch_add(units, Ordering::Relaxed);
         crate::metrics::slice_units(rule, "stranded", units);
+    }
+}
+
+/// Held by the sweeper's task: `sweeping` is false again when it ends (its runtime shut
+/// down), so that another starts.
+pub(crate) struct Sweeper(std::sync::Weak<Slices>);
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        if let Some(slices) = self.0.upgrade() {
+            slices.sweeping.store(false, Ordering::Release);
+        }
     }
 }
 

@@ -255,6 +255,11 @@ fn scenarios() -> Vec<Scenario> {
                 // Undo of a check made before a reset.
                 vec![Reset(0), Undo(1), Peek(0, 5), one(0, 5), one(0, 1)],
                 times(7, one(0, 1)),
+                // Undo of a check made before a reset, after checks made since: the window
+                // algorithms give nothing back (their state says when it was first
+                // written); the others give back into the fresh count.
+                vec![Advance(10 * MIN), one(0, 2), Advance(SEC), Reset(0), Advance(SEC)],
+                vec![one(0, 1), one(0, 1), Undo(3), Peek(0, 1), one(0, 1), one(0, 1), one(0, 1)],
             ],
         ));
         // Refunds carry their commit's identity: after a window boundary, after the units

@@ -540,3 +540,29 @@ async fn a_rejection_racing_a_refund_is_not_cached() {
     assert!(third.is_allowed(), "refused by a stale cached rejection: {third:?}");
     assert_eq!(third.decided_by(), Some(tollgate::verdict::DecidedBy::Store));
 }
+
+/// A refund of units taken before a reset, made after requests since: the window
+/// algorithms give nothing back (the units were in the state the reset forgot; giving
+/// them back would let the fresh window admit more than its limit).
+#[tokio::test]
+async fn a_refund_from_before_a_reset_gives_nothing_back_to_a_window() {
+    for algorithm in [tollgate::Algorithm::FixedWindow, tollgate::Algorithm::SlidingWindowCounter] {
+        let clock = tollgate::clock::ManualClock::new(1_700_000_000_000_000);
+        let limiter = tollgate::Limiter::builder(tollgate::MemoryStore::with_clock(clock.clone()))
+            .add_rule(
+                tollgate::Rule::new("r", tollgate::Quota::per_minute(5), |k: &str| Some(k.to_owned()))
+                    .algorithm(algorithm),
+            )
+            .build()
+            .unwrap();
+        let before = limiter.check("k").await;
+        clock.advance(std::time::Duration::from_secs(1));
+        limiter.reset("r", "k").await.unwrap();
+        clock.advance(std::time::Duration::from_secs(1));
+        for _ in 0..5 {
+            assert!(limiter.check("k").await.is_allowed());
+        }
+        limiter.refund(before).await.unwrap();
+        assert!(limiter.check("k").await.is_rejected(), "{algorithm}: a sixth unit in the window after a reset");
+    }
+}

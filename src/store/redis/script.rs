@@ -341,9 +341,11 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
     let [f1, f2, f3] = read.fields;
     let p = &check.params;
     let d = match check.algorithm {
-        Algorithm::FixedWindow => FixedWindow { window: f1, count: f2 }.decide(p, now),
+        Algorithm::FixedWindow => FixedWindow { window: f1, count: f2, born: 0 }.decide(p, now),
         Algorithm::SlidingWindowLog => Summary { in_window: f1, kth: f2, newest: f3 }.decide(p, now),
-        Algorithm::SlidingWindowCounter => SlidingWindowCounter { window: f1, prev: f2, curr: f3 }.decide(p, now),
+        Algorithm::SlidingWindowCounter => {
+            SlidingWindowCounter { window: f1, prev: f2, curr: f3, born: 0 }.decide(p, now)
+        }
         Algorithm::TokenBucket => TokenBucket { level: f1, last: f2 }.decide(p, now),
         Algorithm::LeakyBucket => LeakyBucket { next: f1 }.decide(p, now),
         Algorithm::Gcra => Gcra { tat: f1, last: f2 }.decide(p, now),
@@ -364,8 +366,10 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
             Algorithm::LeakyBucket => f1.max(now),
             Algorithm::SlidingWindowLog => f3.max(now),
             Algorithm::TokenBucket | Algorithm::Gcra => now,
-            Algorithm::FixedWindow => FixedWindow { window: f1, count: f2 }.commit(p, now),
-            Algorithm::SlidingWindowCounter => SlidingWindowCounter { window: f1, prev: f2, curr: f3 }.commit(p, now),
+            Algorithm::FixedWindow => FixedWindow { window: f1, count: f2, born: 0 }.commit(p, now),
+            Algorithm::SlidingWindowCounter => {
+                SlidingWindowCounter { window: f1, prev: f2, curr: f3, born: 0 }.commit(p, now)
+            }
         },
     });
     Ok(Outcome { decision: d, taken })

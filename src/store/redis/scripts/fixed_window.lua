@@ -1,4 +1,5 @@
--- Fixed window counter (src/algorithm/fixed_window.rs). State 'window:count'.
+-- Fixed window counter (src/algorithm/fixed_window.rs). State 'window:count:born' (born:
+-- when the state was first written; a refund of a commit made before it gives nothing back).
 ALG.fw = {}
 
 -- The window of `now`, or the stored one when it is the next (the clock stepped back across
@@ -38,12 +39,14 @@ end
 function ALG.fw.commit(key, s, p, now)
   local w = fw_window(s, p, now)
   local count = fw_count_at(s, w) + p.c
-  put(key, fmt(w) .. ':' .. fmt(count), (w + 1) * p.W, now)
+  put(key, fmt(w) .. ':' .. fmt(count) .. ':' .. fmt(s[3] or now), (w + 1) * p.W, now)
 end
 
--- the commit's units, while its window (that of `at`) is the stored one
+-- the commit's units, while its window (that of `at`) is the stored one, and the state was
+-- written by then (else a reset forgot it)
 function ALG.fw.refund(key, s, p, now)
   if s[1] ~= floordiv(p.at, p.W) then return end
+  if s[3] and p.at < s[3] then return end
   local count = max(s[2] - p.c, 0)
-  put_keep(key, fmt(s[1]) .. ':' .. fmt(count), (s[1] + 1) * p.W, now)
+  put_keep(key, fmt(s[1]) .. ':' .. fmt(count) .. ':' .. fmt(s[3] or p.at), (s[1] + 1) * p.W, now)
 end

@@ -10,12 +10,13 @@ local function decide(key, o)
   -- ARGV[o + 2], ARGV[o + 3], ARGV[o + 6]: limit L, period W (µs), cost c.
   local p = rule(o, 'fw', 'fixed window', 2, 3, 6)
   local L, W, c = p[1], p[2], p[3]
-  -- State 'window:count', or 0:0 when absent.
-  local sw, sn = 0, 0
+  -- State 'window:count:born', or 0:0:now when absent (born: when the state was first
+  -- written; a refund of a commit before it gives nothing back).
+  local sw, sn, sb = 0, 0, now
   local v = redis.call('GET', key)
   if v then
-    sw, sn = string.match(v, '([^:]+):([^:]+)')
-    sw, sn = sw + 0, sn + 0
+    sw, sn, sb = string.match(v, '([^:]+):([^:]+):([^:]+)')
+    sw, sn, sb = sw + 0, sn + 0, sb + 0
   end
   local w = floordiv(now, W)
   -- The stored window when it is the next (the clock stepped back across its start).
@@ -28,7 +29,7 @@ local function decide(key, o)
     -- put(..., (w + 1)·W, now): always after now, so always a SET with ttl_ms. A state
     -- of this window was written with that very TTL (by every script's commit, and kept
     -- or lengthened by a refund's): it is kept (`KEEPTTL` costs Redis less than `PX`).
-    local value = string.format('%d:%d', w, count + c)
+    local value = string.format('%d:%d:%d', w, count + c, sb)
     if server_time and sw == w then
       redis.call('SET', key, value, 'KEEPTTL')
     else

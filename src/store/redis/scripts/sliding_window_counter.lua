@@ -1,5 +1,6 @@
 -- Sliding window counter (src/algorithm/sliding_window_counter.rs). State
--- 'window:prev:curr'.
+-- 'window:prev:curr:born' (born: when the state was first written; a refund of a commit
+-- made before it gives nothing back).
 ALG.swc = {}
 
 local function swc_counts_at(s, w)
@@ -48,13 +49,14 @@ end
 function ALG.swc.commit(key, s, p, now)
   local w = swc_window(s, p, now)
   local prev, curr = swc_counts_at(s, w)
-  put(key, fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(curr + p.c), (w + 2) * p.W, now)
+  put(key, fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(curr + p.c) .. ':' .. fmt(s[4] or now), (w + 2) * p.W, now)
 end
 
 -- the commit's units: from curr while its window (that of `at`) is the current one, from
 -- prev once the state rolled over to the next, else nothing
 function ALG.swc.refund(key, s, p, now)
   local w = floordiv(p.at, p.W)
+  if s[4] and p.at < s[4] then return end
   local prev, curr = s[2], s[3]
   if s[1] == w then
     curr = max(curr - p.c, 0)
@@ -63,5 +65,5 @@ function ALG.swc.refund(key, s, p, now)
   else
     return
   end
-  put_keep(key, fmt(s[1]) .. ':' .. fmt(prev) .. ':' .. fmt(curr), (s[1] + 2) * p.W, now)
+  put_keep(key, fmt(s[1]) .. ':' .. fmt(prev) .. ':' .. fmt(curr) .. ':' .. fmt(s[4] or p.at), (s[1] + 2) * p.W, now)
 end
