@@ -95,11 +95,8 @@ fn algorithm(name: &str) -> Result<tollgate::Algorithm, Error> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = if args.first().map(String::as_str) == Some("--child") {
-        child::main(&args[1..])
-    } else {
-        parent::main(&args)
-    };
+    let result =
+        if args.first().map(String::as_str) == Some("--child") { child::main(&args[1..]) } else { parent::main(&args) };
     if let Err(e) = result {
         eprintln!("slices failed: {e}");
         std::process::exit(1);
@@ -108,8 +105,8 @@ fn main() {
 
 /// One server: a layer over Redis driven by an open-loop Poisson generator.
 mod child {
-    use std::convert::Infallible;
     use std::collections::BTreeMap;
+    use std::convert::Infallible;
     use std::fs::File;
     use std::io::{BufWriter, Write};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -269,15 +266,7 @@ mod child {
             writeln!(out, "arrivals {w} {c}")?;
         }
         let c = |i: usize| counts.0[i].load(Ordering::Relaxed);
-        writeln!(
-            out,
-            "summary {n} {} {} {} {} {late} {}",
-            c(0),
-            c(1),
-            c(2),
-            c(3),
-            max_lag.as_micros()
-        )?;
+        writeln!(out, "summary {n} {} {} {} {} {late} {}", c(0), c(1), c(2), c(3), max_lag.as_micros())?;
         out.flush()?;
         drop(svc);
         rt.shutdown_timeout(Duration::from_secs(1));
@@ -306,11 +295,21 @@ mod parent {
         out: Option<String>,
         plot: Option<String>,
         faults: bool,
+        /// Only the probe and the fault cells.
+        faults_only: bool,
     }
 
     fn options(args: &[String]) -> Result<Options, Error> {
-        let mut o =
-            Options { quick: false, runs: 3, windows: 0, only: None, out: None, plot: None, faults: true };
+        let mut o = Options {
+            quick: false,
+            runs: 3,
+            windows: 0,
+            only: None,
+            out: None,
+            plot: None,
+            faults: true,
+            faults_only: false,
+        };
         let mut it = args.iter();
         while let Some(a) = it.next() {
             let mut value = |what: &str| it.next().cloned().ok_or_else(|| format!("{a} needs {what}"));
@@ -326,6 +325,7 @@ mod parent {
                 "--out" => o.out = Some(value("a file name")?),
                 "--plot" => o.plot = Some(value("a file name")?),
                 "--no-faults" => o.faults = false,
+                "--faults-only" => o.faults_only = true,
                 other => return Err(format!("unknown argument {other:?}; see the top of bench/slices.rs").into()),
             }
         }
@@ -446,12 +446,8 @@ mod parent {
         fn new(alg: &'static str, load: u64, split: Split, slices: bool, windows: u64, run: usize) -> Self {
             let total = L as f64 * load as f64 / 100.0;
             let rates = split.shares().iter().map(|s| s * total).collect();
-            let label = format!(
-                "{} {load}% {} slices {}",
-                alg_name(alg),
-                split.name(),
-                if slices { "on" } else { "off" }
-            );
+            let label =
+                format!("{} {load}% {} slices {}", alg_name(alg), split.name(), if slices { "on" } else { "off" });
             Spec { alg, load, split, slices, windows, run, fault: None, rates, label }
         }
     }
@@ -490,7 +486,10 @@ mod parent {
     }
 
     /// The servers of a cell, killed if the cell ends early.
-    struct Servers(Vec<(Child, Option<JoinHandle<Vec<String>>>, Option<JoinHandle<()>>)>);
+    struct Servers(Vec<Server>);
+
+    /// A server process, the thread reading its stdout, the thread forwarding its stderr.
+    type Server = (Child, Option<JoinHandle<Vec<String>>>, Option<JoinHandle<()>>);
 
     impl Drop for Servers {
         fn drop(&mut self) {
@@ -807,7 +806,9 @@ mod parent {
             .iter()
             .zip(&admitted_by)
             .filter(|(a, _)| !a.is_empty())
-            .map(|(a, &adm)| adm as f64 / counted.clone().map(|w| a.get(&w).copied().unwrap_or(0)).sum::<u64>().max(1) as f64)
+            .map(|(a, &adm)| {
+                adm as f64 / counted.clone().map(|w| a.get(&w).copied().unwrap_or(0)).sum::<u64>().max(1) as f64
+            })
             .collect();
         let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
         m.fairness = ratios.iter().map(|x| (x - mean).abs()).fold(0.0, f64::max) / mean * 100.0;
@@ -898,7 +899,12 @@ mod parent {
     // ------------------------------------------------------------------------------
 
     fn taskset_ok() -> bool {
-        Command::new("taskset").arg("-V").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+        Command::new("taskset")
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     #[allow(clippy::too_many_lines, clippy::cast_precision_loss)]
@@ -937,7 +943,7 @@ mod parent {
             None => vec!["fixed", "counter"],
         };
         let mut cells: Vec<(Spec, Vec<Metrics>)> = Vec::new();
-        for &alg in &algs {
+        for &alg in if opts.faults_only { &[][..] } else { &algs[..] } {
             for load in [50, 100, 200] {
                 for split in [Split::Uniform, Split::Hot] {
                     for slices in [false, true] {
@@ -947,6 +953,7 @@ mod parent {
             }
         }
         let mut failures = Vec::new();
+        let mut warnings = Vec::new();
         let mut plot_data: BTreeMap<bool, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
         let total = cells.len() * opts.runs;
         let mut done = 0;
@@ -961,7 +968,13 @@ mod parent {
                         let m = metrics(&spec, &raw);
                         println!("{}", json(&spec, &m));
                         if m.failed > 0 {
-                            failures.push(format!("{} run {}: {} decisions failed", spec.label, run + 1, m.failed));
+                            warnings.push(format!(
+                                "{} run {}: {} decisions failed (the store did not answer in time: 503, not admitted; \
+                                 they count in the shortfall)",
+                                spec.label,
+                                run + 1,
+                                m.failed
+                            ));
                         }
                         if spec.alg == "fixed" && spec.load == 200 && spec.split == Split::Uniform {
                             plot_data.entry(spec.slices).or_insert((m.admitted.clone(), raw.calls_per_window));
@@ -1003,8 +1016,7 @@ mod parent {
                             .join("; ")
                     );
                     let (calls, _) = evalsha(&raw.stats);
-                    let inside: u64 =
-                        raw.stats.iter().filter(|(k, _)| !k.starts_with("eval")).map(|(_, v)| v.0).sum();
+                    let inside: u64 = raw.stats.iter().filter(|(k, _)| !k.starts_with("eval")).map(|(_, v)| v.0).sum();
                     let _ = writeln!(
                         probe,
                         "\nPer store call: {:.2} commands inside the script. A slice take and a plain check are the \
@@ -1066,7 +1078,8 @@ mod parent {
         }
         let _ = std::fs::remove_dir_all(&ctx.dir);
 
-        let report = report(&opts, &cells, &notes, &probe, &faults, &failures, started.elapsed());
+        let text = Text { notes, probe, faults, failures: failures.clone(), warnings };
+        let report = report(&opts, &cells, &text, started.elapsed());
         print!("{report}");
         if let Some(path) = &opts.out {
             std::fs::write(path, &report)?;
@@ -1085,44 +1098,22 @@ mod parent {
         }
     }
 
-    fn report(
-        opts: &Options,
-        cells: &[(Spec, Vec<Metrics>)],
-        notes: &[String],
-        probe: &str,
-        faults: &str,
-        failures: &[String],
-        took: Duration,
-    ) -> String {
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "\n## Quota slices: one hot key, L = {L} / 1 s, three servers over one Redis{}\n",
-            if opts.quick { " (--quick)" } else { "" }
-        );
-        let _ = writeln!(
-            s,
-            "{} windows a cell after a warm-up second, {} run(s) a cell (min–median–max over runs); {} CPUs; {}; \
-             run took {:.0} s.\n",
-            opts.windows,
-            opts.runs,
-            std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
-            notes.join("; "),
-            took.as_secs_f64()
-        );
+    /// The table of the cells, min–median–max over runs.
+    #[allow(clippy::cast_precision_loss)]
+    fn table(s: &mut String, cells: &[(Spec, Vec<Metrics>)]) {
         let _ = writeln!(
             s,
             "| algorithm | load | split | slices | violations | store calls / decision | Redis cmds / decision | \
              script µs / decision | Redis CPU µs / decision | shortfall worst % | shortfall median % | \
              slice share % | slice p50 µs | slice p99 µs | allowed p99 µs | fairness spread % | attr. off | \
-             late % (behind) |"
+             failed | late % (behind) |"
         );
-        let _ = writeln!(s, "|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let _ = writeln!(s, "|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
         for (spec, ms) in cells {
             if ms.is_empty() {
                 let _ = writeln!(
                     s,
-                    "| {} | {}% | {} | {} | FAILED |||||||||||||",
+                    "| {} | {}% | {} | {} | FAILED ||||||||||||||",
                     alg_name(spec.alg),
                     spec.load,
                     spec.split.name(),
@@ -1134,7 +1125,7 @@ mod parent {
             let behind = ms.iter().any(|m| m.behind);
             let _ = writeln!(
                 s,
-                "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |",
+                "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |",
                 alg_name(spec.alg),
                 spec.load,
                 spec.split.name(),
@@ -1152,9 +1143,42 @@ mod parent {
                 mmm(ms, 0, |m| m.allowed_p99),
                 if spec.load == 200 { mmm(ms, 2, |m| m.fairness) } else { "—".to_owned() },
                 mmm(ms, 0, |m| m.attr_off as f64),
+                mmm(ms, 0, |m| m.failed as f64),
                 mmm(ms, 2, |m| m.late_pct),
                 if behind { " BEHIND" } else { "" }
             );
+        }
+    }
+
+    /// The report's text besides the cells.
+    struct Text {
+        notes: Vec<String>,
+        probe: String,
+        faults: String,
+        failures: Vec<String>,
+        warnings: Vec<String>,
+    }
+
+    fn report(opts: &Options, cells: &[(Spec, Vec<Metrics>)], text: &Text, took: Duration) -> String {
+        let Text { notes, probe, faults, failures, warnings } = text;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "\n## Quota slices: one hot key, L = {L} / 1 s, three servers over one Redis{}\n",
+            if opts.quick { " (--quick)" } else { "" }
+        );
+        let _ = writeln!(
+            s,
+            "{} windows a cell after a warm-up second, {} run(s) a cell (min–median–max over runs); {} CPUs; {}; \
+             run took {:.0} s.\n",
+            opts.windows,
+            opts.runs,
+            std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+            notes.join("; "),
+            took.as_secs_f64()
+        );
+        if !cells.is_empty() {
+            table(&mut s, cells);
         }
         let off: Vec<&Metrics> = cells.iter().filter(|(c, _)| !c.slices).flat_map(|(_, m)| m).collect();
         let _ = writeln!(
@@ -1180,6 +1204,12 @@ mod parent {
             );
             let _ = writeln!(s, "|---|--:|--:|--:|--:|---|---|");
             s.push_str(faults);
+        }
+        if !warnings.is_empty() {
+            let _ = writeln!(s, "\n### Warnings\n");
+            for w in warnings {
+                let _ = writeln!(s, "- {w}");
+            }
         }
         if !failures.is_empty() {
             let _ = writeln!(s, "\n### FAILED\n");
@@ -1207,15 +1237,17 @@ mod parent {
             let root = SVGBackend::new(path, (1000, 700)).into_drawing_area();
             root.fill(&WHITE).map_err(err)?;
             let body = root
-                .titled("Fixed window, 200% of L uniform on three servers: slices off (red) and on (blue)", ("sans-serif", 18))
+                .titled(
+                    "Fixed window, 200% of L uniform on three servers: slices off (red) and on (blue)",
+                    ("sans-serif", 18),
+                )
                 .map_err(err)?;
             let panels = body.split_evenly((2, 1));
             let n = off.0.len().max(on.0.len()).max(1) as f64;
             let series = |v: &[u64]| v.iter().enumerate().map(|(i, &c)| (i as f64 + 0.5, c as f64)).collect::<Vec<_>>();
-            for (p, (title, pick)) in panels.iter().zip([
-                ("admitted per window (dashed: L)", 0_usize),
-                ("EVALSHA calls per second", 1),
-            ]) {
+            for (p, (title, pick)) in
+                panels.iter().zip([("admitted per window (dashed: L)", 0_usize), ("EVALSHA calls per second", 1)])
+            {
                 let get = |d: &(Vec<u64>, Vec<u64>)| if pick == 0 { d.0.clone() } else { d.1.clone() };
                 let top = get(off).iter().chain(get(on).iter()).copied().max().unwrap_or(L).max(L) as f64 * 1.1;
                 let mut chart = ChartBuilder::on(p)
@@ -1228,7 +1260,12 @@ mod parent {
                 chart.configure_mesh().x_desc("window (s)").light_line_style(WHITE).draw().map_err(err)?;
                 if pick == 0 {
                     chart
-                        .draw_series(DashedLineSeries::new([(0.0, L as f64), (n, L as f64)], 6, 4, BLACK.stroke_width(1)))
+                        .draw_series(DashedLineSeries::new(
+                            [(0.0, L as f64), (n, L as f64)],
+                            6,
+                            4,
+                            BLACK.stroke_width(1),
+                        ))
                         .map_err(err)?;
                 }
                 chart.draw_series(LineSeries::new(series(&get(off)), RED.stroke_width(2))).map_err(err)?;
