@@ -749,6 +749,8 @@ mod parent {
         records: u64,
         behind: bool,
         late_pct: f64,
+        /// Each server's share of arrivals more than 1 ms late, %.
+        late_by: Vec<f64>,
         max_lag_ms: f64,
         failed: u64,
         other_by: u64,
@@ -834,7 +836,8 @@ mod parent {
         let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
         m.fairness = ratios.iter().map(|x| (x - mean).abs()).fold(0.0, f64::max) / mean * 100.0;
         let s: Vec<Summary> = raw.summaries.iter().flatten().copied().collect();
-        m.late_pct = s.iter().map(|s| s.late as f64 / s.arrivals.max(1) as f64 * 100.0).fold(0.0, f64::max);
+        m.late_by = s.iter().map(|s| (s.late as f64 / s.arrivals.max(1) as f64 * 1e4).round() / 100.0).collect();
+        m.late_pct = m.late_by.iter().copied().fold(0.0, f64::max);
         m.behind = m.late_pct > 1.0;
         m.max_lag_ms = s.iter().map(|s| s.max_lag_us as f64 / 1000.0).fold(0.0, f64::max);
         m.failed = s.iter().map(|s| s.failed).sum();
@@ -856,7 +859,7 @@ mod parent {
              \"redis_cpu_us_per_decision\":{:.3},\"shortfall_worst_pct\":{:.3},\"shortfall_median_pct\":{:.3},\
              \"slice_share_pct\":{:.2},\"slice_p50_us\":{},\"slice_p99_us\":{},\"allowed_p99_us\":{:.1},\
              \"fairness_spread_pct\":{:.3},\"attribution_off\":{},\"records\":{},\"late_pct\":{:.3},\
-             \"max_lag_ms\":{:.2},\"failed\":{},\"rejected\":{},\"unrecorded\":{},\"decided_by_other\":{},\"admitted\":{:?}}}",
+             \"late_pct_by_server\":{:?},\"max_lag_ms\":{:.2},\"failed\":{},\"rejected\":{},\"unrecorded\":{},\"decided_by_other\":{},\"admitted\":{:?}}}",
             spec.label,
             spec.alg,
             spec.load,
@@ -882,6 +885,7 @@ mod parent {
             m.attr_off,
             m.records,
             m.late_pct,
+            m.late_by,
             m.max_lag_ms,
             m.failed,
             m.rejected,
@@ -1210,6 +1214,10 @@ mod parent {
             off.iter().map(|m| m.attr_off).sum::<u64>(),
             off.iter().map(|m| m.records).sum::<u64>()
         );
+        let unrecorded: i64 = cells.iter().flat_map(|(_, m)| m).map(|m| m.unrecorded).sum();
+        if unrecorded != 0 {
+            let _ = writeln!(s, "\n{unrecorded} admissions the servers answered 200 were not in their records.");
+        }
         let other: u64 = cells.iter().flat_map(|(_, m)| m).map(|m| m.other_by).sum();
         if other > 0 {
             let _ = writeln!(s, "\n{other} admissions were decided by neither the store nor a slice.");
