@@ -134,6 +134,18 @@ mod child {
 
     use super::{algorithm, unix_us, Error, BY_OTHER, BY_SLICE, BY_STORE, L, RULE, W_US};
 
+    /// The generator's shortest sleep.
+    const QUANTUM: Duration = Duration::from_micros(200);
+
+    /// CPU time of every thread of this process so far, ns.
+    fn cpu_ns() -> u64 {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// When the request was handed to the layer.
     #[derive(Clone, Copy)]
     struct Start(Instant);
@@ -234,6 +246,7 @@ mod child {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut arrivals = BTreeMap::<u64, u64>::new();
         let (mut t, mut n, mut late, mut max_lag) = (0.0_f64, 0_u64, 0_u64, Duration::ZERO);
+        let cpu0 = cpu_ns();
         #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         loop {
             let u: f64 = rng.random();
@@ -245,7 +258,9 @@ mod child {
             let due = start + Duration::from_micros(off);
             let now = Instant::now();
             if due > now {
-                std::thread::sleep(due - now);
+                // At least a quantum: arrivals close together go out on one wake-up (each
+                // wake-up is a context switch on a CPU the three servers share).
+                std::thread::sleep((due - now).max(QUANTUM));
             }
             let lag = Instant::now().saturating_duration_since(due);
             late += u64::from(lag > Duration::from_millis(1));
@@ -268,6 +283,7 @@ mod child {
                 counts.0[3].fetch_sub(1, Ordering::Relaxed);
             });
         }
+        let cpu = cpu_ns().saturating_sub(cpu0);
         let drain = Instant::now() + Duration::from_secs(10);
         while counts.0[3].load(Ordering::Relaxed) > 0 && Instant::now() < drain {
             std::thread::sleep(Duration::from_millis(5));
@@ -279,7 +295,7 @@ mod child {
             writeln!(out, "arrivals {w} {c}")?;
         }
         let c = |i: usize| counts.0[i].load(Ordering::Relaxed);
-        writeln!(out, "summary {n} {} {} {} {} {late} {}", c(0), c(1), c(2), c(3), max_lag.as_micros())?;
+        writeln!(out, "summary {n} {} {} {} {} {late} {} {cpu}", c(0), c(1), c(2), c(3), max_lag.as_micros())?;
         out.flush()?;
         drop(svc);
         rt.shutdown_timeout(Duration::from_secs(1));
@@ -489,6 +505,8 @@ mod parent {
         failed: u64,
         late: u64,
         max_lag_us: u64,
+        /// CPU time of the server during its run, ns.
+        cpu_ns: u64,
     }
 
     /// What one cell run measured.
@@ -689,7 +707,7 @@ mod parent {
             let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
             if l.starts_with("arrivals ") && v.len() == 2 {
                 arrivals.insert(v[0], v[1]);
-            } else if l.starts_with("summary ") && v.len() == 7 {
+            } else if l.starts_with("summary ") && v.len() == 8 {
                 summary = Some(Summary {
                     arrivals: v[0],
                     allowed: v[1],
@@ -697,6 +715,7 @@ mod parent {
                     failed: v[3] + v[4],
                     late: v[5],
                     max_lag_us: v[6],
+                    cpu_ns: v[7],
                 });
             }
         }
@@ -749,6 +768,8 @@ mod parent {
         records: u64,
         behind: bool,
         late_pct: f64,
+        /// The servers' CPU time during their runs, % of one core.
+        servers_cpu: f64,
         /// Each server's share of arrivals more than 1 ms late, %.
         late_by: Vec<f64>,
         max_lag_ms: f64,
@@ -838,6 +859,7 @@ mod parent {
         let s: Vec<Summary> = raw.summaries.iter().flatten().copied().collect();
         m.late_by = s.iter().map(|s| (s.late as f64 / s.arrivals.max(1) as f64 * 1e4).round() / 100.0).collect();
         m.late_pct = m.late_by.iter().copied().fold(0.0, f64::max);
+        m.servers_cpu = s.iter().map(|s| s.cpu_ns).sum::<u64>() as f64 / ((1 + n) * W_US * 1000) as f64 * 100.0;
         m.behind = m.late_pct > 1.0;
         m.max_lag_ms = s.iter().map(|s| s.max_lag_us as f64 / 1000.0).fold(0.0, f64::max);
         m.failed = s.iter().map(|s| s.failed).sum();
@@ -859,7 +881,7 @@ mod parent {
              \"redis_cpu_us_per_decision\":{:.3},\"shortfall_worst_pct\":{:.3},\"shortfall_median_pct\":{:.3},\
              \"slice_share_pct\":{:.2},\"slice_p50_us\":{},\"slice_p99_us\":{},\"allowed_p99_us\":{:.1},\
              \"fairness_spread_pct\":{:.3},\"attribution_off\":{},\"records\":{},\"late_pct\":{:.3},\
-             \"late_pct_by_server\":{:?},\"max_lag_ms\":{:.2},\"failed\":{},\"rejected\":{},\"unrecorded\":{},\"decided_by_other\":{},\"admitted\":{:?}}}",
+             \"late_pct_by_server\":{:?},\"servers_cpu_pct\":{:.1},\"max_lag_ms\":{:.2},\"failed\":{},\"rejected\":{},\"unrecorded\":{},\"decided_by_other\":{},\"admitted\":{:?}}}",
             spec.label,
             spec.alg,
             spec.load,
@@ -886,6 +908,7 @@ mod parent {
             m.records,
             m.late_pct,
             m.late_by,
+            m.servers_cpu,
             m.max_lag_ms,
             m.failed,
             m.rejected,
@@ -1131,14 +1154,14 @@ mod parent {
             "| algorithm | load | split | slices | violations | store calls / decision | Redis cmds / decision | \
              script µs / decision | Redis CPU µs / decision | shortfall worst % | shortfall median % | \
              slice share % | slice p50 µs | slice p99 µs | allowed p99 µs | fairness spread % | attr. off | \
-             failed | late % (behind) |"
+             failed | late % (behind) | servers CPU % |"
         );
-        let _ = writeln!(s, "|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+        let _ = writeln!(s, "|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
         for (spec, ms) in cells {
             if ms.is_empty() {
                 let _ = writeln!(
                     s,
-                    "| {} | {}% | {} | {} | FAILED ||||||||||||||",
+                    "| {} | {}% | {} | {} | FAILED |||||||||||||||",
                     alg_name(spec.alg),
                     spec.load,
                     spec.split.name(),
@@ -1150,7 +1173,7 @@ mod parent {
             let behind = ms.iter().any(|m| m.behind);
             let _ = writeln!(
                 s,
-                "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |",
+                "| {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} | {} |",
                 alg_name(spec.alg),
                 spec.load,
                 spec.split.name(),
@@ -1170,7 +1193,8 @@ mod parent {
                 mmm(ms, 0, |m| m.attr_off as f64),
                 mmm(ms, 0, |m| m.failed as f64),
                 mmm(ms, 2, |m| m.late_pct),
-                if behind { " BEHIND" } else { "" }
+                if behind { " BEHIND" } else { "" },
+                mmm(ms, 0, |m| m.servers_cpu)
             );
         }
     }
