@@ -22,7 +22,9 @@
 //! Each server drives its layer with an open-loop Poisson generator (exponential gaps from
 //! a seeded ChaCha8 RNG, on a thread of its own; every arrival is a task spawned at its
 //! time on a one-worker tokio runtime, never waiting for earlier answers, fired at once
-//! when behind). All three start on the same whole second (a Unix time they are given),
+//! when behind; the thread sleeps at least 200 µs and then fires all that fell due, so
+//! that the three servers on one CPU are not woken once per arrival). The tables show the
+//! servers' CPU time, in % of one core. All three start on the same whole second (a Unix time they are given),
 //! run one warm-up window that is not counted, then `--windows` windows (default 30,
 //! `--quick` 5). A server reports how many arrivals it fired more than 1 ms after their
 //! time; the tables show the largest share of the three ("late %"), flagged "BEHIND"
