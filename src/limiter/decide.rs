@@ -349,7 +349,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let err = match answer {
             Ok(outcomes) => {
                 let cache = rt.settings.cache_enabled.then_some(&*rt.cache);
-                let teach = Teach { cache, shares: &rt.shares, now: rt.mono_us(), asked, epoch, servers, late: false };
+                let slices = rt.settings.slices;
+                let teach =
+                    Teach { cache, shares: &rt.shares, now: rt.mono_us(), asked, epoch, servers, late: false, slices };
                 teach.learn(&plan.set, &plan.checks, &plan.rules[..plan.enforced], &outcomes);
                 // What the fallback admitted while the store could not be reached, now that it answers.
                 if rt.unsent.any() {
@@ -439,14 +441,15 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn learn_late(&self, late: Late, plan: &Plan<I>, goes_on: bool, copies: Copies, asked: (u64, u64), servers: u64) {
         let (epoch, asked) = asked;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (lessons, holders) = (self.runtime.lessons(), self.holders.clone());
+        let (lessons, holders, slices) = (self.runtime.lessons(), self.holders.clone(), self.runtime.settings.slices);
         let (set, checks, rules, enforced) = (plan.set.clone(), plan.checks.clone(), plan.rules.clone(), plan.enforced);
         drop(runtime.spawn(async move {
             match late.answer().await {
                 Ok(outcomes) => {
                     let now = lessons.clock.us();
                     let cache = lessons.cache.as_deref();
-                    let teach = Teach { cache, shares: &lessons.shares, now, asked, epoch, servers, late: true };
+                    let teach =
+                        Teach { cache, shares: &lessons.shares, now, asked, epoch, servers, late: true, slices };
                     teach.learn(&set, &checks, &rules[..enforced], &outcomes);
                     // Refused meanwhile (a 503, the fallback's share): nobody uses them. Else
                     // the store's copy of the fallback's units, unless those went back.
@@ -524,6 +527,8 @@ struct Teach<'a> {
     servers: u64,
     /// Whether the answer came after its call's deadline.
     late: bool,
+    /// Whether rules take slices unless they say (`LimiterBuilder::slices`).
+    slices: bool,
 }
 
 impl Teach<'_> {
@@ -560,7 +565,11 @@ impl Teach<'_> {
             }
             // A block refuses every cost: cached as cost 0, which every request reaches.
             let cost = if r.block.is_zero() { check.params.cost } else { 0 };
-            cache.insert(id, &check.key, cost, check.params.quota, self.now, d, RECHECK_US, self.epoch);
+            // Other servers' slices give back what they leave when they lapse: a key of a
+            // sliced rule is asked again as often.
+            let sliced = r.slices.unwrap_or(self.slices) && sliceable(check.algorithm);
+            let recheck = if sliced { SLICED_RECHECK_US } else { RECHECK_US };
+            cache.insert(id, &check.key, cost, check.params.quota, self.now, d, recheck, self.epoch);
         }
     }
 }
@@ -573,6 +582,10 @@ static FAIL_CLOSED: crate::notice::Once = crate::notice::Once::new();
 /// reaches every server within this. At most one store call a second per refused key and
 /// server, however many requests it sends.
 const RECHECK_US: u64 = 1_000_000;
+
+/// [`RECHECK_US`] for a key of a rule that takes slices: the lapse of other servers'
+/// slices, whose leftovers then go back to the store.
+const SLICED_RECHECK_US: u64 = 100_000;
 
 /// A store call's answer: the outcomes, who decided them, and for the fallback its checks
 /// (its share of each quota) and the store's copy of each one's units; per check, the

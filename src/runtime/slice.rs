@@ -43,6 +43,8 @@ pub(crate) const PERIOD_US: u64 = 100_000;
 /// The longest a slice's units may be admitted, from when it was asked, µs: a block, a
 /// reset or a swap on another server reaches this one within it.
 pub(crate) const LAPSE_US: u64 = 100_000;
+/// A slice is asked for when what is held would last less than this part of a period.
+const AHEAD: u64 = 8;
 /// The least slice worth a store call: below it, per-request decisions.
 pub(crate) const MIN_UNITS: u64 = 16;
 /// A key seen less recently than this, holding nothing, is forgotten, µs.
@@ -324,19 +326,21 @@ impl Slices {
             };
             take.unit = Some((slice.clone(), decision));
         }
-        // Asked for ahead of need: when what is held would last less than half a period.
+        // Asked for ahead of need: when what is held would last less than an eighth of a
+        // period (the store's answer comes well within it). Slices are spent oldest first,
+        // so a new one waits for the old to be spent: sized for the rest of its life.
         let demand = e.demand();
         if e.fetching
             || self.shut.load(Ordering::Relaxed)
             || now < e.wait_until
             || demand < MIN_UNITS
-            || e.held(now) >= demand / 2
+            || e.held(now) >= demand / AHEAD
         {
             return take;
         }
         // What the demand needs until the period ends, or the window does when that is
         // sooner; at most a fair part of what remains.
-        let mut k = demand;
+        let mut k = (demand - demand / AHEAD).max(MIN_UNITS);
         if e.window_end > now {
             let to_end = e.window_end - now;
             k = k.min(u64::try_from(u128::from(demand) * u128::from(to_end) / u128::from(PERIOD_US)).unwrap_or(k));
