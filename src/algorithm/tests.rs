@@ -804,3 +804,66 @@ fn the_counters_first_fit_shortcut_at_cases_a_looser_bound_gets_wrong() {
         );
     }
 }
+
+/// Review (born stamp): `Kind::expires_at` says a state is "the same as never seen" from
+/// then on, so a store may keep it or forget it (MemoryStore forgets it on its next
+/// touch; Redis keeps it until its TTL runs out on Redis's clock). With `born`, a state
+/// kept past its expiry keeps its old stamp through the next commit, a new one takes the
+/// commit's time: a refund of a commit made meanwhile (the clock stepped back, another
+/// server's clock behind) is given back by the kept one only.
+#[test]
+fn review_an_expired_state_refunds_as_a_new_one() {
+    let p = Params::new(Quota::per_minute(5));
+    let mut wrong = Vec::new();
+    for algo in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let mut kept = State::new(algo);
+        run(&mut kept, &p, T0 + 7 * SEC);
+        let t1 = kept.expires_at(&p) + 10 * SEC;
+        let mut fresh = State::new(algo);
+        for s in [&mut kept, &mut fresh] {
+            run(s, &p, t1);
+            // The clock steps back a second, within the same window.
+            let at = s.commit(&p, t1 - SEC);
+            s.refund(&p, at, t1 - SEC);
+        }
+        let (k, f) = (kept.decide(&p, t1), fresh.decide(&p, t1));
+        if k != f {
+            wrong.push(format!("{algo}: kept past expiry {k:?}, forgotten {f:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// Review (born stamp): a commit counted into a live state (no reset between) at a time
+/// before the state's `born` — the clock stepped back, or another server whose clock is
+/// behind the one that first wrote the state — is not given back by its refund: the unit
+/// stays taken for the rest of the window.
+#[test]
+fn review_a_commit_before_born_into_the_same_state_is_refunded() {
+    let p = Params::new(Quota::per_minute(5));
+    let mut wrong = Vec::new();
+    for algo in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        // Same window: first written at +10 s, then a commit at +9 s.
+        let mut s = State::new(algo);
+        run(&mut s, &p, T0 + 10 * SEC);
+        let at = s.commit(&p, T0 + 9 * SEC);
+        s.refund(&p, at, T0 + 9 * SEC);
+        // One unit in use: 3 left after this decision's own.
+        let left = s.decide(&p, T0 + 10 * SEC).remaining;
+        if left != 3 {
+            wrong.push(format!("{algo}: behind born, same window: {left} left, not 3"));
+        }
+        // Across a boundary: first written 1 ms after it, then the clock steps back 2 ms;
+        // the commit goes to the stored window, at its start (before `born`).
+        let mut s = State::new(algo);
+        run(&mut s, &p, T0 + MIN + MS);
+        let at = s.commit(&p, T0 + MIN - MS);
+        assert_eq!(at, T0 + MIN);
+        s.refund(&p, at, T0 + MIN - MS);
+        let left = s.decide(&p, T0 + MIN + MS).remaining;
+        if left != 3 {
+            wrong.push(format!("{algo}: behind born, across a boundary: {left} left, not 3"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

@@ -317,6 +317,27 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(61 * SEC), one(0, 5)],
             ],
         ));
+        // Review (born stamp): a state past its expiry is "never seen", whether the store
+        // forgot it (MemoryStore) or still holds it (Redis, whose TTLs run on real time
+        // here, or whose clock is behind a client's). The next commit keeps the held
+        // state's `born`; a forgotten one is born anew: then a step back within the window
+        // and the refund of a commit made there is given back by Redis only.
+        out.push(scenario(
+            format!("{a}: review: a state held past its expiry, a step back, a refund"),
+            T0,
+            vec![rule("r", "k", a, Quota::per_minute(5))],
+            vec![vec![
+                one(0, 1),
+                Advance(3 * MIN),
+                one(0, 1),
+                Back(SEC),
+                one(0, 1),
+                Undo(1),
+                Peek(0, 1),
+                one(0, 3),
+                one(0, 100),
+            ]],
+        ));
         // Penalties: a rejection blocks the key; blocked requests take nothing (from any
         // rule); a rejection during the block does not extend it; peek never starts one;
         // reset lifts it.
