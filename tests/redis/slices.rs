@@ -566,3 +566,35 @@ async fn a_rule_with_a_penalty_is_never_blocked_by_a_refused_slice() {
         assert!(v.is_allowed(), "request {i} refused with units left: {v} (retry after {:?})", v.retry_after());
     }
 }
+
+/// Review (sliced recheck, 7f078c0): a rule with a penalty (`block_for`) takes no slices
+/// (fd3116f), yet its cached rejection is asked again after 100 ms when the limiter's
+/// slices are on (`Teach::learn` asks only `Rule::slices` and the algorithm, not whether
+/// the rule can take slices), where a rule without slices waits a second. A block is
+/// final — no slice of another server can give back into it — so a blocked client costs
+/// the store ten times the calls the blocked-key cache lets through.
+#[tokio::test]
+async fn review_a_blocked_key_of_a_penalised_rule_is_not_asked_again_sooner_with_slices_on() {
+    let redis = RedisServer::start();
+    let mut by = Vec::new();
+    for (i, slices) in [false, true].into_iter().enumerate() {
+        let a = penalised(&redis.url(), Quota::new(3, WINDOW), slices);
+        let key = ["k0", "k1"][i];
+        for _ in 0..3 {
+            assert!(a.check(key).await.is_allowed());
+        }
+        let v = a.check(key).await;
+        assert!(!v.is_allowed() && v.decided_by() == Some(DecidedBy::Store), "{v}");
+        assert_eq!(a.check(key).await.decided_by(), Some(DecidedBy::LocalCache));
+        // Well within the second a cached rejection holds, past 100 ms.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let v = a.check(key).await;
+        assert!(!v.is_allowed(), "{v}");
+        by.push((slices, v.decided_by()));
+    }
+    assert_eq!(
+        by,
+        [(false, Some(DecidedBy::LocalCache)), (true, Some(DecidedBy::LocalCache))],
+        "250 ms into a 60 s block: who decided, slices off and on"
+    );
+}
