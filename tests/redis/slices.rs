@@ -567,34 +567,45 @@ async fn a_rule_with_a_penalty_is_never_blocked_by_a_refused_slice() {
     }
 }
 
-/// Review (sliced recheck, 7f078c0): a rule with a penalty (`block_for`) takes no slices
-/// (fd3116f), yet its cached rejection is asked again after 100 ms when the limiter's
-/// slices are on (`Teach::learn` asks only `Rule::slices` and the algorithm, not whether
-/// the rule can take slices), where a rule without slices waits a second. A block is
-/// final — no slice of another server can give back into it — so a blocked client costs
-/// the store ten times the calls the blocked-key cache lets through.
+/// Review (sliced recheck, 7f078c0): a rule that takes no slices — one with a penalty
+/// (`block_for`, fd3116f), or one whose quota is too small for slices to pay — has its
+/// cached rejection asked again after 100 ms when the limiter's slices are on
+/// (`Teach::learn` asks only `Rule::slices` and the algorithm, not `Limiter::sliced`'s
+/// conditions), where it waits a second with slices off. No slice of another server
+/// gives back into such a key (and a block is final): a refused client costs the store
+/// ten times the calls the blocked-key cache lets through.
 #[tokio::test]
-async fn review_a_blocked_key_of_a_penalised_rule_is_not_asked_again_sooner_with_slices_on() {
+async fn review_a_rejection_of_a_rule_without_slices_is_not_asked_again_sooner_with_slices_on() {
     let redis = RedisServer::start();
+    let big = Quota::new(12_000, WINDOW);
     let mut by = Vec::new();
-    for (i, slices) in [false, true].into_iter().enumerate() {
-        let a = penalised(&redis.url(), Quota::new(3, WINDOW), slices);
-        let key = ["k0", "k1"][i];
-        for _ in 0..3 {
-            assert!(a.check(key).await.is_allowed());
+    for case in ["penalised, pays", "no penalty, does not pay"] {
+        for slices in [false, true] {
+            let key: &'static str = Box::leak(format!("{case}/{slices}").into_boxed_str());
+            // Not near a window's end: the rejection holds past the sleep below.
+            early_in_a_window().await;
+            let a = if case.starts_with("penalised") {
+                // Another server without slices takes the whole window first.
+                let c = limiter(&redis.url(), Algorithm::FixedWindow, big, false);
+                assert!(c.check_key("hot", key, 12_000).await.is_allowed());
+                penalised(&redis.url(), big, slices)
+            } else {
+                let a = limiter(&redis.url(), Algorithm::FixedWindow, Quota::new(3, WINDOW), slices);
+                for _ in 0..3 {
+                    assert!(a.check(key).await.is_allowed());
+                }
+                a
+            };
+            let v = a.check(key).await;
+            assert!(!v.is_allowed() && v.decided_by() == Some(DecidedBy::Store), "{case}: {v}");
+            assert_eq!(a.check(key).await.decided_by(), Some(DecidedBy::LocalCache), "{case}");
+            // Well within the second a cached rejection holds, past 100 ms.
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let v = a.check(key).await;
+            assert!(!v.is_allowed(), "{case}: {v}");
+            by.push((case, slices, v.decided_by()));
         }
-        let v = a.check(key).await;
-        assert!(!v.is_allowed() && v.decided_by() == Some(DecidedBy::Store), "{v}");
-        assert_eq!(a.check(key).await.decided_by(), Some(DecidedBy::LocalCache));
-        // Well within the second a cached rejection holds, past 100 ms.
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let v = a.check(key).await;
-        assert!(!v.is_allowed(), "{v}");
-        by.push((slices, v.decided_by()));
     }
-    assert_eq!(
-        by,
-        [(false, Some(DecidedBy::LocalCache)), (true, Some(DecidedBy::LocalCache))],
-        "250 ms into a 60 s block: who decided, slices off and on"
-    );
+    let want: Vec<_> = by.iter().map(|&(case, slices, _)| (case, slices, Some(DecidedBy::LocalCache))).collect();
+    assert_eq!(by, want, "250 ms after a rejection (a 60 s block; a 10 s window): who decided");
 }
