@@ -13,9 +13,9 @@ pub(crate) struct FixedWindow {
     pub window: u64,
     /// Units accepted in that window.
     pub count: u64,
-    /// When this state was first written (µs; 0: never): a refund of a commit made before
-    /// it gives nothing back — that commit's state was forgotten (a reset), and its units
-    /// are not in this count.
+    /// The earliest time a commit into this state recorded (µs; 0: none): a refund of a
+    /// commit made before it gives nothing back — that commit went into a state a reset
+    /// forgot, and its units are not in this count.
     pub born: u64,
 }
 
@@ -56,15 +56,15 @@ impl FixedWindow {
         let w = window_of(self.window, period, now);
         self.count = self.count_at(w) + p.cost;
         self.window = w;
-        if self.born == 0 {
-            self.born = now;
-        }
-        now.max(w * period)
+        let at = now.max(w * period);
+        self.born = if self.born == 0 { at } else { self.born.min(at) };
+        at
     }
 
     /// Gives back the units of a commit made at `at`, if its window is still the stored
     /// one (after the boundary they have left already; units of the new window are never
-    /// touched) and this state was written by then (else a reset forgot it).
+    /// touched) and it is not older than every commit this state holds (else a reset
+    /// forgot it).
     pub(crate) fn refund(&mut self, p: &Params, at: u64, _now: u64) {
         if self.window == at / p.quota.period_micros() && at >= self.born {
             self.count = self.count.saturating_sub(p.cost);

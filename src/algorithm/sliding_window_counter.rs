@@ -18,8 +18,9 @@ pub(crate) struct SlidingWindowCounter {
     pub prev: u64,
     /// Units accepted in window `window`.
     pub curr: u64,
-    /// When this state was first written (µs; 0: never): a refund of a commit made before
-    /// it gives nothing back — that commit's state was forgotten (a reset).
+    /// The earliest time a commit into this state recorded (µs; 0: none): a refund of a
+    /// commit made before it gives nothing back — that commit went into a state a reset
+    /// forgot.
     pub born: u64,
 }
 
@@ -98,9 +99,10 @@ impl SlidingWindowCounter {
         let period = p.quota.period_micros();
         let (w, _) = self.window_of(period, now);
         let (prev, curr) = self.counts_at(w);
-        let born = if self.born == 0 { now } else { self.born };
+        let at = now.max(w * period);
+        let born = if self.born == 0 { at } else { self.born.min(at) };
         *self = Self { window: w, prev, curr: curr + p.cost, born };
-        now.max(w * period)
+        at
     }
 
     /// Gives back the units of a commit made at `at`: from `curr` while its window is the

@@ -805,14 +805,14 @@ fn the_counters_first_fit_shortcut_at_cases_a_looser_bound_gets_wrong() {
     }
 }
 
-/// Review (born stamp): `Kind::expires_at` says a state is "the same as never seen" from
+/// (Found by a review.) `Kind::expires_at` says a state is "the same as never seen" from
 /// then on, so a store may keep it or forget it (MemoryStore forgets it on its next
 /// touch; Redis keeps it until its TTL runs out on Redis's clock). With `born`, a state
 /// kept past its expiry keeps its old stamp through the next commit, a new one takes the
 /// commit's time: a refund of a commit made meanwhile (the clock stepped back, another
 /// server's clock behind) is given back by the kept one only.
 #[test]
-fn review_an_expired_state_refunds_as_a_new_one() {
+fn an_expired_state_refunds_as_a_new_one() {
     let p = Params::new(Quota::per_minute(5));
     let mut wrong = Vec::new();
     for algo in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
@@ -834,12 +834,12 @@ fn review_an_expired_state_refunds_as_a_new_one() {
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
-/// Review (born stamp): a commit counted into a live state (no reset between) at a time
+/// (Found by a review.) a commit counted into a live state (no reset between) at a time
 /// before the state's `born` — the clock stepped back, or another server whose clock is
 /// behind the one that first wrote the state — is not given back by its refund: the unit
 /// stays taken for the rest of the window.
 #[test]
-fn review_a_commit_before_born_into_the_same_state_is_refunded() {
+fn a_commit_before_the_states_first_into_it_is_refunded() {
     let p = Params::new(Quota::per_minute(5));
     let mut wrong = Vec::new();
     for algo in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {

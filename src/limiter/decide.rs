@@ -58,20 +58,12 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn sliced(&self, plan: &Plan<I>, i: usize) -> Option<(RuleId, u64)> {
         let (check, rule) = (&plan.checks[i], plan.rules[i]);
         let r = &plan.set.rules[rule];
-        let on = i < plan.enforced
-            && r.slices.unwrap_or(self.runtime.settings.slices)
-            && sliceable(check.algorithm)
-            && !r.charged
-            // A slice's check refused by the algorithm would start the rule's penalty
-            // block, though no request was refused.
-            && r.block.is_zero()
-            && check.params.cost > 0
-            && self.holders.store.real_clock();
-        if !on {
+        if i >= plan.enforced || !r.slices.unwrap_or(self.runtime.settings.slices) {
             return None;
         }
         let servers = self.runtime.servers(&*self.holders.store) * plan.set.sharers(rule);
-        pays(check.params.quota, servers).then(|| (slice_id(plan.set.share_id(rule), check.params.quota), servers))
+        takes_slices(r, check, true, self.holders.store.real_clock(), servers)
+            .then(|| (slice_id(plan.set.share_id(rule), check.params.quota), servers))
     }
 
     /// The units `plan`'s sliced checks take from this server's open slices (each counts
@@ -112,7 +104,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let handle = tokio::runtime::Handle::try_current();
         let slot = rt.late_slots().take();
         let (Ok(handle), Some(slot), true) = (handle, slot, rt.circuit_closed()) else {
-            rt.slices.not_granted(id, &check, false, rt.mono_us());
+            rt.slices.not_granted(id, epoch, &check, false, rt.mono_us());
             return;
         };
         let (slices, store, clock) = (rt.slices.clone(), self.holders.store.clone(), rt.clock());
@@ -137,8 +129,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                         }
                     }
                 }
-                Ok(Err(err)) => slices.not_granted(id, &check, !err.never_sent(), now),
-                Err(_) => slices.not_granted(id, &check, true, now),
+                Ok(Err(err)) => slices.not_granted(id, epoch, &check, !err.never_sent(), now),
+                Err(_) => slices.not_granted(id, epoch, &check, true, now),
             }
         }));
     }
@@ -349,7 +341,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let err = match answer {
             Ok(outcomes) => {
                 let cache = rt.settings.cache_enabled.then_some(&*rt.cache);
-                let slices = rt.settings.slices;
+                let slices = (rt.settings.slices, self.holders.store.real_clock());
                 let teach =
                     Teach { cache, shares: &rt.shares, now: rt.mono_us(), asked, epoch, servers, late: false, slices };
                 teach.learn(&plan.set, &plan.checks, &plan.rules[..plan.enforced], &outcomes);
@@ -441,7 +433,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn learn_late(&self, late: Late, plan: &Plan<I>, goes_on: bool, copies: Copies, asked: (u64, u64), servers: u64) {
         let (epoch, asked) = asked;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (lessons, holders, slices) = (self.runtime.lessons(), self.holders.clone(), self.runtime.settings.slices);
+        let slices = (self.runtime.settings.slices, self.holders.store.real_clock());
+        let (lessons, holders) = (self.runtime.lessons(), self.holders.clone());
         let (set, checks, rules, enforced) = (plan.set.clone(), plan.checks.clone(), plan.rules.clone(), plan.enforced);
         drop(runtime.spawn(async move {
             match late.answer().await {
@@ -527,8 +520,9 @@ struct Teach<'a> {
     servers: u64,
     /// Whether the answer came after its call's deadline.
     late: bool,
-    /// Whether rules take slices unless they say (`LimiterBuilder::slices`).
-    slices: bool,
+    /// Whether rules take slices unless they say (`LimiterBuilder::slices`), and whether
+    /// the store is on a real clock (else none does).
+    slices: (bool, bool),
 }
 
 impl Teach<'_> {
@@ -567,7 +561,8 @@ impl Teach<'_> {
             let cost = if r.block.is_zero() { check.params.cost } else { 0 };
             // Other servers' slices give back what they leave when they lapse: a key of a
             // sliced rule is asked again as often.
-            let sliced = r.slices.unwrap_or(self.slices) && sliceable(check.algorithm);
+            let (default, real_clock) = self.slices;
+            let sliced = takes_slices(r, check, default, real_clock, self.servers * set.sharers(rule));
             let recheck = if sliced { SLICED_RECHECK_US } else { RECHECK_US };
             cache.insert(id, &check.key, cost, check.params.quota, self.now, d, recheck, self.epoch);
         }
@@ -602,6 +597,25 @@ impl Answered {
     fn new(by: DecidedBy) -> Self {
         Self { outcomes: Outcomes::new(), by, fallback: None, copies: SmallVec::new(), slices: SmallVec::new() }
     }
+}
+
+/// Whether a check of rule `r` takes slices (`default`: the limiter's setting), on a store
+/// on a real clock or not, shared by `servers`: a window algorithm, not charged, with no
+/// penalty block (a refused slice would start it), a cost, and a quota that pays.
+fn takes_slices<I: ?Sized>(
+    r: &crate::rule::Rule<I>,
+    check: &Check,
+    default: bool,
+    real_clock: bool,
+    servers: u64,
+) -> bool {
+    r.slices.unwrap_or(default)
+        && real_clock
+        && sliceable(check.algorithm)
+        && !r.charged
+        && r.block.is_zero()
+        && check.params.cost > 0
+        && pays(check.params.quota, servers)
 }
 
 /// How often lapsed slices are closed and given back.

@@ -250,7 +250,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// limiter), and nothing once they have left their window.
     ///
     /// A verdict from before a [`reset`](Limiter::reset) of its key gives nothing back
-    /// under the window algorithms (their state says when it was first written). The
+    /// under the window algorithms (their state keeps the earliest time a commit into it
+    /// recorded). The
     /// token bucket, the leaky bucket, GCRA and the sliding window log do not tell it apart
     /// from later ones: refunded after the reset, it may refund up to its own units from
     /// requests made since. Do not refund across a reset.

@@ -381,7 +381,9 @@ impl Slices {
         now: u64,
     ) -> Option<Refund> {
         let (h, mut shard) = self.shard(rule, &check.key);
-        let found = shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key);
+        // An answer to an ask from before a reset or block here: what it says is of the state
+        // that was forgotten, and another ask may be under way.
+        let found = shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key).filter(|e| e.epoch == epoch);
         let Some(taken) = o.taken else {
             if let Some(e) = found {
                 e.learn(check, o, asked, now);
@@ -408,7 +410,7 @@ impl Slices {
         crate::metrics::slice_taken(check.rule);
         let shut = self.shut.load(Ordering::Relaxed);
         match found {
-            Some(e) if now < until && !shut && e.epoch == epoch => {
+            Some(e) if now < until && !shut => {
                 e.learn(check, o, asked, now);
                 e.fetching = false;
                 let slice = Arc::new(slice);
@@ -430,12 +432,12 @@ impl Slices {
 
     /// A slice asked for and not granted: `unknown` when the store may have granted it
     /// (sent, outcome unknown): its units are stranded.
-    pub(crate) fn not_granted(&self, rule: RuleId, check: &Check, unknown: bool, now: u64) {
+    pub(crate) fn not_granted(&self, rule: RuleId, epoch: u64, check: &Check, unknown: bool, now: u64) {
         if unknown {
             self.strand(check.rule, check.params.cost);
         }
         let (h, mut shard) = self.shard(rule, &check.key);
-        if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key) {
+        if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key && e.epoch == epoch) {
             e.fetching = false;
             e.wait_until = now + PERIOD_US;
         }

@@ -317,13 +317,13 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(61 * SEC), one(0, 5)],
             ],
         ));
-        // Review (born stamp): a state past its expiry is "never seen", whether the store
+        // (Found by a review.) a state past its expiry is "never seen", whether the store
         // forgot it (MemoryStore) or still holds it (Redis, whose TTLs run on real time
         // here, or whose clock is behind a client's). The next commit keeps the held
         // state's `born`; a forgotten one is born anew: then a step back within the window
         // and the refund of a commit made there is given back by Redis only.
         out.push(scenario(
-            format!("{a}: review: a state held past its expiry, a step back, a refund"),
+            format!("{a}: a state held past its expiry, a step back, a refund"),
             T0,
             vec![rule("r", "k", a, Quota::per_minute(5))],
             vec![vec![

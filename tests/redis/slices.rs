@@ -471,7 +471,7 @@ async fn a_swap_keeps_slices_of_the_same_quota_and_gives_back_the_others() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Review (slices-review): attacks on the promise.
+// Found by reviews: attacks on the promise.
 // ---------------------------------------------------------------------------------------
 
 /// What the store counted for key `k` under rule "hot" in its current fixed window (the
@@ -567,7 +567,7 @@ async fn a_rule_with_a_penalty_is_never_blocked_by_a_refused_slice() {
     }
 }
 
-/// Review (sliced recheck, 7f078c0): a rule that takes no slices — one with a penalty
+/// (Found by a review.) a rule that takes no slices — one with a penalty
 /// (`block_for`, fd3116f), or one whose quota is too small for slices to pay — has its
 /// cached rejection asked again after 100 ms when the limiter's slices are on
 /// (`Teach::learn` asks only `Rule::slices` and the algorithm, not `Limiter::sliced`'s
@@ -575,7 +575,7 @@ async fn a_rule_with_a_penalty_is_never_blocked_by_a_refused_slice() {
 /// gives back into such a key (and a block is final): a refused client costs the store
 /// ten times the calls the blocked-key cache lets through.
 #[tokio::test]
-async fn review_a_rejection_of_a_rule_without_slices_is_not_asked_again_sooner_with_slices_on() {
+async fn a_rejection_of_a_rule_without_slices_is_not_asked_again_sooner_with_slices_on() {
     let redis = RedisServer::start();
     let big = Quota::new(12_000, WINDOW);
     let mut by = Vec::new();

@@ -343,7 +343,7 @@ fn a_late_slice_goes_back_and_an_unanswered_one_is_stranded() {
     // Asked again, never answered.
     let (asked, _) = take.fetch.expect("asked again");
     k.params.cost = asked;
-    s.not_granted(ID, &k, true, 103_000);
+    s.not_granted(ID, 0, &k, true, 103_000);
     assert_eq!(s.stats.stranded.load(Ordering::Relaxed), asked);
     for i in 0..40 {
         assert!(s.take(ID, &c, 1, 150_000 + i).fetch.is_none(), "asked again at once after an unknown outcome");

@@ -1,5 +1,6 @@
 -- Fixed window counter (src/algorithm/fixed_window.rs). State 'window:count:born' (born:
--- when the state was first written; a refund of a commit made before it gives nothing back).
+-- the earliest time a commit into the state recorded; a refund of a commit made before it
+-- gives nothing back).
 ALG.fw = {}
 
 -- The window of `now`, or the stored one when it is the next (the clock stepped back across
@@ -39,7 +40,12 @@ end
 function ALG.fw.commit(key, s, p, now)
   local w = fw_window(s, p, now)
   local count = fw_count_at(s, w) + p.c
-  put(key, fmt(w) .. ':' .. fmt(count) .. ':' .. fmt(s[3] or now), (w + 1) * p.W, now)
+  -- born: the earliest time a commit into this state recorded (`at`: now, or the stored
+  -- window's start when the clock stepped back before it)
+  local at = max(now, w * p.W)
+  local born = at
+  if s[3] then born = min(s[3], at) end
+  put(key, fmt(w) .. ':' .. fmt(count) .. ':' .. fmt(born), (w + 1) * p.W, now)
 end
 
 -- the commit's units, while its window (that of `at`) is the stored one, and the state was

@@ -10,8 +10,8 @@ local function decide(key, o)
   -- ARGV[o + 2], ARGV[o + 3], ARGV[o + 6]: limit L, period W (µs), cost c.
   local p = rule(o, 'fw', 'fixed window', 2, 3, 6)
   local L, W, c = p[1], p[2], p[3]
-  -- State 'window:count:born', or 0:0:now when absent (born: when the state was first
-  -- written; a refund of a commit before it gives nothing back).
+  -- State 'window:count:born', or 0:0:now when absent (born: the earliest time a
+  -- commit into it recorded; a refund of a commit before it gives nothing back).
   local sw, sn, sb = 0, 0, now
   local v = redis.call('GET', key)
   if v then
@@ -29,6 +29,11 @@ local function decide(key, o)
     -- put(..., (w + 1)·W, now): always after now, so always a SET with ttl_ms. A state
     -- of this window was written with that very TTL (by every script's commit, and kept
     -- or lengthened by a refund's): it is kept (`KEEPTTL` costs Redis less than `PX`).
+    -- born: the earliest time a commit into this state recorded (`at`: now, or the
+    -- stored window's start when the clock stepped back before it)
+    local at = now
+    if w * W > at then at = w * W end
+    if not v or at < sb then sb = at end
     local value = string.format('%d:%d:%d', w, count + c, sb)
     if server_time and sw == w then
       redis.call('SET', key, value, 'KEEPTTL')

@@ -1,6 +1,6 @@
 -- Sliding window counter (src/algorithm/sliding_window_counter.rs). State
--- 'window:prev:curr:born' (born: when the state was first written; a refund of a commit
--- made before it gives nothing back).
+-- 'window:prev:curr:born' (born: the earliest time a commit into the state recorded; a
+-- refund of a commit made before it gives nothing back).
 ALG.swc = {}
 
 local function swc_counts_at(s, w)
@@ -49,7 +49,10 @@ end
 function ALG.swc.commit(key, s, p, now)
   local w = swc_window(s, p, now)
   local prev, curr = swc_counts_at(s, w)
-  put(key, fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(curr + p.c) .. ':' .. fmt(s[4] or now), (w + 2) * p.W, now)
+  local at = max(now, w * p.W)
+  local born = at
+  if s[4] then born = min(s[4], at) end
+  put(key, fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(curr + p.c) .. ':' .. fmt(born), (w + 2) * p.W, now)
 end
 
 -- the commit's units: from curr while its window (that of `at`) is the current one, from
