@@ -1,9 +1,8 @@
 //! The local blocked-key cache: keys known to be rejected until some time are rejected in
 //! this process, with no store call.
 
-use std::hash::BuildHasher;
+use super::sharded::{Sharded, SHARDS};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use hashbrown::HashTable;
@@ -22,9 +21,7 @@ pub(crate) enum Cached {
 
 /// Keys known to be rejected until some time: rejected locally, with no store call.
 pub(crate) struct BlockedCache {
-    shards: Box<[Mutex<Blocked>]>,
-    /// foldhash with a random seed, as `MemoryStore`'s.
-    hasher: hashbrown::DefaultHashBuilder,
+    shards: Sharded<Blocked>,
     cap_per_shard: usize,
     /// The latest `until` ever recorded: from then on nothing is blocked, and a lookup
     /// takes no lock (the common case of a service whose clients stay within limits).
@@ -54,8 +51,6 @@ struct BlockedEntry {
     at: u64,
 }
 
-const SHARDS: usize = 16;
-
 /// A rule's identity in this process: a hash of what decides how its store state reads
 /// (its name, its algorithm; see `RuleSet::id`), the same in every rule set that keeps
 /// them, so what the store taught outlives a swap that keeps the rule.
@@ -64,8 +59,7 @@ pub(crate) type RuleId = u64;
 impl BlockedCache {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Blocked { table: HashTable::new(), sweep_at: 64 })).collect(),
-            hasher: hashbrown::DefaultHashBuilder::default(),
+            shards: Sharded::new(|| Blocked { table: HashTable::new(), sweep_at: 64 }),
             cap_per_shard: capacity / SHARDS,
             last_until: AtomicU64::new(0),
             forgets: AtomicU64::new(0),
@@ -73,11 +67,7 @@ impl BlockedCache {
     }
 
     fn shard(&self, rule: RuleId, key: &Key) -> (u64, std::sync::MutexGuard<'_, Blocked>) {
-        let h = self.hasher.hash_one((rule, key));
-        // The upper half: the table inside the shard picks buckets by the low bits.
-        #[allow(clippy::cast_possible_truncation)]
-        let i = ((h >> 32) as usize) % SHARDS;
-        (h, self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+        self.shards.lock(rule, key)
     }
 
     /// If (rule, key) is blocked at `now` for `cost` under `quota`: the store's rejection
@@ -173,8 +163,8 @@ impl BlockedCache {
         if shard.table.len() >= self.cap_per_shard {
             return; // bounded: under a flood of distinct keys, stop caching
         }
-        let hasher = &self.hasher;
-        shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key)));
+        let shards = &self.shards;
+        shard.table.insert_unique(h, entry, |e| shards.hash(e.rule, &e.key));
     }
 
     /// Forgets (rule, key): after an admin reset, the key must reach the store again.
@@ -188,7 +178,7 @@ impl BlockedCache {
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap().table.len()).sum()
+        self.shards.each().map(|s| s.table.len()).sum()
     }
 }
 

@@ -8,6 +8,7 @@ mod blocked;
 mod breaker;
 mod copy;
 mod detached;
+mod sharded;
 mod share;
 mod slice;
 

@@ -14,9 +14,8 @@
 //! decides nearly alike. A key spent through the store is never pushed out by a flood of
 //! keys the store answered for once.
 
-use std::hash::BuildHasher;
+use super::sharded::Sharded;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use hashbrown::HashTable;
 
@@ -29,8 +28,7 @@ use crate::store::Check;
 /// Per (rule, key): this server's share of what the store said remains, until the quota
 /// is whole again.
 pub(crate) struct Shares {
-    shards: Box<[Mutex<Shard>]>,
-    hasher: hashbrown::DefaultHashBuilder,
+    shards: Sharded<Shard>,
     /// The most entries, in all shards, and how many there are.
     cap: usize,
     len: AtomicUsize,
@@ -109,23 +107,13 @@ fn rescaled(left: i64, servers: u64, from: Quota, to: Quota, algorithm: Algorith
     i64::try_from(left).unwrap_or(if left < 0 { i64::MIN } else { i64::MAX })
 }
 
-const SHARDS: usize = 16;
-
 impl Shares {
     pub(crate) fn new(capacity: usize) -> Self {
-        Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: hashbrown::DefaultHashBuilder::default(),
-            cap: capacity.max(1),
-            len: AtomicUsize::new(0),
-        }
+        Self { shards: Sharded::new(Shard::default), cap: capacity.max(1), len: AtomicUsize::new(0) }
     }
 
     fn shard(&self, rule: RuleId, key: &Key) -> (u64, std::sync::MutexGuard<'_, Shard>) {
-        let h = self.hasher.hash_one((rule, key));
-        #[allow(clippy::cast_possible_truncation)]
-        let i = ((h >> 32) as usize) % SHARDS;
-        (h, self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+        self.shards.lock(rule, key)
     }
 
     /// The store said `remaining` units of `check`'s key under rule `rule` are left at
@@ -173,8 +161,8 @@ impl Shares {
         // Another shard's room may be taken meanwhile: the count may pass the cap by the
         // records under way (a few), never more.
         self.len.fetch_add(1, Ordering::Relaxed);
-        let hasher = &self.hasher;
-        shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key)));
+        let shards = &self.shards;
+        shard.table.insert_unique(h, entry, |e| shards.hash(e.rule, &e.key));
     }
 
     /// Whether `cost` units of `check`'s key under rule `rule` fit in this server's share
@@ -255,6 +243,7 @@ impl Shares {
 mod tests {
     use super::*;
     use crate::algorithm::Params;
+    use crate::runtime::sharded::SHARDS;
 
     /// A check of `key` under rule "r" with `quota`, on `algorithm`.
     fn check(key: &str, quota: Quota, algorithm: Algorithm) -> Check {
@@ -338,7 +327,7 @@ mod tests {
             shares.record(1, &c(&format!("k{i}")), 9, 500_000_000, 1, 50, 50, false);
         }
         assert!(shares.fits(1, &c("late"), 1, 60).is_err(), "late pushed out");
-        let n: usize = shares.shards.iter().map(|s| s.lock().unwrap().table.len()).sum();
+        let n: usize = shares.shards.each().map(|s| s.table.len()).sum();
         assert_eq!(n, shares.len.load(Ordering::Relaxed), "the count");
         shares.forget(1, &Key::from("late"));
         assert_eq!(n - 1, shares.len.load(Ordering::Relaxed), "a forget counts");
@@ -351,7 +340,7 @@ mod tests {
             let c = check(&format!("k{i}"), Quota::per_day(10), Algorithm::Gcra);
             shares.record(1, &c, 0, u64::MAX / 2, 1, 0, 0, false);
         }
-        let n: usize = shares.shards.iter().map(|s| s.lock().unwrap().table.len()).sum();
+        let n: usize = shares.shards.each().map(|s| s.table.len()).sum();
         assert!(n <= SHARDS * 4 + 1, "{n} entries");
     }
 }

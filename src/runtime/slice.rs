@@ -23,7 +23,7 @@
 //! divided by the servers sharing the store), and only when both are at least
 //! [`MIN_UNITS`]; below that (the edge of a quota) every decision goes to the store.
 
-use std::hash::BuildHasher;
+use super::sharded::Sharded;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,7 +53,6 @@ const IDLE_US: u64 = 1_000_000;
 const RETRY_US: u64 = 2_000;
 /// The most keys tracked (a flood of cold keys of a sliced rule is tracked up to it).
 pub(crate) const SLICE_KEYS: usize = 100_000;
-const SHARDS: usize = 16;
 /// The bit of [`Slice::left`] that says the slice is closed.
 const CLOSED: u64 = 1 << 63;
 
@@ -156,10 +155,6 @@ impl Slice {
 /// What the slices counted, for the metrics and the bench.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
-    /// Slices granted.
-    pub(crate) taken: AtomicU64,
-    /// Decisions made from a slice.
-    pub(crate) decided: AtomicU64,
     /// Units given back to the store unused.
     pub(crate) given_back: AtomicU64,
     /// Units left unused when their window ended (or whose slice's outcome is unknown).
@@ -230,8 +225,7 @@ pub(crate) struct Take {
 
 /// Per (rule, key): this server's open slices and its demand.
 pub(crate) struct Slices {
-    shards: Box<[Mutex<Shard>]>,
-    hasher: hashbrown::DefaultHashBuilder,
+    shards: Sharded<Shard>,
     cap: usize,
     len: AtomicUsize,
     /// Every open slice, for the sweeper (closed ones leave at the next sweep).
@@ -252,8 +246,7 @@ impl std::fmt::Debug for Slices {
 impl Slices {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: hashbrown::DefaultHashBuilder::default(),
+            shards: Sharded::new(Shard::default),
             cap: capacity.max(1),
             len: AtomicUsize::new(0),
             open: Mutex::default(),
@@ -264,10 +257,7 @@ impl Slices {
     }
 
     fn shard(&self, rule: RuleId, key: &Key) -> (u64, std::sync::MutexGuard<'_, Shard>) {
-        let h = self.hasher.hash_one((rule, key));
-        #[allow(clippy::cast_possible_truncation)]
-        let i = ((h >> 32) as usize) % SHARDS;
-        (h, self.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+        self.shards.lock(rule, key)
     }
 
     /// Counts `check` (cost > 0) as this server's demand on its key under rule `rule`, and
@@ -282,7 +272,7 @@ impl Slices {
                     return Take::default();
                 }
                 self.len.fetch_add(1, Ordering::Relaxed);
-                let hasher = &self.hasher;
+                let shards = &self.shards;
                 let entry = Entry {
                     rule,
                     key: check.key.clone(),
@@ -298,7 +288,7 @@ impl Slices {
                     wait_until: 0,
                     epoch: 0,
                 };
-                shard.table.insert_unique(h, entry, |e| hasher.hash_one((e.rule, &e.key))).into_mut()
+                shard.table.insert_unique(h, entry, |e| shards.hash(e.rule, &e.key)).into_mut()
             }
         };
         let cost = check.params.cost;
@@ -311,10 +301,11 @@ impl Slices {
         e.last_seen = now;
         e.open.retain(|s| !s.is_closed());
         let mut take = Take::default();
-        if let Some(slice) = e.open.iter().find(|s| now < s.until && s.try_take(cost)) {
-            self.stats.decided.fetch_add(1, Ordering::Relaxed);
+        let slice = e.open.iter().find(|s| now < s.until && s.try_take(cost));
+        let held = e.held(now);
+        if let Some(slice) = slice {
             let elapsed = now.saturating_sub(slice.asked);
-            let remaining = e.remaining.saturating_add(e.held(now));
+            let remaining = e.remaining.saturating_add(held);
             let decision = Decision {
                 allowed: true,
                 limit: check.params.quota.limit(),
@@ -334,7 +325,7 @@ impl Slices {
             || self.shut.load(Ordering::Relaxed)
             || now < e.wait_until
             || demand < MIN_UNITS
-            || e.held(now) >= demand / AHEAD
+            || held >= demand / AHEAD
         {
             return take;
         }
@@ -406,7 +397,6 @@ impl Slices {
             refill_after: micros(o.decision.refill_after),
             left: AtomicU64::new(check.params.cost),
         };
-        self.stats.taken.fetch_add(1, Ordering::Relaxed);
         crate::metrics::slice_taken(check.rule);
         let shut = self.shut.load(Ordering::Relaxed);
         match found {
@@ -457,8 +447,7 @@ impl Slices {
             self.closed(s, now, &mut refunds);
         }
         if prune {
-            for shard in &*self.shards {
-                let mut shard = shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for mut shard in self.shards.each() {
                 let mut gone = 0;
                 shard.table.retain(|e| {
                     e.open.retain(|s| !s.is_closed());
@@ -492,8 +481,7 @@ impl Slices {
     pub(crate) fn close_all(&self, now: u64) -> Vec<Refund> {
         self.shut.store(true, Ordering::Relaxed);
         let mut refunds = Vec::new();
-        for shard in &*self.shards {
-            let mut shard = shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for mut shard in self.shards.each() {
             for e in shard.table.iter_mut() {
                 for s in e.open.drain(..) {
                     self.closed(&s, now, &mut refunds);
