@@ -18,7 +18,12 @@ use std::sync::{Mutex, OnceLock};
 #[derive(Clone, Copy)]
 pub struct RuleName(&'static Interned);
 
-struct Interned(Box<str>);
+struct Interned {
+    text: Box<str>,
+    /// The names interned before this one: a small number per name, dense, so that a
+    /// store can keep a name's tables in an array (`MemoryStore`'s lanes).
+    index: usize,
+}
 
 /// Every name interned so far, by text.
 fn names() -> std::sync::MutexGuard<'static, HashMap<&'static str, &'static Interned>> {
@@ -34,8 +39,8 @@ impl RuleName {
         if let Some(&found) = names.get(name) {
             return Self(found);
         }
-        let leaked: &'static Interned = Box::leak(Box::new(Interned(name.into())));
-        names.insert(&leaked.0, leaked);
+        let leaked: &'static Interned = Box::leak(Box::new(Interned { text: name.into(), index: names.len() }));
+        names.insert(&leaked.text, leaked);
         Self(leaked)
     }
 
@@ -49,7 +54,13 @@ impl RuleName {
     /// The name's text.
     #[must_use]
     pub fn as_str(&self) -> &'static str {
-        &self.0 .0
+        &self.0.text
+    }
+
+    /// This name's place among the names of this process, from 0, dense (see
+    /// `Interned::index`).
+    pub(crate) fn index(self) -> usize {
+        self.0.index
     }
 
     /// A number that identifies the name within this process (its address).

@@ -13,7 +13,7 @@ use crate::Algorithm;
 const T0: u64 = 1_700_000_000_000_000;
 
 fn check(rule: &str, key: Key) -> Check {
-    Check { rule: rule.into(), key, algorithm: Algorithm::Gcra, params: Params::new(Quota::per_second(2)) }
+    Check { rule: rule.into(), key, algorithm: Algorithm::FixedWindow, params: Params::new(Quota::per_second(2)) }
 }
 
 /// The shard index of `c`'s state.
@@ -46,10 +46,10 @@ fn a_panic_while_a_shard_is_held_leaves_it_unlocked_and_usable() {
             tx.send(d).unwrap();
         });
         let d = rx.recv_timeout(Duration::from_secs(10)).expect("the shard stayed locked after the panic");
-        assert!(d.allowed && d.remaining == 0, "{d:?}");
+        assert!(d.allowed && d.remaining() == 0, "{d:?}");
     });
     assert!(!store.check_one_at(&c, T0).unwrap().decision.allowed);
     assert_eq!(store.len(), 1);
-    LocalStore::reset(&store, "held-panic", &c.key, Algorithm::Gcra).unwrap();
+    LocalStore::reset(&store, "held-panic", &c.key, Algorithm::FixedWindow).unwrap();
     assert_eq!(store.len(), 0);
 }

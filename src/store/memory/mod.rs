@@ -9,13 +9,15 @@ use hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
+mod lane;
 mod table;
 
 #[cfg(test)]
 mod held;
 
+use self::lane::{laned, LaneProbe, Lanes};
 use self::table::{guard_for, lock, Inner, Padded, Probe, Shard, Tabled, FULL_SWEEP_US, SWEEP_PERIOD_US};
-use super::{Check, LocalStore, Outcome, Refund, RuleName};
+use super::{Check, LocalStore, Outcome, Refund, RuleName, Taken};
 use crate::algorithm::{by_algorithm, Algorithm, Kind};
 use crate::clock::{Clock, SharedClock, SystemClock};
 use crate::decision::Decision;
@@ -101,6 +103,8 @@ impl MemoryStore {
                 next_sweep: AtomicU64::new(0),
                 cursor: AtomicUsize::new(0),
                 next_full_sweep: AtomicU64::new(0),
+                lanes: Lanes::new(shards),
+                blocks_seen: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -108,7 +112,9 @@ impl MemoryStore {
     /// How many (rule, key) states are held, expired ones not yet dropped included.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).len()).sum()
+        let mut lanes = 0;
+        self.inner.lanes.each(|lane| lanes += lane.len());
+        self.inner.shards.iter().map(|s| lock(s).len()).sum::<usize>() + lanes
     }
 
     /// Whether no state is held.
@@ -153,6 +159,7 @@ impl MemoryStore {
         for _ in 0..due {
             let i = self.inner.cursor.fetch_add(1, Ordering::Relaxed) % shards;
             lock(&self.inner.shards[i]).sweep(now, &self.inner);
+            self.inner.lanes.each(|lane| lane.sweep_shard(i, now, &self.inner));
         }
     }
 
@@ -163,7 +170,79 @@ impl MemoryStore {
     /// [`StoreError::Full`] when the rule's key has no state yet and the store holds
     /// [`MemoryStore::max_keys`] live states.
     pub fn check_one_at(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
+        if laned(check.algorithm) {
+            self.sweep_due(now);
+            return match self.lane_check(check, now, true) {
+                Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.lane_check(check, now, true),
+                result => result,
+            };
+        }
         by_algorithm!(check.algorithm, K => self.check_one_of::<K>(check, now))
+    }
+
+    /// Decides a GCRA or token-bucket check in its rule's lane, committing it when it
+    /// accepts and `commit` holds: one compare-and-swap on the key's word. A rule that
+    /// reads blocks reads the key's block from the shards first, once any key of the store
+    /// was blocked.
+    fn lane_check(&self, check: &Check, now: u64, commit: bool) -> Result<Outcome, StoreError> {
+        let p = &check.params;
+        let lane = self.inner.lanes.of(check.rule, check.algorithm);
+        let probe = LaneProbe::of(&check.key);
+        let blocked = if p.reads_block() && self.inner.blocks_seen.load(Ordering::Relaxed) {
+            self.at(check.rule, &check.key, |shard, h, probe| shard.block_of(h, check.rule, probe, now))
+        } else {
+            0
+        };
+        if blocked > now {
+            // Refused by the block: nothing taken, no word made.
+            let tat = lane.find(&self.inner, &probe, |w| w.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
+            let d = lane::decide(tat, p, now);
+            return Ok(Outcome { decision: crate::algorithm::blocking(d, blocked, p, now).0, taken: None });
+        }
+        let (tat, new) = lane.with(&self.inner, &probe, now, |w| lane::check(w, p, now, commit))?;
+        let decision = lane::decide(tat, p, now);
+        if !decision.allowed && p.block_us > 0 {
+            let (decision, start) = crate::algorithm::blocking(decision, 0, p, now);
+            if let Some(until) = start {
+                // Stored beside the word, in the shards. A store too full for it refuses
+                // this request all the same; the key is then not blocked.
+                let _ = self.block_until(check, until, now);
+            }
+            return Ok(Outcome { decision, taken: None });
+        }
+        Ok(Outcome { decision, taken: new.map(|at| Taken { at }) })
+    }
+
+    /// Gives back a lane commit (see [`lane::refund`]).
+    fn lane_refund(&self, check: &Check, at: u64, now: u64) {
+        if let Some(lane) = self.inner.lanes.get(check.rule, check.algorithm) {
+            lane.find(&self.inner, &LaneProbe::of(&check.key), |w| lane::refund(w, &check.params, at, now));
+        }
+    }
+
+    /// Blocks `check`'s key under its rule until `until` (0: lifts it), in the state of
+    /// its algorithm (made for it: a lane's key keeps its block there, in a state of its
+    /// own) and of every other algorithm that has one.
+    fn block_until(&self, check: &Check, until: u64, now: u64) -> Result<(), StoreError> {
+        if until == 0 {
+            // Lifted: nothing to do for a key with no state, and no state to make.
+            self.at(check.rule, &check.key, |shard, h, probe| shard.set_block(h, check.rule, probe, 0, now));
+            return Ok(());
+        }
+        self.inner.blocks_seen.store(true, Ordering::Relaxed);
+        let block = || {
+            self.at(check.rule, &check.key, |shard, h, probe| {
+                by_algorithm!(check.algorithm, K => {
+                    shard.entry::<K>(h, check, probe, now, &self.inner, false).map(|e| e.blocked_until = until)
+                })?;
+                shard.set_block(h, check.rule, probe, until, now);
+                Ok(())
+            })
+        };
+        match block() {
+            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => block(),
+            result => result,
+        }
     }
 
     fn check_one_of<K: Tabled>(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
@@ -185,6 +264,7 @@ impl MemoryStore {
                         // A rejection that started a block: the key's, under every algorithm.
                         let started = (entry.blocked_until != blocked).then_some(entry.blocked_until);
                         if let Some(until) = started {
+                            self.inner.blocks_seen.store(true, Ordering::Relaxed);
                             shard.set_block(hash, check.rule, &probe, until, now);
                         }
                         return Ok(Outcome { decision, taken });
@@ -217,6 +297,7 @@ impl MemoryStore {
         for shard in &*self.inner.shards {
             lock(shard).make_room(now, &self.inner);
         }
+        self.inner.lanes.each(|lane| lane.make_room(now, &self.inner));
         true
     }
 
@@ -230,14 +311,88 @@ impl MemoryStore {
             return Ok(vec![self.check_one_at(check, now)?]);
         }
         super::distinct(checks)?;
-        match self.check_all_once(checks, now) {
-            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.check_all_once(checks, now),
+        self.sweep_due(now);
+        if !checks.iter().any(|c| laned(c.algorithm)) {
+            return match self.check_all_once(&checks.iter().collect::<SmallVec<[&Check; 4]>>(), now, &[]) {
+                Err(StoreError::Full(_)) if self.make_room_everywhere(now) => {
+                    self.check_all_once(&checks.iter().collect::<SmallVec<[&Check; 4]>>(), now, &[])
+                }
+                result => result,
+            };
+        }
+        match self.check_with_lanes(checks, now) {
+            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.check_with_lanes(checks, now),
             result => result,
         }
     }
 
-    fn check_all_once(&self, checks: &[Check], now: u64) -> Result<Vec<Outcome>, StoreError> {
-        self.sweep_due(now);
+    /// A check of several rules, some in lanes: their words under their shards' write
+    /// locks for the whole call (no compare-and-swap moves them meanwhile), the others
+    /// under their shards' locks, all decided before any commits. Lane locks come first,
+    /// then the shards' (the one order every path takes them in).
+    fn check_with_lanes(&self, checks: &[Check], now: u64) -> Result<Vec<Outcome>, StoreError> {
+        let laned_checks: SmallVec<[&Check; 4]> = checks.iter().filter(|c| laned(c.algorithm)).collect();
+        let spots: SmallVec<[lane::Spot<'_>; 4]> =
+            laned_checks.iter().map(|c| self.inner.lanes.of(c.rule, c.algorithm).spot(&self.inner, &c.key)).collect();
+        let mut held = lane::Held::lock(&spots);
+        let new = held.make_all(&spots, now, &self.inner)?;
+        // Decided on the words as they are, blocks read from the shards.
+        let mut starts: SmallVec<[(&Check, u64); 2]> = SmallVec::new();
+        let mut decided: SmallVec<[(Decision, u64); 4]> = SmallVec::new();
+        for (c, spot) in laned_checks.iter().zip(&spots) {
+            let p = &c.params;
+            let blocked = if p.reads_block() && self.inner.blocks_seen.load(Ordering::Relaxed) {
+                self.at(c.rule, &c.key, |shard, h, probe| shard.block_of(h, c.rule, probe, now))
+            } else {
+                0
+            };
+            let tat = held.word(spot).load(Ordering::Relaxed);
+            let (d, start) = crate::algorithm::blocking(lane::decide(tat, p, now), blocked, p, now);
+            starts.extend(start.map(|until| (*c, until)));
+            decided.push((d, tat));
+        }
+        let pass = decided.iter().zip(&laned_checks).all(|((d, _), c)| d.allowed || c.params.shadow);
+        let others: SmallVec<[&Check; 4]> = checks.iter().filter(|c| !laned(c.algorithm)).collect();
+        let rest = match self.check_all_once(&others, now, &[pass]) {
+            Ok(rest) => rest,
+            Err(err) => {
+                held.unmake(&spots, &new, &self.inner);
+                return Err(err);
+            }
+        };
+        let all = pass && rest.iter().zip(&others).all(|(o, c)| o.decision.allowed || c.params.shadow);
+        let (mut rest, mut lanes) = (rest.into_iter(), decided.into_iter().zip(&spots));
+        let outcomes = checks
+            .iter()
+            .map(|c| {
+                if !laned(c.algorithm) {
+                    return rest.next().expect("decided");
+                }
+                let ((decision, tat), spot) = lanes.next().expect("decided");
+                let p = &c.params;
+                let taken = (all && decision.allowed && p.cost > 0).then(|| {
+                    let new = tat.max(now) + p.cost * p.quota.emission_interval_micros();
+                    held.word(spot).store(new, Ordering::Relaxed);
+                    Taken { at: new }
+                });
+                Outcome { decision, taken }
+            })
+            .collect();
+        drop(held);
+        for (c, until) in starts {
+            // Beside the word, in the shards (see `lane_check`).
+            let _ = self.block_until(c, until, now);
+        }
+        Ok(outcomes)
+    }
+
+    /// Decides `checks` (none in a lane) under their shards' locks; commits them only if
+    /// every enforced one accepts, and so did the lanes' rules of the call (`pass`, when
+    /// given).
+    fn check_all_once(&self, checks: &[&Check], now: u64, pass: &[bool]) -> Result<Vec<Outcome>, StoreError> {
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
         // Several rules: lock their shards in ascending order (no deadlock), decide all,
         // commit only if every enforced one passes (and then each shadow one that passes).
         let probes: SmallVec<[Probe<'_>; 4]> = checks.iter().map(|c| Probe::of(&c.key)).collect();
@@ -252,7 +407,7 @@ impl MemoryStore {
         for (_, shard) in &mut guards {
             shard.maybe_sweep(now, &self.inner);
         }
-        let each = || checks.iter().zip(&probes).zip(&hashes).map(|((c, p), &h)| (c, p, h));
+        let each = || checks.iter().copied().zip(&probes).zip(&hashes).map(|((c, p), &h)| (c, p, h));
         let missing = |guards: &mut [(usize, MutexGuard<'_, Shard>)]| {
             let mut absent = |&(c, p, h): &(&Check, &Probe<'_>, u64)| {
                 let shard = guard_for(guards, self.shard_of(h));
@@ -280,12 +435,13 @@ impl MemoryStore {
                 });
                 // A rejection that started a block: the key's, under every algorithm.
                 if let Some(until) = started {
+                    self.inner.blocks_seen.store(true, Ordering::Relaxed);
                     shard.set_block(h, c.rule, p, until, now);
                 }
                 decision
             })
             .collect();
-        let all = decisions.iter().zip(checks).all(|(d, c)| d.allowed || c.params.shadow);
+        let all = pass.iter().all(|&p| p) && decisions.iter().zip(checks).all(|(d, c)| d.allowed || c.params.shadow);
         let mut outcomes = Vec::with_capacity(checks.len());
         for ((c, p, h), decision) in each().zip(decisions) {
             let taken = if all && decision.allowed && c.params.cost > 0 {
@@ -314,6 +470,11 @@ impl MemoryStore {
     fn charge_once(&self, charges: &[Check], now: u64) -> Result<(), StoreError> {
         self.sweep_due(now);
         for c in charges.iter().filter(|c| c.params.cost > 0) {
+            if laned(c.algorithm) {
+                let lane = self.inner.lanes.of(c.rule, c.algorithm);
+                lane.with(&self.inner, &LaneProbe::of(&c.key), now, |w| lane::charge(w, &c.params, now))?;
+                continue;
+            }
             let probe = Probe::of(&c.key);
             let hash = self.inner.hash(c.rule, &probe);
             let mut shard = self.shard(hash);
@@ -330,6 +491,10 @@ impl MemoryStore {
     pub fn refund_at(&self, refunds: &[Refund], now: u64) {
         for r in refunds {
             let c = &r.check;
+            if laned(c.algorithm) {
+                self.lane_refund(c, r.taken.at, now);
+                continue;
+            }
             self.at(c.rule, &c.key, |shard, h, probe| {
                 by_algorithm!(c.algorithm, K => {
                     if let Some(e) = shard.find::<K>(h, c.rule, probe) {
@@ -373,6 +538,20 @@ impl LocalStore for MemoryStore {
 
     fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
         let now = self.inner.clock.now();
+        if laned(check.algorithm) {
+            let p = &check.params;
+            let tat = self
+                .inner
+                .lanes
+                .get(check.rule, check.algorithm)
+                .and_then(|lane| lane.find(&self.inner, &LaneProbe::of(&check.key), |w| w.load(Ordering::Relaxed)));
+            let d = lane::decide(tat.unwrap_or(0), p, now);
+            if !p.reads_block() {
+                return Ok(d);
+            }
+            let blocked = self.at(check.rule, &check.key, |shard, h, probe| shard.block_of(h, check.rule, probe, now));
+            return Ok(crate::algorithm::blocking(d, blocked, p, now).0);
+        }
         Ok(self.at(check.rule, &check.key, |shard, h, probe| {
             by_algorithm!(check.algorithm, K => match shard.find::<K>(h, check.rule, probe) {
                 Some(e) if e.live_until() > now => e.peek(check, now),
@@ -390,6 +569,11 @@ impl LocalStore for MemoryStore {
         // A name no rule or check has used has no state to reset.
         let Some(rule) = RuleName::existing(rule) else { return Ok(()) };
         let now = self.inner.clock.now();
+        if laned(algorithm) {
+            if let Some(lane) = self.inner.lanes.get(rule, algorithm) {
+                lane.remove(&self.inner, &LaneProbe::of(key));
+            }
+        }
         self.at(rule, key, |shard, h, probe| {
             by_algorithm!(algorithm, K => {
                 if shard.remove::<K>(h, rule, probe) {
@@ -406,25 +590,12 @@ impl LocalStore for MemoryStore {
         let now = self.inner.clock.now();
         // A block is the key's under its rule, whatever the algorithm (as on Redis): set,
         // or lifted, in the state of every algorithm that has one.
-        if duration.is_zero() {
-            // Lifted: nothing to do for a key with no state, and no state to make.
-            self.at(check.rule, &check.key, |shard, h, probe| shard.set_block(h, check.rule, probe, 0, now));
-            return Ok(());
-        }
-        let until = now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX));
-        let block = || {
-            self.at(check.rule, &check.key, |shard, h, probe| {
-                by_algorithm!(check.algorithm, K => {
-                    shard.entry::<K>(h, check, probe, now, &self.inner, false).map(|e| e.blocked_until = until)
-                })?;
-                shard.set_block(h, check.rule, probe, until, now);
-                Ok(())
-            })
+        let until = if duration.is_zero() {
+            0
+        } else {
+            now.saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)).max(1)
         };
-        match block() {
-            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => block(),
-            result => result,
-        }
+        self.block_until(check, until, now)
     }
 
     fn identity(&self) -> Option<usize> {

@@ -64,13 +64,18 @@ pub(super) struct Inner {
     pub(super) cursor: AtomicUsize,
     /// When the store, full, may next sweep every shard for room (µs).
     pub(super) next_full_sweep: AtomicU64,
+    /// The GCRA and token-bucket states, a lane per (rule, algorithm).
+    pub(super) lanes: super::lane::Lanes,
+    /// Whether any key of this store was ever blocked: until then a lane's rule that
+    /// reads blocks looks for none.
+    pub(super) blocks_seen: std::sync::atomic::AtomicBool,
 }
 
 /// A key as the table holds it: a plain key of at most [`SHORT`] bytes inline (its length
 /// first, zero-padded, so that one fixed-size comparison matches it), a longer one or a
 /// digest out of line. 24 bytes.
 #[derive(PartialEq, Eq)]
-enum TableKey {
+pub(super) enum TableKey {
     Short([u8; SHORT + 1]),
     Long(Box<[u8]>, bool),
 }
@@ -89,7 +94,7 @@ impl<'a> Probe<'a> {
         }
     }
 
-    fn matches(&self, key: &TableKey) -> bool {
+    pub(super) fn matches(&self, key: &TableKey) -> bool {
         match (self, key) {
             (Probe::Short(a), TableKey::Short(b)) => a == b,
             (Probe::Long(a, x), TableKey::Long(b, y)) => x == y && *a == &**b,
@@ -97,7 +102,7 @@ impl<'a> Probe<'a> {
         }
     }
 
-    fn to_key(&self) -> TableKey {
+    pub(super) fn to_key(&self) -> TableKey {
         match *self {
             Probe::Short(short) => TableKey::Short(short),
             Probe::Long(bytes, hashed) => TableKey::Long(bytes.into(), hashed),
@@ -106,7 +111,7 @@ impl<'a> Probe<'a> {
 }
 
 impl TableKey {
-    fn probe(&self) -> Probe<'_> {
+    pub(super) fn probe(&self) -> Probe<'_> {
         match self {
             TableKey::Short(short) => Probe::Short(*short),
             TableKey::Long(bytes, hashed) => Probe::Long(bytes, *hashed),
@@ -266,6 +271,18 @@ impl Inner {
     pub(super) fn hash(&self, rule: RuleName, probe: &Probe<'_>) -> u64 {
         let mut h = self.hasher.build_hasher();
         h.write_usize(rule.id());
+        Self::hash_into(&mut h, probe);
+        h.finish()
+    }
+
+    /// The hash of a key alone (a lane is a rule's: the rule is not hashed).
+    pub(super) fn hash_key(&self, probe: &Probe<'_>) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        Self::hash_into(&mut h, probe);
+        h.finish()
+    }
+
+    fn hash_into(h: &mut impl Hasher, probe: &Probe<'_>) {
         match probe {
             // Three words (the last overlapping the second): foldhash takes a word in a
             // multiply, where 23 bytes take its long path.
@@ -280,7 +297,6 @@ impl Inner {
                 h.write_u8(u8::from(*hashed));
             }
         }
-        h.finish()
     }
 
     /// Takes room for `n` new states under [`MemoryStore::max_keys`]; `false` when there
@@ -488,6 +504,10 @@ mod tests {
             counted += shard.len();
             real += held(&shard);
         }
+        let mut lanes = 0;
+        store.inner.lanes.each(|lane| lanes += lane.len());
+        real += lanes;
+        counted += lanes;
         assert_eq!(store.len(), real, "len after {what}");
         assert_eq!(counted, real);
         let live = store.inner.live.load(Ordering::SeqCst);
