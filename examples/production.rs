@@ -302,7 +302,7 @@ async fn me(account: Option<Extension<Account>>, decision: Option<Extension<Deci
     let Some(Extension(account)) = account else { return unauthorized() };
     // The layer put the most restrictive rule's decision into the extensions (absent when
     // the store failed open, or for an internal caller: nothing is known then).
-    let left = decision.map_or_else(|| "unknown".to_owned(), |Extension(d)| d.remaining.to_string());
+    let left = decision.map_or_else(|| "unknown".to_owned(), |Extension(d)| d.remaining().to_string());
     format!("account {} ({:?}), {left} requests left\n", account.id, account.tier).into_response()
 }
 
@@ -357,9 +357,9 @@ async fn peek_limit<St: Store + Clone>(
                 "{{\"allowed\":{},\"limit\":{},\"remaining\":{},\"reset_after_ms\":{},\"retry_after_ms\":{}}}\n",
                 d.allowed,
                 d.limit,
-                d.remaining,
-                ms(d.reset_after),
-                d.retry_after.map_or_else(|| "null".to_owned(), ms),
+                d.remaining(),
+                ms(d.reset_after()),
+                d.retry_after().map_or_else(|| "null".to_owned(), ms),
             );
             ([(header::CONTENT_TYPE, "application/json")], json).into_response()
         }

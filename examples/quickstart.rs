@@ -29,7 +29,7 @@ fn app<St: Store>(store: St) -> Router {
         .route("/", get(|| async { "hello from tollgate\n" }))
         .route(
             "/api",
-            get(|Extension(d): Extension<Decision>| async move { format!("api ok, {} left this minute\n", d.remaining) }),
+            get(|Extension(d): Extension<Decision>| async move { format!("api ok, {} left this minute\n", d.remaining()) }),
         )
         // `route_layer`: the routes above only, so a request for a path that does not
         // exist (a 404) uses up no quota. `.layer(limits)` would limit those too.

@@ -103,7 +103,7 @@ pub mod hello {
     ///
     /// None: every name gets a greeting.
     pub async fn say_hello(req: tonic::Request<HelloRequest>) -> Result<tonic::Response<HelloReply>, Status> {
-        let left = req.extensions().get::<tollgate::Decision>().map(|d| d.remaining);
+        let left = req.extensions().get::<tollgate::Decision>().map(|d| d.remaining());
         let name = &req.get_ref().name;
         let message = match left {
             Some(n) => format!("Hello, {name}! ({n} calls left)"),

@@ -102,7 +102,7 @@ where
                 KindProj::Unpolled { forward } => {
                     let (mut inner, mut req, lease) = forward.take().expect("ResponseFuture polled after completion");
                     if let Some(report) = this.report.as_ref() {
-                        req.extensions_mut().insert(report.most_restrictive().clone());
+                        req.extensions_mut().insert(*report.most_restrictive());
                         if let Some(by) = report.decided_by() {
                             req.extensions_mut().insert(by);
                         }

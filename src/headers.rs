@@ -184,11 +184,11 @@ pub(crate) fn apply(
             .or_else(|| first_remaining(ietf?.to_str().ok()?));
         // An inner 429 (a layer, or the handler) is the most restrictive answer there is:
         // nothing here may contradict its `Retry-After` or `X-RateLimit-Reset`.
-        if !(inner_refused || inner.is_some_and(|left| left <= d.remaining)) {
+        if !(inner_refused || inner.is_some_and(|left| left <= d.remaining())) {
             // The wall clock as the crate's clock reads it: a counter read, no system call.
             let now = SystemClock.now_micros() / 1_000_000;
             headers.insert(X_RATELIMIT_LIMIT, repeated(&LAST_LIMIT, d.limit));
-            headers.insert(X_RATELIMIT_REMAINING, number(d.remaining));
+            headers.insert(X_RATELIMIT_REMAINING, number(d.remaining()));
             headers.insert(X_RATELIMIT_RESET, repeated(&LAST_RESET, now + d.reset_secs()));
             // Over an inner layer's headers, say whose these are; and no other rule's name
             // (an inner layer's, an upstream's) is left over these numbers.
@@ -213,14 +213,14 @@ pub(crate) fn apply(
             }
         }
         let d = most.decision;
-        let mut limit = format!("{};r={};t={}", sf_string(most.rule), d.remaining, d.reset_secs());
+        let mut limit = format!("{};r={};t={}", sf_string(most.rule), d.remaining(), d.reset_secs());
         // An inner layer's: its policies first (they were there first), and its
         // `RateLimit` first when it is the more restrictive.
         if let Some(inner) = headers.get(RATELIMIT_POLICY).and_then(|v| v.to_str().ok()) {
             policy = format!("{inner}, {policy}");
         }
         if let Some(inner) = headers.get(RATELIMIT).and_then(|v| v.to_str().ok()) {
-            let inner_first = inner_refused || first_remaining(inner).is_some_and(|left| left <= d.remaining);
+            let inner_first = inner_refused || first_remaining(inner).is_some_and(|left| left <= d.remaining());
             limit = if inner_first { format!("{inner}, {limit}") } else { format!("{limit}, {inner}") };
         }
         if let Ok(v) = HeaderValue::from_str(&policy) {
@@ -281,15 +281,15 @@ mod tests {
     use crate::decision::Decision;
 
     fn decision(remaining: u64, reset_ms: u64) -> Decision {
-        Decision {
-            allowed: true,
-            limit: 100,
+        Decision::from_parts(
+            true,
+            100,
             remaining,
-            reset_after: Duration::from_millis(reset_ms),
-            refill_after: Duration::from_millis(reset_ms),
-            retry_after: None,
-            delay: Duration::ZERO,
-        }
+            Duration::from_millis(reset_ms),
+            Duration::from_millis(reset_ms),
+            None,
+            Duration::ZERO,
+        )
     }
 
     #[test]

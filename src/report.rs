@@ -70,7 +70,7 @@ impl<St, R, U> Report<St, R, U> {
         for d in &mut self.decided {
             if let Some(counts) = &self.set.rules[d.rule].count_if {
                 if !counts(status) {
-                    d.decision.remaining = d.decision.remaining.saturating_add(d.cost);
+                    d.decision.set_remaining(d.decision.remaining().saturating_add(d.cost));
                     given_back = true;
                 }
             }

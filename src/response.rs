@@ -169,7 +169,7 @@ pub fn json<ResBody: From<String>>() -> impl Fn(&Rejection<'_>) -> Response<ResB
             r#"{{"error":"rate_limited","rule":{},"limit":{},"remaining":{},"retry_after":{retry},"blocked":{}}}"#,
             json_string(r.rule),
             d.limit,
-            d.remaining,
+            d.remaining(),
             r.blocked,
         );
         with_body(body, "application/json")
@@ -306,14 +306,14 @@ impl<R, U> Responder<R, U> {
                 key,
                 decision: d,
                 decided_by: verdict.source.unwrap_or(DecidedBy::Store),
-                blocked: blocks && d.retry_after.is_some(),
+                blocked: blocks && d.retry_after().is_some(),
                 method: req.method(),
                 uri: req.uri(),
                 headers: req.headers(),
             })
         };
         let h = res.headers_mut();
-        if let Some(retry) = d.retry_after {
+        if let Some(retry) = d.retry_after() {
             headers::retry_after(h, retry);
             if grpc {
                 let ms = u64::try_from(retry.as_millis()).unwrap_or(u64::MAX).max(1);

@@ -199,7 +199,7 @@ impl Verdict {
     /// be accepted, its cost being above a rule's capacity).
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
-        self.rejected_by().and_then(|r| r.decision.retry_after)
+        self.rejected_by().and_then(|r| r.decision.retry_after())
     }
 
     /// Leaky bucket rules: how long to wait before going ahead (zero otherwise).
@@ -208,7 +208,7 @@ impl Verdict {
         if !matches!(self.ruling, Ruling::Allowed) {
             return Duration::ZERO;
         }
-        self.decided.iter().map(|d| d.decision.delay).max().unwrap_or(Duration::ZERO)
+        self.decided.iter().map(|d| d.decision.delay()).max().unwrap_or(Duration::ZERO)
     }
 }
 
@@ -264,7 +264,7 @@ impl std::fmt::Display for Verdict {
             Ruling::Allowed => match self.most() {
                 Some(i) => {
                     let d = &self.decided[i];
-                    let (name, left, limit) = (d.name.as_str(), d.decision.remaining, d.decision.limit);
+                    let (name, left, limit) = (d.name.as_str(), d.decision.remaining(), d.decision.limit);
                     write!(f, "allowed by {by}: {name:?} has {left} of {limit} left")
                 }
                 None => f.write_str("allowed: no rule applied"),
@@ -275,7 +275,7 @@ impl std::fmt::Display for Verdict {
 
 /// The index of the decision with the fewest units left (the first of equals).
 pub(crate) fn fewest_left(decided: &[Decided]) -> Option<usize> {
-    decided.iter().enumerate().min_by_key(|(_, d)| d.decision.remaining).map(|(i, _)| i)
+    decided.iter().enumerate().min_by_key(|(_, d)| d.decision.remaining()).map(|(i, _)| i)
 }
 
 #[cfg(test)]

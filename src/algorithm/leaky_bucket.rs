@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::{next_unit, Params};
+use super::Params;
 use crate::decision::Decision;
 
 /// The next free slot, µs since the epoch (0: never seen).
@@ -31,10 +31,10 @@ impl LeakyBucket {
         if c <= b + 1 && delay + c.saturating_sub(1) * t <= b * t && delay <= p.max_delay_us {
             let queued = delay + c * t;
             let free = room.saturating_sub(queued);
-            let mut d = Decision::allow(l, free / t, queued, next_unit(free, t));
+            let mut d = Decision::allow_units(l, free, t, queued);
             // A probe (cost 0: a charged rule's admission) takes no slot: nothing to wait for.
             if c > 0 {
-                d.delay = Duration::from_micros(delay);
+                d.set_delay(Duration::from_micros(delay));
             }
             return d;
         }
@@ -44,7 +44,7 @@ impl LeakyBucket {
             let by_delay = slot.saturating_sub(p.max_delay_us);
             by_queue.max(by_delay).saturating_sub(now)
         });
-        Decision::reject(l, room.saturating_sub(delay) / t, delay, retry)
+        Decision::reject_units(l, room.saturating_sub(delay), t, delay, retry)
     }
 
     /// Applies an accepted request; returns its first slot, `max(next, now)`.

@@ -151,11 +151,11 @@ impl Params {
 pub(crate) fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decision, Option<u64>) {
     let limit = p.quota.limit();
     if blocked_until > now {
-        return (Decision::blocked(limit, blocked_until - now, d.reset_after), None);
+        return (Decision::blocked(limit, blocked_until - now, d.reset_after()), None);
     }
-    if !d.allowed && d.retry_after.is_some() && p.block_us > 0 {
+    if !d.allowed && d.retry_after().is_some() && p.block_us > 0 {
         let until = now.saturating_add(p.block_us);
-        return (Decision::blocked(limit, p.block_us, d.reset_after), Some(until));
+        return (Decision::blocked(limit, p.block_us, d.reset_after()), Some(until));
     }
     (d, None)
 }

@@ -39,8 +39,8 @@ fn fixed_window_boundary_example_lets_five_through_in_one_minute() {
     // A fourth request in the second window is refused until that window ends.
     let d = run(&mut s, &p, T0 + 17 * MIN / 10);
     assert!(!d.allowed);
-    assert_eq!(d.retry_after, Some(Duration::from_secs(18)));
-    assert_eq!(d.remaining, 0);
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(18)));
+    assert_eq!(d.remaining(), 0);
 }
 
 #[test]
@@ -53,7 +53,7 @@ fn sliding_window_log_examples() {
     }
     let d = run(&mut s, &p, T0 + 60 * SEC);
     assert!(!d.allowed);
-    assert_eq!(d.retry_after, Some(Duration::from_secs(10)), "the 10 s entry leaves at 70 s");
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(10)), "the 10 s entry leaves at 70 s");
     assert!(run(&mut s, &p, T0 + 70 * SEC).allowed);
 
     // 000: 3 per minute at 1, 2, 3, 60, 61, 63 s. Rejected requests are not recorded, so
@@ -81,13 +81,13 @@ fn sliding_window_counter_vectors() {
     // 84/15 at 25 %: 78 + 1 <= 100, accepted with 21 left.
     let d = at(84, 15).decide(&Params::new(Quota::per_minute(100)), T0 + 15 * SEC);
     assert!(d.allowed);
-    assert_eq!(d.remaining, 21);
+    assert_eq!(d.remaining(), 21);
     // 9/5 at 15 s: 11.75 + 1 > 12, rejected; fits under 13.
     let now = T0 + 15 * SEC;
     let d = at(9, 5).decide(&Params::new(Quota::per_minute(12)), now);
     assert!(!d.allowed);
     // It fits once 9·(60 - e)/60 <= 6, i.e. e >= 20 s: 5 s from now.
-    assert_eq!(d.retry_after, Some(Duration::from_secs(5)));
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(5)));
     assert!(at(9, 5).decide(&Params::new(Quota::per_minute(13)), now).allowed);
     // 001: 4 per minute, prev 3, curr 2 at 25 %: 4.25 > 4, rejected.
     assert!(!at(3, 2).decide(&Params::new(Quota::per_minute(4)), now).allowed);
@@ -102,12 +102,12 @@ fn gcra_burst_example() {
         for i in 0..6 {
             let d = run(&mut s, &p, T0);
             assert!(d.allowed, "{algo} request {i}");
-            assert_eq!(d.remaining, 5 - i, "{algo}");
+            assert_eq!(d.remaining(), 5 - i, "{algo}");
         }
         let d = run(&mut s, &p, T0);
         assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_millis(10)), "{algo}");
-        assert_eq!(d.reset_after, Duration::from_millis(60), "{algo}");
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(10)), "{algo}");
+        assert_eq!(d.reset_after(), Duration::from_millis(60), "{algo}");
         assert!(!run(&mut s, &p, T0 + 10 * MS - 1).allowed, "{algo}");
         assert!(run(&mut s, &p, T0 + 10 * MS).allowed, "{algo}");
     }
@@ -119,13 +119,13 @@ fn leaky_bucket_shapes_the_design_example() {
     let p = Params::new(Quota::per_second(5).burst(3));
     let mut s = State::new(Algorithm::LeakyBucket);
     let ds: Vec<Decision> = (0..6).map(|_| run(&mut s, &p, T0)).collect();
-    let delays: Vec<u64> = ds.iter().filter(|d| d.allowed).map(|d| d.delay.as_millis() as u64).collect();
+    let delays: Vec<u64> = ds.iter().filter(|d| d.allowed).map(|d| d.delay().as_millis() as u64).collect();
     assert_eq!(delays, [0, 200, 400, 600]);
-    assert_eq!(ds.iter().map(|d| d.remaining).collect::<Vec<_>>(), [3, 2, 1, 0, 0, 0]);
+    assert_eq!(ds.iter().map(|d| d.remaining()).collect::<Vec<_>>(), [3, 2, 1, 0, 0, 0]);
     for d in &ds[4..] {
         assert!(!d.allowed);
         // The queue has room again when the first waiting request has left: 200 ms.
-        assert_eq!(d.retry_after, Some(Duration::from_millis(200)));
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(200)));
     }
     // max_delay caps the wait below B·T.
     let p = Params { max_delay_us: 250 * MS, ..Params::new(Quota::per_second(5).burst(3)) };
@@ -143,13 +143,13 @@ fn costs_above_one_and_above_capacity() {
         let mut s = State::new(algo);
         let d = run(&mut s, &unbounded(q).cost(4), T0);
         assert!(d.allowed, "{algo}");
-        assert_eq!(d.remaining, 6 + extra, "{algo}");
+        assert_eq!(d.remaining(), 6 + extra, "{algo}");
         // Cost above the capacity: rejected with no retry, and nothing changes.
         let cap = 11 + extra;
         let before = s.clone();
         let d = run(&mut s, &unbounded(q).cost(cap), T0);
         assert!(!d.allowed, "{algo}");
-        assert_eq!(d.retry_after, None, "{algo}");
+        assert_eq!(d.retry_after(), None, "{algo}");
         assert_eq!(s, before, "{algo}: a rejection changed the state");
         // Cost 7 more does not fit now (only 6 left), 6 does.
         assert!(!run(&mut s, &unbounded(q).cost(7 + extra), T0).allowed, "{algo}");
@@ -167,7 +167,7 @@ fn absurd_costs_are_rejected_without_overflow() {
             run(&mut s, &unbounded(Quota::per_second(10)), T0);
             let d = run(&mut s, &p, T0);
             assert!(!d.allowed, "{algo} {cost}");
-            assert_eq!(d.retry_after, None, "{algo} {cost}");
+            assert_eq!(d.retry_after(), None, "{algo} {cost}");
         }
         // A check list naming one state twice must not panic either.
         let p = unbounded(Quota::per_second(3));
@@ -206,10 +206,10 @@ fn a_leaky_refund_never_frees_slots_a_later_request_holds() {
     let b = s.commit(&p, T0);
     s.refund(&p, a, T0);
     // B keeps its slot: the next request queues after B, not into B's slot.
-    assert_eq!(s.decide(&p, T0).delay, Duration::from_millis(400));
+    assert_eq!(s.decide(&p, T0).delay(), Duration::from_millis(400));
     // B is the last: its slot comes back.
     s.refund(&p, b, T0);
-    assert_eq!(s.decide(&p, T0).delay, Duration::from_millis(200));
+    assert_eq!(s.decide(&p, T0).delay(), Duration::from_millis(200));
 }
 
 #[test]
@@ -303,11 +303,11 @@ proptest! {
         for &(t, c) in &trace {
             let d = run(&mut s, &Params::new(q).cost(c), t);
             if d.allowed {
-                let leaves = t + d.delay.as_micros() as u64;
+                let leaves = t + d.delay().as_micros() as u64;
                 if let Some((prev, prev_cost)) = last {
                     prop_assert!(leaves >= prev + prev_cost * t_us, "{leaves} after {prev}");
                 }
-                prop_assert!(d.delay.as_micros() as u64 <= q.burst_size() * t_us);
+                prop_assert!(d.delay().as_micros() as u64 <= q.burst_size() * t_us);
                 last = Some((leaves, c));
             }
         }
@@ -321,8 +321,8 @@ proptest! {
             let d = s.decide(&p, t);
             if d.allowed {
                 s.commit(&p, t);
-                prop_assert!(d.remaining <= q.limit().max(q.burst_size()) + 1);
-            } else if let Some(r) = d.retry_after {
+                prop_assert!(d.remaining() <= q.limit().max(q.burst_size()) + 1);
+            } else if let Some(r) = d.retry_after() {
                 let r = r.as_micros() as u64;
                 prop_assert!(s.decide(&p, t + r).allowed, "{} not allowed after retry_after {}", algo, r);
                 if r > 1 {
@@ -523,13 +523,13 @@ fn a_charge_past_the_quota_is_a_debt_paid_exactly_at_its_retry() {
         s.charge(&charge, T0);
         let d = s.decide(&probe, T0);
         assert!(!d.allowed, "{a}: in debt");
-        let retry = u64::try_from(d.retry_after.expect("a debt ends").as_micros()).unwrap();
+        let retry = u64::try_from(d.retry_after().expect("a debt ends").as_micros()).unwrap();
         if let Some(&(_, expected)) = want.iter().find(|(w, _)| *w == a) {
             assert_eq!(retry, expected, "{a}");
         }
         assert!(!s.decide(&probe, T0 + retry - 1).allowed, "{a}: one µs before the retry");
         assert!(s.decide(&probe, T0 + retry).allowed, "{a}: paid at the retry");
-        assert_eq!(s.decide(&probe, T0 + retry).delay, Duration::ZERO, "{a}: a probe takes no slot to wait for");
+        assert_eq!(s.decide(&probe, T0 + retry).delay(), Duration::ZERO, "{a}: a probe takes no slot to wait for");
         // Charges add up: in debt again from where the first left off.
         s.charge(&charge, T0 + retry);
         assert!(!s.decide(&probe, T0 + retry).allowed, "{a}");
@@ -549,7 +549,7 @@ fn a_charge_of_any_size_stops_at_the_debt_horizon() {
             }
             let d = s.decide(&probe, T0);
             assert!(!d.allowed, "{a} {q}");
-            let retry = u64::try_from(d.retry_after.expect("a debt ends").as_micros()).unwrap();
+            let retry = u64::try_from(d.retry_after().expect("a debt ends").as_micros()).unwrap();
             assert!(retry <= MAX_DEBT + 2 * q.period_micros(), "{a} {q}: {retry} µs");
             assert!(s.expires_at(&probe) < 1 << 53, "{a} {q}: exact in Lua");
         }
@@ -577,7 +577,7 @@ proptest! {
             }
             let d = s.decide(&probe, now);
             if !d.allowed {
-                let retry = u64::try_from(d.retry_after.expect("a debt ends").as_micros()).unwrap();
+                let retry = u64::try_from(d.retry_after().expect("a debt ends").as_micros()).unwrap();
                 prop_assert!(retry > 0);
                 prop_assert!(s.decide(&probe, now + retry).allowed, "{a}: not admitted at its retry {retry}");
                 prop_assert!(!s.decide(&probe, now + retry - 1).allowed, "{a}: admitted before its retry {retry}");
@@ -595,10 +595,10 @@ fn a_cost_that_can_never_fit_starts_no_block() {
         p.block_us = 60_000_000;
         p.cost = 10;
         let d = State::new(a).decide(&p, T0);
-        assert!(!d.allowed && d.retry_after.is_none(), "{a}: {d:?}");
+        assert!(!d.allowed && d.retry_after().is_none(), "{a}: {d:?}");
         let (d, block) = super::blocking(d, 0, &p, T0);
         assert_eq!(block, None, "{a}: a block started");
-        assert!(d.retry_after.is_none(), "{a}: {d:?}");
+        assert!(d.retry_after().is_none(), "{a}: {d:?}");
         // Three units then one more: an ordinary rejection blocks.
         p.cost = 1;
         let mut s = State::new(a);
@@ -849,7 +849,7 @@ fn a_commit_before_the_states_first_into_it_is_refunded() {
         let at = s.commit(&p, T0 + 9 * SEC);
         s.refund(&p, at, T0 + 9 * SEC);
         // One unit in use: 3 left after this decision's own.
-        let left = s.decide(&p, T0 + 10 * SEC).remaining;
+        let left = s.decide(&p, T0 + 10 * SEC).remaining();
         if left != 3 {
             wrong.push(format!("{algo}: behind born, same window: {left} left, not 3"));
         }
@@ -860,7 +860,7 @@ fn a_commit_before_the_states_first_into_it_is_refunded() {
         let at = s.commit(&p, T0 + MIN - MS);
         assert_eq!(at, T0 + MIN);
         s.refund(&p, at, T0 + MIN - MS);
-        let left = s.decide(&p, T0 + MIN + MS).remaining;
+        let left = s.decide(&p, T0 + MIN + MS).remaining();
         if left != 3 {
             wrong.push(format!("{algo}: behind born, across a boundary: {left} left, not 3"));
         }

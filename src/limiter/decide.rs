@@ -119,8 +119,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             match answer {
                 Ok(Ok(o)) => {
                     if let Some((shares, share_id)) = teach {
-                        let remaining = if o.decision.allowed { o.decision.remaining } else { 0 };
-                        let whole_in = u64::try_from(o.decision.reset_after.as_micros()).unwrap_or(u64::MAX);
+                        let remaining = if o.decision.allowed { o.decision.remaining() } else { 0 };
+                        let whole_in = u64::try_from(o.decision.reset_after().as_micros()).unwrap_or(u64::MAX);
                         shares.record(share_id, &check, remaining, whole_in, servers, now, asked, false);
                     }
                     if let Some(refund) = slices.install(id, epoch, &check, &o, asked, now) {
@@ -200,7 +200,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             match &mut sliced.units[i] {
                 Some((_, decision)) if refused => {
                     // Refused by another rule: this one's units go back (when `sliced` drops).
-                    merged.outcomes.push(Some(Outcome { decision: decision.clone(), taken: None }));
+                    merged.outcomes.push(Some(Outcome { decision: *decision, taken: None }));
                     merged.slices.push(None);
                     merged.copies.push(None);
                     as_held.push(check.clone());
@@ -300,10 +300,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
             if !shadow {
                 if !d.allowed {
-                    worst.offer(d.retry_after, (verdict.decided.len(), &check.key));
+                    worst.offer(d.retry_after(), (verdict.decided.len(), &check.key));
                 }
                 let (quota, cost) = (check.params.quota, check.params.cost);
-                let decided = Decided { rule, name: check.rule, quota, decision: d.clone(), cost };
+                let decided = Decided { rule, name: check.rule, quota, decision: *d, cost };
                 verdict.decided.push(decided);
             }
         }
@@ -491,7 +491,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
             let quota = check.params.quota;
             match self.runtime.cache.lookup(set.id(rule), &check.key, check.params.cost, quota, now) {
-                Some(Cached::Blocked(decision)) => worst.offer(decision.retry_after, (check, rule, decision)),
+                Some(Cached::Blocked(decision)) => worst.offer(decision.retry_after(), (check, rule, decision)),
                 // A rejection due to be asked again (a reset elsewhere may have lifted it):
                 // the store answers, and names the longest wait itself.
                 Some(Cached::Recheck) => return None,
@@ -537,8 +537,8 @@ impl Teach<'_> {
             let id = set.id(rule);
             // Only a rule that falls back has a share to bound.
             if set.fail_mode_of(rule) == FailMode::Fallback {
-                let remaining = if d.allowed { d.remaining } else { 0 };
-                let whole_in = u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX);
+                let remaining = if d.allowed { d.remaining() } else { 0 };
+                let whole_in = u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX);
                 let parts = self.servers * set.sharers(rule);
                 self.shares.record(
                     set.share_id(rule),
@@ -554,7 +554,7 @@ impl Teach<'_> {
             let r = &set.rules[rule];
             // A count-by-outcome rule's rejection may end with a refund; a block is final.
             let Some(cache) = self.cache else { continue };
-            if d.allowed || d.retry_after.is_none() || (r.count_if.is_some() && r.block.is_zero()) {
+            if d.allowed || d.retry_after().is_none() || (r.count_if.is_some() && r.block.is_zero()) {
                 continue;
             }
             // A block refuses every cost: cached as cost 0, which every request reaches.
@@ -676,7 +676,7 @@ fn record(check: &Check, d: &Decision, shadow: bool, started: Option<Instant>, b
     tracing::debug!(
         rule = %check.rule,
         allowed = d.allowed,
-        remaining = d.remaining,
+        remaining = d.remaining(),
         decided_by = by,
         store_latency_us = started.map_or(0, |t| u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)),
         "tollgate decision"

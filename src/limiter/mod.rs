@@ -32,7 +32,7 @@ use crate::key::Key;
 use crate::quota::Quota;
 use crate::rule::Rule;
 use crate::runtime::Runtime;
-use crate::store::Store;
+use crate::store::{LocalStore, Store};
 use crate::verdict::{Ruling, Verdict};
 
 /// Decides whether inputs of type `I` are within their limits: the rules, the store, and
@@ -459,7 +459,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let mut decision = self.holders.store.peek(&check).await?;
         // The store counted this server's slices as taken: what they hold is not used yet.
         let held = self.runtime.slices.held(id, &check.key, self.runtime.mono_us());
-        decision.remaining = decision.remaining.saturating_add(held).min(decision.limit);
+        decision.set_remaining(decision.remaining().saturating_add(held).min(decision.limit));
         Ok(decision)
     }
 
@@ -507,6 +507,39 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             return Ok(());
         }
         self.holders.store.refund(&refunds).await
+    }
+}
+
+impl<St: LocalStore, I: ?Sized + 'static> Limiter<St, I> {
+    /// [`Limiter::check_key`] at once, for an in-process store ([`MemoryStore`], any
+    /// [`LocalStore`]): the same decision, count and verdict, with no future and no
+    /// runtime — a job loop or a synchronous caller decides in its own thread.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, MemoryStore, Quota};
+    ///
+    /// let limiter = Limiter::<_, str>::builder(MemoryStore::new())
+    ///     .rule("exports", Quota::per_hour(2), |account: &str| Some(account.to_owned()))
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(limiter.check_key_now("exports", 42u64, 1).is_allowed());
+    /// assert!(limiter.check_key_now("exports", 42u64, 1).is_allowed());
+    /// assert!(limiter.check_key_now("exports", "42", 1).is_rejected(), "42 and \"42\" are one key");
+    /// ```
+    ///
+    /// [`MemoryStore`]: crate::MemoryStore
+    pub fn check_key_now(&self, rule: &str, key: impl Into<Key>, cost: u64) -> Verdict {
+        let plan = match self.plan_key(rule, key.into(), cost) {
+            Ok(plan) => plan,
+            Err(verdict) => return verdict,
+        };
+        match self.decide_now(plan) {
+            self::decide::Now::Decided(verdict, _) => {
+                self.holders.kept(&verdict.held.units);
+                verdict
+            }
+            self::decide::Now::Later(_) => unreachable!("a LocalStore decides at once"),
+        }
     }
 }
 

@@ -99,14 +99,16 @@ impl BlockedCache {
             let left = Duration::from_micros(e.until - now);
             let passed = Duration::from_micros(now.saturating_sub(e.at));
             let d = &e.decision;
-            Decision {
-                reset_after: d.reset_after.saturating_sub(passed).max(left),
-                // On a 429 the next unit comes with the retry (as the store's answer says).
-                refill_after: left,
-                retry_after: Some(left),
-                delay: Duration::ZERO,
-                ..d.clone()
-            }
+            // On a 429 the next unit comes with the retry (as the store's answer says).
+            Decision::from_parts(
+                d.allowed,
+                d.limit,
+                d.remaining(),
+                d.reset_after().saturating_sub(passed).max(left),
+                left,
+                Some(left),
+                Duration::ZERO,
+            )
         }))
     }
 
@@ -132,7 +134,7 @@ impl BlockedCache {
         max_age: u64,
         epoch: u64,
     ) {
-        let Some(retry) = decision.retry_after else { return };
+        let Some(retry) = decision.retry_after() else { return };
         let until = now.saturating_add(u64::try_from(retry.as_micros()).unwrap_or(u64::MAX));
         let fresh_until = until.min(now.saturating_add(max_age));
         let (h, mut shard) = self.shard(rule, key);
@@ -142,16 +144,8 @@ impl BlockedCache {
         }
         // A lookup racing with this may miss the new entry and ask the store: harmless.
         self.last_until.fetch_max(fresh_until, Ordering::Relaxed);
-        let entry = BlockedEntry {
-            rule,
-            key: key.clone(),
-            cost,
-            quota,
-            until,
-            fresh_until,
-            decision: decision.clone(),
-            at: now,
-        };
+        let entry =
+            BlockedEntry { rule, key: key.clone(), cost, quota, until, fresh_until, decision: *decision, at: now };
         if let Some(e) = shard.table.find_mut(h, |e| e.rule == rule && e.key == *key) {
             *e = entry;
             return;
@@ -188,15 +182,15 @@ mod tests {
 
     /// A store's rejection: 3 of 10 left, the next fit in `retry` µs, all back in 40 s.
     fn rejected(retry: u64) -> Decision {
-        Decision {
-            allowed: false,
-            limit: 10,
-            remaining: 3,
-            reset_after: Duration::from_secs(40),
-            refill_after: Duration::from_micros(retry),
-            retry_after: Some(Duration::from_micros(retry)),
-            delay: Duration::ZERO,
-        }
+        Decision::from_parts(
+            false,
+            10,
+            3,
+            Duration::from_secs(40),
+            Duration::from_micros(retry),
+            Some(Duration::from_micros(retry)),
+            Duration::ZERO,
+        )
     }
 
     #[test]
@@ -207,10 +201,10 @@ mod tests {
         cache.insert(7, &k, 2, q, 1_000, &rejected(500), u64::MAX, 0);
         let d = cache.blocked(7, &k, 2, q, 1_499).unwrap();
         // The store's answer, 499 µs on.
-        assert_eq!((d.allowed, d.limit, d.remaining), (false, 10, 3));
-        assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
-        assert_eq!(d.refill_after, Duration::from_micros(1));
-        assert_eq!(d.reset_after, Duration::from_micros(40_000_000 - 499));
+        assert_eq!((d.allowed, d.limit, d.remaining()), (false, 10, 3));
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(1)));
+        assert_eq!(d.refill_after(), Duration::from_micros(1));
+        assert_eq!(d.reset_after(), Duration::from_micros(40_000_000 - 499));
         assert!(cache.blocked(7, &k, 3, q, 1_200).is_some(), "a larger cost is rejected too");
         assert!(cache.blocked(7, &k, 1, q, 1_200).is_none(), "a smaller cost may fit");
         assert!(cache.blocked(7, &k, 2, Quota::per_minute(20), 1_200).is_none(), "another tier's limit");
@@ -232,7 +226,7 @@ mod tests {
         let (k, q) = (Key::from("k"), Quota::per_minute(10));
         cache.insert(9, &k, 1, q, 1_000, &rejected(10_000), 100, 0);
         let d = cache.blocked(9, &k, 1, q, 1_050).expect("fresh");
-        assert_eq!(d.retry_after, Some(Duration::from_micros(9_950)), "the store's retry, not the cache's age");
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(9_950)), "the store's retry, not the cache's age");
         assert!(cache.blocked(9, &k, 1, q, 1_100).is_none(), "asked again after max_age");
     }
 

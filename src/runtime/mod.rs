@@ -301,7 +301,7 @@ impl Runtime {
                 o.decision.limit = c.params.quota.limit();
                 if o.taken.is_some() {
                     if let Some(left) = self.shares.take(ids[i], c, c.params.cost, now) {
-                        o.decision.remaining = o.decision.remaining.min(left);
+                        o.decision.set_remaining(o.decision.remaining().min(left));
                     }
                 }
                 said_of_whole(&mut o.decision, c);
@@ -398,15 +398,7 @@ impl Mono {
 /// of what the store said remains, until the store's quota is whole again.
 fn share_spent(check: &Check, whole_in: u64) -> Outcome {
     let wait = Duration::from_micros(whole_in);
-    let decision = Decision {
-        allowed: false,
-        limit: check.params.quota.limit(),
-        remaining: 0,
-        reset_after: wait,
-        refill_after: wait,
-        retry_after: Some(wait),
-        delay: Duration::ZERO,
-    };
+    let decision = Decision::from_parts(false, check.params.quota.limit(), 0, wait, wait, Some(wait), Duration::ZERO);
     Outcome { decision, taken: None }
 }
 
@@ -422,16 +414,16 @@ fn said_of_whole(d: &mut Decision, check: &Check) {
     let window = whole.period().max(Duration::from_micros(
         whole.burst_size().saturating_mul(whole.emission_interval_micros()).min(u64::MAX / 2),
     ));
-    if !d.allowed && d.retry_after.is_none() && check.params.cost <= capacity(check) {
+    if !d.allowed && d.retry_after().is_none() && check.params.cost <= capacity(check) {
         let room = check.params.cost.saturating_mul(whole.emission_interval_micros());
-        d.retry_after = Some(Duration::from_micros(room).min(window));
+        d.set_retry_after(Some(Duration::from_micros(room).min(window)));
     }
     if check.params.reads_block() {
         return;
     }
-    d.retry_after = d.retry_after.map(|r| r.min(window));
-    d.reset_after = d.reset_after.min(window);
-    d.refill_after = d.refill_after.min(window);
+    d.set_retry_after(d.retry_after().map(|r| r.min(window)));
+    d.set_reset_after(d.reset_after().min(window));
+    d.set_refill_after(d.refill_after().min(window));
 }
 
 /// The most units one check of `check`'s algorithm can ever admit under its whole quota:
@@ -566,22 +558,14 @@ mod tests {
             params: Params::new(q),
         };
         let long = Duration::from_secs(106);
-        let refused = Decision {
-            allowed: false,
-            limit: 60,
-            remaining: 0,
-            reset_after: long,
-            refill_after: long,
-            retry_after: Some(long),
-            delay: Duration::ZERO,
-        };
-        let mut d = refused.clone();
+        let refused = Decision::from_parts(false, 60, 0, long, long, Some(long), Duration::ZERO);
+        let mut d = refused;
         said_of_whole(&mut d, &check);
-        assert_eq!((d.retry_after, d.reset_after), (Some(q.period()), q.period()));
+        assert_eq!((d.retry_after(), d.reset_after()), (Some(q.period()), q.period()));
         check.params.blockable = true;
-        let mut d = refused.clone();
+        let mut d = refused;
         said_of_whole(&mut d, &check);
-        assert_eq!(d.retry_after, Some(long), "a block lasts as the store said");
+        assert_eq!(d.retry_after(), Some(long), "a block lasts as the store said");
     }
 
     #[test]

@@ -197,7 +197,7 @@ impl Entry {
     /// Learns what the store said of the key (a slice's grant or refusal, a request's
     /// answer), asked at `asked`.
     fn learn(&mut self, check: &Check, o: &Outcome, asked: u64, now: u64) {
-        self.remaining = if o.decision.allowed { o.decision.remaining } else { 0 };
+        self.remaining = if o.decision.allowed { o.decision.remaining() } else { 0 };
         if let Some(taken) = o.taken {
             let period = check.params.quota.period_micros().max(1);
             let to_end = (taken.at / period + 1) * period - taken.at;
@@ -306,15 +306,15 @@ impl Slices {
         if let Some(slice) = slice {
             let elapsed = now.saturating_sub(slice.asked);
             let remaining = e.remaining.saturating_add(held);
-            let decision = Decision {
-                allowed: true,
-                limit: check.params.quota.limit(),
+            let decision = Decision::from_parts(
+                true,
+                check.params.quota.limit(),
                 remaining,
-                reset_after: Duration::from_micros(slice.reset_after.saturating_sub(elapsed)),
-                refill_after: Duration::from_micros(slice.refill_after.saturating_sub(elapsed)),
-                retry_after: None,
-                delay: Duration::ZERO,
-            };
+                Duration::from_micros(slice.reset_after.saturating_sub(elapsed)),
+                Duration::from_micros(slice.refill_after.saturating_sub(elapsed)),
+                None,
+                Duration::ZERO,
+            );
             take.unit = Some((slice.clone(), decision));
         }
         // Asked for ahead of need: when what is held would last less than an eighth of a
@@ -393,8 +393,8 @@ impl Slices {
             until,
             ended_by: now.saturating_add(to_end),
             asked,
-            reset_after: micros(o.decision.reset_after),
-            refill_after: micros(o.decision.refill_after),
+            reset_after: micros(o.decision.reset_after()),
+            refill_after: micros(o.decision.refill_after()),
             left: AtomicU64::new(check.params.cost),
         };
         crate::metrics::slice_taken(check.rule);

@@ -707,18 +707,18 @@ async fn server_time(algorithm: Algorithm) {
     assert_eq!(passed, want, "{algorithm}: {decisions:#?}");
     assert!(decisions[..want].iter().all(|d| d.allowed), "{algorithm}: the first {want} pass");
     for d in &decisions[want..] {
-        assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO), "{algorithm}: {d:?}");
-        assert_eq!(d.remaining, 0, "{algorithm}: {d:?}");
+        assert!(d.retry_after().is_some_and(|r| r > Duration::ZERO), "{algorithm}: {d:?}");
+        assert_eq!(d.remaining(), 0, "{algorithm}: {d:?}");
     }
     if algorithm == Algorithm::LeakyBucket {
-        let delays: Vec<u128> = decisions[..want].iter().map(|d| d.delay.as_millis()).collect();
+        let delays: Vec<u128> = decisions[..want].iter().map(|d| d.delay().as_millis()).collect();
         // 0, 200, 400, 600 ms, less the µs that passed between the requests.
         for (i, d) in delays.iter().enumerate() {
             let slot = 200 * i as u128;
             assert!(*d <= slot && d + 50 >= slot, "leaky bucket delays {delays:?}");
         }
     } else {
-        let remaining: Vec<u64> = decisions[..want].iter().map(|d| d.remaining).collect();
+        let remaining: Vec<u64> = decisions[..want].iter().map(|d| d.remaining()).collect();
         assert_eq!(remaining, (0..10).rev().collect::<Vec<u64>>(), "{algorithm}");
     }
     // Peek agrees and consumes nothing.

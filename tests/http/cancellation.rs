@@ -137,7 +137,7 @@ async fn dropped_while_waiting_for_its_slot_gives_back_the_slot_and_the_units() 
     let res = svc.clone().oneshot(get("/", "a")).await.unwrap();
     assert_eq!(started.elapsed(), Duration::from_millis(100));
     let count = layer.peek("count", "a").await.unwrap();
-    assert_eq!(count.remaining, 0, "1 + 1 taken, and the peek's own: {count:?}");
+    assert_eq!(count.remaining(), 0, "1 + 1 taken, and the peek's own: {count:?}");
     assert_eq!(res.status(), StatusCode::OK);
 }
 
@@ -155,7 +155,7 @@ async fn dropped_while_waiting_for_readiness_after_its_slot_gives_back_its_units
     let _ = holder.await;
     settle().await;
     let count = layer.peek("count", "a").await.unwrap();
-    assert_eq!(count.remaining, 2, "the dropped request kept its unit: {count:?}");
+    assert_eq!(count.remaining(), 2, "the dropped request kept its unit: {count:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -165,11 +165,11 @@ async fn dropped_during_the_inner_call_keeps_what_a_forwarded_request_took_but_c
     dropped(&svc, get("/hang", "a"), Duration::from_millis(10)).await;
     // Forwarded: the request counts. Its status never came: the count-by-outcome unit is
     // refunded.
-    assert_eq!(layer.peek("count", "a").await.unwrap().remaining, 1);
-    assert_eq!(layer.peek("login", "a").await.unwrap().remaining, 2);
+    assert_eq!(layer.peek("count", "a").await.unwrap().remaining(), 1);
+    assert_eq!(layer.peek("login", "a").await.unwrap().remaining(), 2);
     assert_eq!(svc.clone().oneshot(get("/fail", "a")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
     settle().await;
-    assert_eq!(layer.peek("login", "a").await.unwrap().remaining, 1);
+    assert_eq!(layer.peek("login", "a").await.unwrap().remaining(), 1);
 }
 
 /// An inner service that answers with an error (no response, so no status to count): the
@@ -185,8 +185,8 @@ async fn an_inner_error_keeps_what_a_forwarded_request_took_but_count_if_units()
     settle().await;
     // What one more request would leave: 1 of 3 for `count` (this one counted), 2 for
     // `login` (its unit back).
-    assert_eq!(layer.peek("count", "a").await.unwrap().remaining, 1);
-    assert_eq!(layer.peek("login", "a").await.unwrap().remaining, 2);
+    assert_eq!(layer.peek("count", "a").await.unwrap().remaining(), 1);
+    assert_eq!(layer.peek("login", "a").await.unwrap().remaining(), 2);
 }
 
 /// An in-process store decides within `call`, before the response future exists: a
@@ -202,7 +202,7 @@ async fn a_response_future_dropped_before_its_first_poll_gives_back_everything_o
     let left = || async {
         let count = layer.peek("count", "a").await.unwrap();
         let login = layer.peek("login", "a").await.unwrap();
-        (count.allowed, count.remaining, login.remaining)
+        (count.allowed, count.remaining(), login.remaining())
     };
     // `remaining` counts what a peek's own unit would leave: 3 - 1 taken - 1.
     assert_eq!(left().await, (true, 1, 1));
@@ -253,7 +253,7 @@ async fn an_unpolled_response_future_never_reaches_the_inner_service() {
         settle().await;
     }
     assert_eq!(calls.load(Ordering::SeqCst), 0);
-    assert_eq!(layer.peek("default", "a").await.unwrap().remaining, 2, "nothing taken");
+    assert_eq!(layer.peek("default", "a").await.unwrap().remaining(), 2, "nothing taken");
 }
 
 /// A handler that panics in `call` was forwarded: its request counts, as it did when the
@@ -431,7 +431,7 @@ async fn a_request_dropped_while_its_shadow_call_is_in_flight_gives_back_its_enf
     assert!(r.is_err(), "dropped while the shadow call hangs");
     settle().await;
     // `remaining` counts what the peek's own unit would leave: 2 - 0 - 1 = 1.
-    assert_eq!(layer.peek("count", "a").await.unwrap().remaining, 1, "the dropped request kept its unit");
+    assert_eq!(layer.peek("count", "a").await.unwrap().remaining(), 1, "the dropped request kept its unit");
 }
 
 /// The same through `Limiter::check`: two checks dropped while their shadow call is on its
@@ -448,7 +448,7 @@ async fn a_limiter_check_dropped_while_its_shadow_call_is_in_flight_keeps_nothin
         assert!(tokio::time::timeout(Duration::from_millis(10), limiter.check("a")).await.is_err());
     }
     settle().await; // a remote store's units come back in a task
-    assert_eq!(limiter.peek("count", "a").await.unwrap().remaining, 1, "two dropped checks kept 2 units");
+    assert_eq!(limiter.peek("count", "a").await.unwrap().remaining(), 1, "two dropped checks kept 2 units");
 }
 
 /// The other way round: the shadow rule's call has answered (a unit taken), the enforced
@@ -465,7 +465,7 @@ async fn a_request_dropped_while_its_enforced_call_is_in_flight_gives_back_its_s
     let r = tokio::time::timeout(Duration::from_millis(10), svc.clone().oneshot(get("/", "a"))).await;
     assert!(r.is_err(), "dropped while the enforced call hangs");
     settle().await;
-    assert_eq!(layer.peek("tally", "global").await.unwrap().remaining, 1, "the dropped request kept its unit");
+    assert_eq!(layer.peek("tally", "global").await.unwrap().remaining(), 1, "the dropped request kept its unit");
 }
 
 /// With no tokio runtime at all, an in-process store's refund is taken on the spot

@@ -47,7 +47,7 @@ async fn remaining(store: &MemoryStore, rule: &str, key: &str) -> u64 {
         algorithm: Algorithm::default(),
         params: Params::new(Quota::per_minute(100)),
     };
-    store.peek(&check).await.unwrap().remaining
+    store.peek(&check).await.unwrap().remaining()
 }
 
 /// Polls `f` to completion with no runtime (every future here wakes itself).

@@ -23,7 +23,7 @@ fn user(u: &str) -> Option<Key> {
 async fn remaining<S: Store>(store: &S, rule: &str, key: &str, quota: Quota) -> u64 {
     let check =
         Check { rule: rule.into(), key: key.into(), algorithm: Algorithm::default(), params: Params::new(quota) };
-    Store::peek(store, &check).await.unwrap().remaining
+    Store::peek(store, &check).await.unwrap().remaining()
 }
 
 /// A late call the store admitted holds the store's copy of the fallback's units: the
@@ -109,7 +109,7 @@ async fn charges_taken_by_the_fallback_reach_the_store() {
     assert_eq!(limiter.check("k").await.decided_by(), Some(DecidedBy::Store));
     settle().await;
     let v = limiter.check("k").await;
-    let left = v.decisions().next().map(|d| d.decision.remaining);
+    let left = v.decisions().next().map(|d| d.decision.remaining());
     assert_eq!(left, Some(0), "the fallback's 10 tokens reached the store: {v:?}");
 }
 
@@ -271,7 +271,7 @@ async fn a_partly_failed_write_back_does_not_charge_the_live_keys_again() {
         algorithm: Algorithm::default(),
         params: Params::new(q),
     };
-    let left = Store::peek(&store, &check).await.unwrap().remaining;
+    let left = Store::peek(&store, &check).await.unwrap().remaining();
     // 21 admitted on the IP (one by the fallback, 20 by the store); a peek decides one more.
     assert_eq!(100 - left - 1, 21, "the store counts {} for 21 requests on the IP", 100 - left - 1);
 }

@@ -70,7 +70,7 @@ async fn the_fallbacks_remaining_counts_down_to_its_429() {
         if v.is_rejected() {
             break v;
         }
-        said.push(v.most_restrictive().unwrap().decision.remaining);
+        said.push(v.most_restrictive().unwrap().decision.remaining());
         assert!(said.len() <= 60, "the fallback never refused");
     };
     assert_eq!(said.len(), 14, "the store said 14 remain; the fallback admitted {}", said.len());
@@ -119,8 +119,8 @@ async fn a_successful_login_decided_by_the_fallback_leaves_nothing_in_the_store(
     settle().await;
     // A peek says what one more request would leave: 2 counted, 1 after the next.
     let d = Store::peek(&store, &check).await.unwrap();
-    let counted = d.reset_after.as_secs().div_ceil(q.period().as_secs() / 4);
-    assert!(d.allowed && d.remaining == 1, "two failed logins, yet the store counts {counted} units: {d:?}");
+    let counted = d.reset_after().as_secs().div_ceil(q.period().as_secs() / 4);
+    assert!(d.allowed && d.remaining() == 1, "two failed logins, yet the store counts {counted} units: {d:?}");
 }
 
 /// The handler finds who decided beside the `Decision`: the store, or the fallback while

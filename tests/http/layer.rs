@@ -45,7 +45,7 @@ impl Service<Request<Body>> for Counting {
         self.0.fetch_add(1, Ordering::SeqCst);
         let mut res = Response::new(Body::empty());
         if let Some(d) = req.extensions().get::<Decision>() {
-            res.headers_mut().insert("x-seen-remaining", d.remaining.into());
+            res.headers_mut().insert("x-seen-remaining", d.remaining().into());
         }
         if req.uri().path() == "/unauthorized" {
             *res.status_mut() = StatusCode::UNAUTHORIZED;

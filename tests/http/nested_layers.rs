@@ -179,8 +179,8 @@ async fn an_outer_layer_on_a_remote_store_answers_as_on_an_in_process_one() {
                 .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
                 .collect();
             hs.sort();
-            let o = outer.peek("outer", "a").await.unwrap().remaining;
-            let l = outer.peek("login", "a").await.unwrap().remaining;
+            let o = outer.peek("outer", "a").await.unwrap().remaining();
+            let l = outer.peek("login", "a").await.unwrap().remaining();
             out.push((res.status().as_u16(), hs, o, l));
         }
         out

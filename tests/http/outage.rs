@@ -117,7 +117,7 @@ async fn a_stalled_process_is_not_a_failed_store() {
         params: tollgate::store::Params::new(Quota::per_minute(100)),
     };
     let left = tollgate::store::Store::peek(&store, &check).await.unwrap();
-    assert_eq!(left.remaining, 93, "six units taken in the store (a peek decides one more)");
+    assert_eq!(left.remaining(), 93, "six units taken in the store (a peek decides one more)");
 }
 
 /// A stall does not hide a dead store, and a dead store is not blamed for a stall. In
@@ -264,7 +264,7 @@ async fn left(store: &Remote, quota: Quota, key: &str) -> u64 {
         algorithm: tollgate::Algorithm::default(),
         params: tollgate::store::Params::new(quota),
     };
-    tollgate::store::Store::peek(store, &check).await.unwrap().remaining
+    tollgate::store::Store::peek(store, &check).await.unwrap().remaining()
 }
 
 /// The store unreachable: what the fallback admits is charged to the store when it

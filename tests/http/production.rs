@@ -185,7 +185,7 @@ async fn a_request_rejected_by_one_rule_consumes_nothing_from_the_others() {
     let after = peek_all(&a, "4.4.5.5", "pro-0", "acct-pro", Tier::Pro).await;
     assert_eq!(before, after, "the rejected request changed another rule's state");
     // Exactly the 100 accepted requests were counted (a peek answers as if one more came).
-    let remaining: Vec<u64> = after.iter().map(|d| d.as_ref().unwrap().remaining).collect();
+    let remaining: Vec<u64> = after.iter().map(|d| d.as_ref().unwrap().remaining()).collect();
     assert_eq!(remaining, [599, 0, 6_000 - 101, 100_000 - 101]);
 
     // The same through the store itself: the address of the rejected request is untouched.
@@ -195,7 +195,7 @@ async fn a_request_rejected_by_one_rule_consumes_nothing_from_the_others() {
         algorithm: Algorithm::SlidingWindowCounter,
         params: Params::new(Quota::per_minute(600)),
     };
-    assert_eq!(a.store.peek(&check).await.unwrap().remaining, 599);
+    assert_eq!(a.store.peek(&check).await.unwrap().remaining(), 599);
 
     // And the other way round: rejected by account-minute, the key and the address keep
     // their budgets.
@@ -205,7 +205,7 @@ async fn a_request_rejected_by_one_rule_consumes_nothing_from_the_others() {
     let before = peek_all(&a, "4.4.6.6", "free-2", "acct-free", Tier::Free).await;
     assert_rejected_by(&send(&a.public, api("/api/me", Some("free-2"), "4.4.6.6")).await, "account-minute");
     assert_eq!(before, peek_all(&a, "4.4.6.6", "free-2", "acct-free", Tier::Free).await);
-    assert_eq!(a.limits.api.peek("api-key", "free-2").await.unwrap().remaining, 99, "free-2 unspent");
+    assert_eq!(a.limits.api.peek("api-key", "free-2").await.unwrap().remaining(), 99, "free-2 unspent");
 }
 
 #[tokio::test]
@@ -256,7 +256,7 @@ async fn pro_tier_gets_6000_a_minute_and_100000_a_day() {
     }
     assert_rejected_by(&send(&a.public, api("/api/me", Some("pro-99"), "6.6.99.1")).await, "account-minute");
     let day = a.limits.api.peek_with("account-day", "acct-pro", Quota::per_day(100_000)).await.unwrap();
-    assert_eq!(day.remaining, 100_000 - 6_001, "6,000 of the day's 100,000 are spent");
+    assert_eq!(day.remaining(), 100_000 - 6_001, "6,000 of the day's 100,000 are spent");
     // A minute later the pro account goes on.
     a.clock.advance(Duration::from_secs(120));
     assert_eq!(send(&a.public, api("/api/me", Some("pro-99"), "6.6.99.1")).await.status(), StatusCode::OK);
@@ -321,7 +321,7 @@ async fn a_404_spends_no_quota_and_health_is_never_limited() {
         assert!(!health.headers().contains_key(X_RATELIMIT_LIMIT), "/health is outside every limit");
     }
     let fresh = peek_all(&a, "9.9.9.9", "free-1", "acct-free", Tier::Free).await;
-    let remaining: Vec<u64> = fresh.iter().map(|d| d.as_ref().unwrap().remaining).collect();
+    let remaining: Vec<u64> = fresh.iter().map(|d| d.as_ref().unwrap().remaining()).collect();
     assert_eq!(remaining, [599, 99, 59, 999], "nothing was spent");
     let res = send(&a.public, api("/api/me", Some("free-1"), "9.9.9.9")).await;
     // The handler sees the most restrictive rule's decision: account-minute, 59 left.

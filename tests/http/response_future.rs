@@ -20,7 +20,7 @@ fn get(path: &str, key: &str) -> Request<Body> {
 /// 5, `/err` is an error; each response says whether the handler saw a `Decision`.
 fn inner() -> impl Service<Request<Body>, Response = Response<Body>, Error = &'static str, Future: Send> + Clone {
     tower::service_fn(|req: Request<Body>| async move {
-        let seen = req.extensions().get::<Decision>().map(|d| d.remaining.to_string()).unwrap_or_default();
+        let seen = req.extensions().get::<Decision>().map(|d| d.remaining().to_string()).unwrap_or_default();
         let mut res = Response::builder().header("x-seen", seen).body(Body::empty()).unwrap();
         match req.uri().path() {
             "/hang" => std::future::pending().await,
@@ -58,11 +58,11 @@ async fn a_leaky_bucket_beside_count_if_rules() {
     let r = tokio::time::timeout(Duration::from_millis(300), svc.clone().oneshot(get("/hang", "a"))).await;
     assert!(r.is_err());
     settle().await;
-    assert_eq!(layer.peek("login", "a").await.unwrap().remaining, 1);
+    assert_eq!(layer.peek("login", "a").await.unwrap().remaining(), 1);
     let res = svc.clone().oneshot(get("/fail", "a")).await.unwrap();
     assert_eq!(res.headers()["x-seen"], "1");
     settle().await;
-    assert_eq!(layer.peek("login", "a").await.unwrap().remaining, 0);
+    assert_eq!(layer.peek("login", "a").await.unwrap().remaining(), 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ fn three_rules_on<St: Store>(store: St) -> RateLimitLayer<St> {
 }
 
 async fn left_on<St: Store>(layer: &RateLimitLayer<St>, key: &str) -> (u64, u64, u64) {
-    let r = |rule| async move { layer.peek(rule, key).await.unwrap().remaining };
+    let r = |rule| async move { layer.peek(rule, key).await.unwrap().remaining() };
     (r("count").await, r("login").await, r("tokens").await)
 }
 
@@ -167,7 +167,7 @@ async fn a_leaky_bucket_beside_count_if_and_charged_rules_on_a_remote_store() {
     let svc = layer.clone().layer(inner());
     let peek = |rule: &'static str| {
         let layer = layer.clone();
-        async move { layer.peek(rule, "a").await.unwrap().remaining }
+        async move { layer.peek(rule, "a").await.unwrap().remaining() }
     };
     assert_eq!(svc.clone().oneshot(get("/fail", "a")).await.unwrap().status(), StatusCode::UNAUTHORIZED); // slot 0
     settle().await;

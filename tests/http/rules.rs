@@ -119,10 +119,10 @@ async fn a_refused_request_takes_nothing_from_shadow_rules() {
     assert!(statuses[1..].iter().all(|&s| s == StatusCode::TOO_MANY_REQUESTS), "{statuses:?}");
     // No 401: the 401 counter holds nothing (a peek reports the room after one more).
     let logins = layer.peek("logins", "global").await.unwrap();
-    assert_eq!(logins.remaining, 2, "the shadow 401-counter was charged: {logins:?}");
+    assert_eq!(logins.remaining(), 2, "the shadow 401-counter was charged: {logins:?}");
     // One request happened: the candidate limit counted it alone.
     let candidate = layer.peek("candidate", "global").await.unwrap();
-    assert_eq!(candidate.remaining, 8, "the shadow rule counted refused requests: {candidate:?}");
+    assert_eq!(candidate.remaining(), 8, "the shadow rule counted refused requests: {candidate:?}");
 }
 
 /// `RateLimitLayer::new` joins the limiter that holds `"default"` as one owner of the name

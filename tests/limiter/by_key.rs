@@ -50,7 +50,7 @@ async fn a_limiter_decides_inputs_that_are_not_requests() {
 
     let v = limiter.check(&msg("ada", "hi")).await;
     assert!(v.is_allowed() && !v.is_rejected());
-    let left: Vec<(&str, u64)> = v.decisions().map(|d| (d.rule, d.decision.remaining)).collect();
+    let left: Vec<(&str, u64)> = v.decisions().map(|d| (d.rule, d.decision.remaining())).collect();
     assert_eq!(left, [("messages", 2), ("bytes", 8)]);
     assert_eq!(v.most_restrictive().unwrap().rule, "messages");
 
@@ -61,7 +61,7 @@ async fn a_limiter_decides_inputs_that_are_not_requests() {
     let by = v.rejected_by().unwrap();
     assert_eq!((by.rule, by.quota), ("bytes", Quota::per_minute(10)));
     assert_eq!(v.retry_after(), Some(Duration::from_secs(60)));
-    assert_eq!(limiter.peek("messages", "ada").await.unwrap().remaining, 1);
+    assert_eq!(limiter.peek("messages", "ada").await.unwrap().remaining(), 1);
 
     // Another user has a budget of their own.
     assert!(limiter.check(&msg("bob", "123456789")).await.is_allowed());
@@ -87,7 +87,7 @@ async fn a_rule_that_can_never_pass_is_the_rejection_and_wait_gives_up_at_once()
     // The message rule would take an hour; the byte rule can never take 5 of 4.
     let v = limiter.check(&msg("ada", "12345")).await;
     let by = v.rejected_by().unwrap();
-    assert_eq!((by.rule, by.decision.retry_after), ("bytes", None));
+    assert_eq!((by.rule, by.decision.retry_after()), ("bytes", None));
     assert_eq!(v.retry_after(), None);
     assert_eq!(v.most_restrictive().unwrap().rule, "bytes");
     let started = Instant::now();
@@ -293,7 +293,7 @@ async fn every_rule_is_decided_by_a_local_store() {
     assert!(limiter.check("ada").await.is_allowed());
     for rule in ["enforced", "s1", "s2"] {
         // 10 - 1 taken - the peek's own unit.
-        assert_eq!(limiter.peek(rule, "ada").await.unwrap().remaining, 8, "{rule}");
+        assert_eq!(limiter.peek(rule, "ada").await.unwrap().remaining(), 8, "{rule}");
     }
 }
 
@@ -317,7 +317,7 @@ async fn jobs_asking_by_key_and_requests_share_one_count() {
 
     let job = jobs.check_key("per-account", "acme", 2).await;
     assert!(job.is_allowed());
-    assert_eq!(job.decisions().next().unwrap().decision.remaining, 3);
+    assert_eq!(job.decisions().next().unwrap().decision.remaining(), 3);
     for _ in 0..3 {
         assert_eq!(svc.clone().oneshot(request("acme")).await.unwrap().status(), StatusCode::OK);
     }
@@ -449,7 +449,7 @@ async fn a_charge_after_a_check_by_key_goes_to_charged_rules_only() {
     let v = limiter.check_key("plain", "ada", 0).await;
     assert!(v.is_allowed());
     limiter.charge(&v, 7).await.unwrap();
-    assert_eq!(limiter.peek("plain", "ada").await.unwrap().remaining, 9, "nothing charged");
+    assert_eq!(limiter.peek("plain", "ada").await.unwrap().remaining(), 9, "nothing charged");
 }
 
 /// A `LimiterHandle` kept after its limiter and store are gone holds their rule names: a

@@ -17,7 +17,7 @@ fn check(rule: &str, key: Key, algorithm: Algorithm, quota: Quota) -> Check {
 
 fn remaining(store: &MemoryStore, rule: &str, key: Key, now: u64) -> u64 {
     let c = check(rule, key, Algorithm::FixedWindow, Quota::per_hour(100));
-    store.check_at(&[c], now).unwrap()[0].decision.remaining
+    store.check_at(&[c], now).unwrap()[0].decision.remaining()
 }
 
 /// Every spelling of one identity is one key: they count together.
@@ -73,7 +73,7 @@ fn rule_and_key_boundaries_stay_apart() {
     }
     // Same rule and key, another algorithm: another state.
     let c = check("ab", Key::from("c"), Algorithm::Gcra, Quota::per_hour(100));
-    assert_eq!(store.check_at(&[c], now).unwrap()[0].decision.remaining, 99);
+    assert_eq!(store.check_at(&[c], now).unwrap()[0].decision.remaining(), 99);
     // A 32-byte key, and the digest of a long key with the same 32 bytes.
     let long = Key::from("q".repeat(200));
     let short = Key::new(long.as_bytes());

@@ -117,7 +117,7 @@ fn a_rejected_rule_consumes_nothing_from_the_others() {
         (0..5).map(|_| store.check_at(&both, T0).unwrap().iter().all(|o| o.decision.allowed)).collect();
     assert_eq!(got, [true, true, false, false, false]);
     // Only the two accepted requests were taken from the wide rule.
-    assert_eq!(store.check_at(&[wide], T0).unwrap()[0].decision.remaining, 7);
+    assert_eq!(store.check_at(&[wide], T0).unwrap()[0].decision.remaining(), 7);
 }
 
 #[tokio::test]
@@ -129,10 +129,10 @@ async fn peek_and_reset() {
     }
     let d = store.peek(&c).unwrap();
     assert!(!d.allowed);
-    assert_eq!(d.remaining, 0);
+    assert_eq!(d.remaining(), 0);
     assert!(!store.peek(&c).unwrap().allowed, "peek consumed something");
     store.reset("r", &c.key, c.algorithm).unwrap();
-    assert_eq!(store.peek(&c).unwrap().remaining, 2);
+    assert_eq!(store.peek(&c).unwrap().remaining(), 2);
     store.refund(&[Refund { check: c.clone(), taken: Taken { at: T0 } }]).unwrap();
 }
 
@@ -242,7 +242,7 @@ fn a_multi_rule_check_on_a_full_store_takes_nothing() {
     assert!(matches!(err, StoreError::Full(1)), "{err}");
     assert_eq!(store.len(), 0, "a refused call made a state");
     let d = store.check_one_at(&a, T0).unwrap().decision;
-    assert_eq!(d.remaining, 2, "the refused call kept a unit of rule a");
+    assert_eq!(d.remaining(), 2, "the refused call kept a unit of rule a");
     // With room for both, both are decided together.
     let store = MemoryStore::with_clock(clock).max_keys(2);
     let outcomes = store.check_at(&[a, b], T0).unwrap();

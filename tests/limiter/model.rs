@@ -604,7 +604,7 @@ fn split(events: &[Event], charged: bool) -> Record {
                         let admitted = Commit { at: *now, cost: 0, made: *now, seq: *seq, forced: false };
                         commits.entry(id(c)).or_default().push(admitted);
                     } else if !o.decision.allowed {
-                        rejections.push((*now, id(c), o.decision.clone()));
+                        rejections.push((*now, id(c), o.decision));
                     }
                 }
             }
@@ -735,7 +735,7 @@ fn check_cache(seen: &Seen, rejections: &[(u64, Id, Decision)]) -> Result<(), St
         let backed = rejections.iter().any(|(when, id, d)| {
             &id.0 == rule
                 && &id.1 == key
-                && d.retry_after.is_some_and(|r| *when + u64::try_from(r.as_micros()).unwrap() > *at)
+                && d.retry_after().is_some_and(|r| *when + u64::try_from(r.as_micros()).unwrap() > *at)
         });
         if !backed {
             return Err(format!(

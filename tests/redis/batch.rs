@@ -303,7 +303,7 @@ fn one_bad_key_fails_only_its_own_decision() {
         // cost: 10 - 3 - 1); the bad key is as it was.
         for c in [&checks[0], &checks[2]] {
             let probe = Check { params: Params { cost: 1, ..c.params }, ..c.clone() };
-            assert_eq!(store.peek(&probe).await.unwrap().remaining, 6, "{:?}", c.key);
+            assert_eq!(store.peek(&probe).await.unwrap().remaining(), 6, "{:?}", c.key);
         }
         assert_eq!(redis().cmd(&["LRANGE", &bad, "0", "-1"]), "x");
         // A state that does not parse fails alone too.
@@ -311,7 +311,7 @@ fn one_bad_key_fails_only_its_own_decision() {
         let answers = together(&store, &checks).await;
         assert!(answers[1].is_err() && answers[0].is_ok() && answers[2].is_ok(), "{answers:?}");
         let probe = Check { params: Params { cost: 1, ..checks[0].params }, ..checks[0].clone() };
-        assert_eq!(store.peek(&probe).await.unwrap().remaining, 3);
+        assert_eq!(store.peek(&probe).await.unwrap().remaining(), 3);
     });
 }
 
@@ -330,9 +330,9 @@ fn a_check_dropped_before_its_batch_leaves_takes_nothing() {
         // The queue is not stuck: the next check is decided, and it is the first to take.
         let o = store.check_one(&c).await.unwrap();
         assert!(o.decision.allowed);
-        assert_eq!(o.decision.remaining, 3, "dropped checks took units");
+        assert_eq!(o.decision.remaining(), 3, "dropped checks took units");
         // A peek's `remaining` counts its own cost.
-        assert_eq!(store.peek(&c).await.unwrap().remaining, 1);
+        assert_eq!(store.peek(&c).await.unwrap().remaining(), 1);
     });
 }
 
@@ -366,7 +366,7 @@ fn a_flush_task_dropped_with_its_runtime_leaves_no_check_waiting() {
                 Err(e) => panic!("never decided again: {e:?}"),
             }
         };
-        assert_eq!(o.decision.remaining, 4, "the dropped batch took nothing");
+        assert_eq!(o.decision.remaining(), 4, "the dropped batch took nothing");
     });
 }
 
@@ -469,7 +469,7 @@ fn an_idle_runtime_holding_a_flush_does_not_stall_another() {
     });
     let answer = busy.block_on(async { tokio::time::timeout(Duration::from_secs(2), store.check_one(&c)).await });
     let o = answer.expect("the check waited behind the idle runtime's flush task").unwrap();
-    assert_eq!(o.decision.remaining, 4, "the dropped check took nothing");
+    assert_eq!(o.decision.remaining(), 4, "the dropped check took nothing");
     drop(idle);
 }
 
@@ -502,9 +502,9 @@ fn a_check_is_never_sent_by_another_runtimes_flush_task() {
     turns(&b, 3);
     let answer = a.block_on(async { tokio::time::timeout(Duration::from_secs(2), &mut fa).await });
     let o = answer.expect("A's check waited for B's idle runtime").unwrap();
-    assert_eq!(o.decision.remaining, 4);
+    assert_eq!(o.decision.remaining(), 4);
     let o = b.block_on(async { tokio::time::timeout(Duration::from_secs(2), &mut fb).await }).unwrap().unwrap();
-    assert_eq!(o.decision.remaining, 4);
+    assert_eq!(o.decision.remaining(), 4);
 }
 
 /// A check queued on a runtime that shuts down before its flush task runs is answered at

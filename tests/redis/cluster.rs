@@ -117,11 +117,11 @@ async fn cluster_rules_within_and_across_slots() {
         "one EVALSHA per request, on the node of the key"
     );
     assert_eq!(
-        store.peek(&same_key[1]).await.unwrap().remaining,
+        store.peek(&same_key[1]).await.unwrap().remaining(),
         94,
         "rejected requests took nothing (peek counts its own unit)"
     );
-    assert_eq!(store.peek(&same_key[2]).await.unwrap().remaining, 44);
+    assert_eq!(store.peek(&same_key[2]).await.unwrap().remaining(), 44);
 
     // Rules on keys of different nodes: the narrow one rejects; the wide ones must get
     // their units back — never more admitted than the narrow rule allows.
@@ -144,8 +144,8 @@ async fn cluster_rules_within_and_across_slots() {
     // bucket's rollbacks of overlapping commits each refund c·T less the time to the
     // latest commit — conservative by design — short by microseconds, not a token.)
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 36, "units stayed taken on {k0}");
-    assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 36, "units stayed taken on {k2}");
+    assert_eq!(store.peek(&across[0]).await.unwrap().remaining(), 36, "units stayed taken on {k0}");
+    assert_eq!(store.peek(&across[2]).await.unwrap().remaining(), 36, "units stayed taken on {k2}");
     assert!(!store.peek(&across[1]).await.unwrap().allowed);
 
     // The slot that rejects may be the first one: the later ones still refund.
@@ -155,8 +155,8 @@ async fn cluster_rules_within_and_across_slots() {
         assert_eq!(d.iter().map(|o| o.as_ref().unwrap().decision.allowed).collect::<Vec<_>>(), [false, true, true]);
         assert!(d.iter().all(|o| o.as_ref().unwrap().taken.is_none()), "a rejected check took nothing");
     }
-    assert_eq!(store.peek(&across[0]).await.unwrap().remaining, 36);
-    assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 36);
+    assert_eq!(store.peek(&across[0]).await.unwrap().remaining(), 36);
+    assert_eq!(store.peek(&across[2]).await.unwrap().remaining(), 36);
 
     // Refunds across slots (count-by-outcome) reach every node: what the first request took.
     let refunds: Vec<Refund> = across
@@ -171,14 +171,14 @@ async fn cluster_rules_within_and_across_slots() {
     // (Compared as levels: whole tokens plus the part of the next one already refilled, so
     // the few seconds of refill a busy machine adds can't flip the whole count.)
     let bucket_after = store.peek(&across[0]).await.unwrap();
-    let level = |d: &tollgate::Decision| d.remaining as f64 + 1.0 - d.refill_after.as_secs_f64() / 90.0;
+    let level = |d: &tollgate::Decision| d.remaining() as f64 + 1.0 - d.refill_after().as_secs_f64() / 90.0;
     let given = level(&bucket_after) - level(&bucket_before);
     assert!(
         given > 0.9 && given <= 1.0 + 0.05,
         "the refund gave back {given} tokens: {bucket_before:?} -> {bucket_after:?}"
     );
     assert!(store.peek(&across[1]).await.unwrap().allowed);
-    assert_eq!(store.peek(&across[2]).await.unwrap().remaining, 37);
+    assert_eq!(store.peek(&across[2]).await.unwrap().remaining(), 37);
     assert!(calls(&cluster, "evalsha").iter().all(|&n| n > 0), "every node took part");
 }
 
@@ -254,7 +254,7 @@ async fn a_multi_slot_check_cut_off_by_the_deadline_still_rolls_back() {
     cluster.node(2).resume();
     // 1 unit from the first check, and the peek's own: 8 left. 7 if the cut-off check's
     // unit stayed taken.
-    assert_eq!(store.peek(&a).await.unwrap().remaining, 8);
+    assert_eq!(store.peek(&a).await.unwrap().remaining(), 8);
 }
 
 /// Default deadline (50 ms) and response timeout (100 ms): one slot rejects at once while
@@ -272,7 +272,7 @@ async fn a_rejection_does_not_wait_for_a_hung_slot() {
     let limiter = ip_and_account(&store, ip.into(), account.into()).build().unwrap();
     assert!(limiter.check("r").await.is_allowed());
     assert!(limiter.check("r").await.is_rejected());
-    let before = store.peek(&per_account).await.unwrap().remaining;
+    let before = store.peek(&per_account).await.unwrap().remaining();
 
     cluster.node(1).pause();
     let v = limiter.check("r").await;
@@ -282,7 +282,7 @@ async fn a_rejection_does_not_wait_for_a_hung_slot() {
     std::thread::sleep(Duration::from_millis(40));
     cluster.node(1).resume();
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(store.peek(&per_account).await.unwrap().remaining, before, "the late slot's unit was kept");
+    assert_eq!(store.peek(&per_account).await.unwrap().remaining(), before, "the late slot's unit was kept");
 }
 
 /// Two rules on two masters, the layer's deadline 1 s under `FailMode::Closed`, a store
@@ -317,14 +317,14 @@ async fn a_slot_that_accepts_after_the_caller_left_gives_every_unit_back() {
     );
     let request = || http::Request::new(Body::empty());
     assert_eq!(svc.clone().oneshot(request()).await.unwrap().status(), 200);
-    let before = store.peek(&per_ip).await.unwrap().remaining;
+    let before = store.peek(&per_ip).await.unwrap().remaining();
     cluster.node(1).pause();
     let res = svc.clone().oneshot(request()).await.unwrap();
     assert_eq!(res.status(), 503, "cut off by the deadline, refused by the fail mode");
     cluster.node(1).resume();
     let deadline = Instant::now() + Duration::from_secs(8);
     loop {
-        let now = store.peek(&per_ip).await.unwrap().remaining;
+        let now = store.peek(&per_ip).await.unwrap().remaining();
         if now == before {
             break;
         }

@@ -113,7 +113,7 @@ async fn a_unit_the_fallback_admitted_during_a_master_stall_is_counted_once() {
 
     let peek = limiter.peek("hourly", k.clone()).await.unwrap();
     // `remaining` counts the peek's own unit.
-    let counted = 100 - peek.remaining - 1;
+    let counted = 100 - peek.remaining() - 1;
     assert_eq!(counted, 1, "Redis counted the fallback's one unit {counted} times");
     assert!(undecided.is_empty(), "keys of the healthy masters went undecided: {undecided:?}");
 }

@@ -84,7 +84,7 @@ fn req(path: &str, rule_header: &str, key: &str) -> Request<Body> {
 /// Units `store` counts for (rule, key) (a peek says what would remain after one more).
 async fn used<S: Store>(store: &S, rule: &str, key: &str) -> u64 {
     let check = Check { rule: rule.into(), key: key.into(), algorithm: Algorithm::Gcra, params: Params::new(QUOTA) };
-    QUOTA.limit() - 1 - Store::peek(store, &check).await.unwrap().remaining
+    QUOTA.limit() - 1 - Store::peek(store, &check).await.unwrap().remaining()
 }
 
 /// Every key's units in `store`, in the order of [`EXPECTED`].

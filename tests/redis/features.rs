@@ -86,17 +86,9 @@ fn a_near_limit_share_outside_zero_to_one_is_refused() {
         assert!(matches!(&err, tollgate::BuildError::InvalidConfig { field, .. } if field == "near_limit"), "{err:?}");
         assert!(err.to_string().contains("use a number in (0, 1]"), "{err}");
     }
-    let default = tollgate::Decision {
-        allowed: true,
-        limit: 10,
-        remaining: 2,
-        reset_after: Duration::ZERO,
-        refill_after: Duration::ZERO,
-        retry_after: None,
-        delay: Duration::ZERO,
-    };
+    let default = tollgate::Decision::new(true, 10, 2);
     assert!(default.is_near_limit(0.8) && !default.is_near_limit(0.9));
-    assert!(!tollgate::Decision { allowed: false, ..default }.is_near_limit(0.8), "a rejection is not near");
+    assert!(!tollgate::Decision::new(false, 10, 2).is_near_limit(0.8), "a rejection is not near");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -181,7 +173,7 @@ async fn hashed_keys_keep_one_clients_rules_in_one_cluster_slot() {
         // Both rules in one script call (one slot): two admitted, the third refused.
         let got = statuses(&svc, user, 3).await;
         assert_eq!(got, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS], "{user}");
-        assert_eq!(layer.peek("per-day", user).await.unwrap().remaining, 97, "{user}");
+        assert_eq!(layer.peek("per-day", user).await.unwrap().remaining(), 97, "{user}");
     }
     let names: String = cluster.cmd_all(&["KEYS", "*"]).concat();
     assert!(!names.contains("ada") && !names.contains("sk_live"), "{names}");
@@ -377,7 +369,7 @@ async fn a_swapped_rule_set_is_not_answered_by_the_old_sets_cache() {
     // Back to a: its state outlived the swaps in Redis.
     handle.set_rules(vec![rule("a")]).unwrap();
     assert_eq!(statuses(&svc, "ada", 1).await, [NO]);
-    assert_eq!(layer.peek("a", "ada").await.unwrap().remaining, 0);
+    assert_eq!(layer.peek("a", "ada").await.unwrap().remaining(), 0);
 }
 
 /// A refund after a swap also clears the rejection the new rules cached for the key: the
@@ -582,7 +574,7 @@ async fn tokens_are_charged_after_the_response<St: Store + Clone>(store: St, clo
     let send = |req| svc.clone().oneshot(req);
     let remaining = |rule: &'static str, key: &'static str| {
         let layer = layer.clone();
-        async move { layer.peek(rule, key).await.unwrap().remaining }
+        async move { layer.peek(rule, key).await.unwrap().remaining() }
     };
     // Admitted while within the quota: nothing taken from a charged rule on arrival.
     assert_eq!(send(prompt("ada", "acme", Some(60))).await.unwrap().status(), OK, "{name}");
@@ -653,7 +645,7 @@ fn a_failed_charge_is_counted() {
             algorithm: Algorithm::default(),
             params: tollgate::store::Params::new(Quota::per_minute(100)),
         };
-        assert_eq!(store.inner.peek(&check).await.unwrap().remaining, 69, "the first charge was taken");
+        assert_eq!(store.inner.peek(&check).await.unwrap().remaining(), 69, "the first charge was taken");
     });
     assert_eq!(counter(&scrape, "tollgate_charge_failures_total", &["rule=\"tokens\""]), 1.0, "{scrape}");
 }

@@ -38,7 +38,7 @@ async fn checks_dropped_while_redis_is_stalled_leave_no_units_in_redis() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let peek = limiter.peek("r", "k").await.unwrap();
     // A peek says what would remain after one more: 10 - used - 1.
-    assert_eq!(9 - peek.remaining, 0, "units left in Redis by 3 checks dropped during the stall");
+    assert_eq!(9 - peek.remaining(), 0, "units left in Redis by 3 checks dropped during the stall");
 }
 
 type Lim = Limiter<RedisStore, str>;
@@ -202,7 +202,7 @@ async fn costs_around_the_share_during_a_stall_are_counted_exactly() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(stopped);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let used = |d: tollgate::Decision| 99 - d.remaining;
+    let used = |d: tollgate::Decision| 99 - d.remaining();
     let counted = (used(limiter.peek("r", "within").await.unwrap()), used(limiter.peek("r", "above").await.unwrap()));
     println!("review: Redis counts (within, above) = {counted:?}; the refusal's wait {wait:?}");
     assert_eq!(counted, (20, 0), "Redis's count of (the admitted cost 20, the refused cost 30)");

@@ -266,7 +266,7 @@ async fn check_key_by_cost_and_refund(urls: &[String], cluster: bool) {
     for key in ["alpha", "beta", "gamma"] {
         let first = limiter.check_key("batch", key, 3).await;
         assert!(first.is_allowed(), "{first:?}");
-        assert_eq!(first.decisions().next().unwrap().decision.remaining, 2);
+        assert_eq!(first.decisions().next().unwrap().decision.remaining(), 2);
         let second = limiter.check_key("batch", key, 3).await;
         assert!(second.is_rejected() && second.retry_after().is_some(), "{second:?}");
         assert!(limiter.check("").await.is_allowed(), "another key, by input");
@@ -314,9 +314,9 @@ async fn enforced_and_shadow_rules_make_one_store_call() {
     let stats = redis.commandstats();
     assert_eq!(stats.get("evalsha"), Some(&10), "one call a request: {stats:?}");
     assert_eq!(stats.get("eval"), None, "{stats:?}");
-    assert_eq!(limiter.peek("api", "ada").await.unwrap().remaining, 89, "10 taken, less the peek's own");
+    assert_eq!(limiter.peek("api", "ada").await.unwrap().remaining(), 89, "10 taken, less the peek's own");
     // The shadow rule took its 5 (no more: a shadow rejection takes nothing).
-    assert_eq!(limiter.peek("trial", "ada").await.unwrap().remaining, 0);
+    assert_eq!(limiter.peek("trial", "ada").await.unwrap().remaining(), 0);
     assert!(!limiter.peek("trial", "ada").await.unwrap().allowed);
 }
 

@@ -281,7 +281,7 @@ async fn keys_with_any_bytes_are_independent() {
     ];
     assert!(store.check(&both).await.unwrap().iter().flatten().all(|o| o.decision.allowed));
     assert!(!store.check(&both).await.unwrap()[1].as_ref().unwrap().decision.allowed);
-    assert_eq!(store.peek(&both[0]).await.unwrap().remaining, 1, "the rejected request took nothing");
+    assert_eq!(store.peek(&both[0]).await.unwrap().remaining(), 1, "the rejected request took nothing");
     // Reset forgets exactly one (rule, key).
     store.reset("rule:{x}", &keys[0], Algorithm::SlidingWindowLog).await.unwrap();
     let again = Check {
@@ -290,7 +290,7 @@ async fn keys_with_any_bytes_are_independent() {
         algorithm: Algorithm::SlidingWindowLog,
         params: Params::new(q),
     };
-    assert_eq!(store.peek(&again).await.unwrap().remaining, 1);
+    assert_eq!(store.peek(&again).await.unwrap().remaining(), 1);
     let other = Check { key: keys[1].clone(), ..again };
     assert!(!store.peek(&other).await.unwrap().allowed);
 }
@@ -345,7 +345,7 @@ async fn a_new_store_decides_from_its_first_request() {
         assert!(started.elapsed() < Duration::from_millis(150), "store {i}: {:?}", started.elapsed());
     }
     let store = RedisStore::from_url(&server.url()).unwrap();
-    assert_eq!(store.peek(&c).await.unwrap().remaining, 9, "20 checks counted");
+    assert_eq!(store.peek(&c).await.unwrap().remaining(), 9, "20 checks counted");
 }
 
 /// The straight-line single-rule scripts (`scripts/<alg>_single.lua`) against the generic
@@ -632,10 +632,10 @@ async fn a_client_clock_stepping_back_loses_no_state() {
         assert!(store.check_one(&c).await.unwrap().decision.allowed);
         clock.set(t0 - 30_000_000);
         assert!(store.check_one(&c).await.unwrap().decision.allowed);
-        let before = store.peek(&c).await.unwrap().remaining;
+        let before = store.peek(&c).await.unwrap().remaining();
         // Real time passes; the client's clock stands still: nothing expires for it.
         tokio::time::sleep(Duration::from_millis(2_600)).await;
-        assert_eq!(store.peek(&c).await.unwrap().remaining, before, "{algorithm}: the state expired early");
+        assert_eq!(store.peek(&c).await.unwrap().remaining(), before, "{algorithm}: the state expired early");
     }
 }
 
@@ -688,7 +688,7 @@ async fn a_sliding_log_request_of_any_cost_is_one_member() {
     assert!(store.check_one(&c).await.unwrap().decision.allowed);
     c.params = c.params.cost(2);
     let d = store.check_one(&c).await.unwrap().decision;
-    assert!(!d.allowed && d.remaining == 1, "{d:?}");
+    assert!(!d.allowed && d.remaining() == 1, "{d:?}");
 }
 
 /// A raw check list naming one state twice is refused by both stores (it used to decide
@@ -949,7 +949,7 @@ async fn charges_count_beside_checks_on_every_algorithm() {
             store.charge(std::slice::from_ref(&c)).await.unwrap();
         }
         let d = store.check_one(&c).await.unwrap().decision;
-        assert!(d.allowed && d.remaining == 0, "{algorithm}: {d:?}");
+        assert!(d.allowed && d.remaining() == 0, "{algorithm}: {d:?}");
         assert!(!store.check_one(&c).await.unwrap().decision.allowed, "{algorithm}");
     }
 }
