@@ -187,7 +187,7 @@ mod child {
                     .map_or(u64::MAX, |s| u64::try_from(s.0.elapsed().as_nanos()).unwrap_or(u64::MAX));
                 let now = unix_us();
                 let (reset, allowed) = req.extensions().get::<Decision>().map_or((u64::MAX, true), |d| {
-                    (u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX), d.allowed)
+                    (u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX), d.allowed)
                 });
                 let by = match req.extensions().get::<DecidedBy>() {
                     Some(DecidedBy::Store) => BY_STORE,

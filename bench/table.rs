@@ -158,8 +158,74 @@ fn rate_over<L: Sync>(
     ((total * passes()) as f64 / spent, allowed / passes())
 }
 
-fn tollgate(workload: Workload, algorithm: Algorithm, threads: usize) -> (f64, usize) {
-    tollgate_over(&workload.keys(), workload, algorithm, threads)
+fn tollgate(workload: Workload, algorithm: Algorithm, threads: usize, way: Way) -> (f64, usize) {
+    let keys = workload.keys();
+    let (quota, _) = workload.quota();
+    match way {
+        Way::Store => tollgate_over(&keys, workload, algorithm, threads),
+        Way::Reads => {
+            let rule = RuleName::new("api");
+            let params = Params::new(quota);
+            rate_over(&keys, workload, threads, MemoryStore::new, |store, k| {
+                let check = Check { rule, key: Key::from(k), algorithm, params };
+                store.check_one(&check).is_ok_and(|o| {
+                    let d = o.decision;
+                    std::hint::black_box((d.remaining(), d.reset_secs()));
+                    d.allowed
+                })
+            })
+        }
+        Way::CheckKey => {
+            use futures_util::FutureExt;
+            rate_over(
+                &keys,
+                workload,
+                threads,
+                || limiter(quota, algorithm),
+                |limiter, k| {
+                    limiter.check_key("api", k, 1).now_or_never().expect("in process: ready at once").is_allowed()
+                },
+            )
+        }
+        Way::CheckKeyNow => rate_over(
+            &keys,
+            workload,
+            threads,
+            || limiter(quota, algorithm),
+            |limiter, k| limiter.check_key_now("api", k, 1).is_allowed(),
+        ),
+    }
+}
+
+/// A limiter of one rule named `api` over a fresh `MemoryStore`.
+fn limiter(quota: Quota, algorithm: Algorithm) -> tollgate::Limiter<MemoryStore, u64> {
+    tollgate::Limiter::builder(MemoryStore::new())
+        .rule("api", quota, |k: &u64| Some(*k))
+        .algorithm(algorithm)
+        .build()
+        .expect("a valid rule")
+}
+
+fn peer(workload: Workload, algorithm: Algorithm, threads: usize, way: Way) -> (f64, usize) {
+    match way {
+        Way::Store => governor(workload, threads),
+        Way::Reads => {
+            let (_, per_minute) = workload.quota();
+            let n = std::num::NonZeroU32::new(per_minute).expect("a positive quota");
+            let fresh = || {
+                RateLimiter::keyed(GovQuota::per_minute(n).allow_burst(n))
+                    .with_middleware::<governor::middleware::StateInformationMiddleware>()
+            };
+            rate_over(&workload.keys(), workload, threads, fresh, |limiter, k| match limiter.check_key(&k) {
+                Ok(snapshot) => {
+                    std::hint::black_box(snapshot.remaining_burst_capacity());
+                    true
+                }
+                Err(_) => false,
+            })
+        }
+        Way::CheckKey | Way::CheckKeyNow => tollgate_over(&workload.keys(), workload, algorithm, threads),
+    }
 }
 
 fn tollgate_over(keys: &[u64], workload: Workload, algorithm: Algorithm, threads: usize) -> (f64, usize) {
@@ -207,6 +273,19 @@ fn bytes_per_key(n: u64) -> (f64, f64) {
     }
     let theirs = per_key(LIVE.load(Ordering::Relaxed) - before);
     (ours, theirs)
+}
+
+/// Heap bytes a key takes in tollgate's `MemoryStore` with 16-byte string keys (GCRA).
+fn bytes_per_string_key(n: u64) -> f64 {
+    let before = LIVE.load(Ordering::Relaxed);
+    let store = MemoryStore::new();
+    let params = Params::new(Workload::W1.quota().0);
+    let rule = RuleName::new("api");
+    for k in 0..n {
+        let check = Check { rule, key: Key::from(format!("key-{k:012}")), algorithm: Algorithm::Gcra, params };
+        assert!(store.check_one(&check).is_ok_and(|o| o.decision.allowed));
+    }
+    (LIVE.load(Ordering::Relaxed) - before) as f64 / n as f64
 }
 
 /// GCRA checks/s against live keys, 1 and 2 threads, both crates: medians of `runs`,
@@ -280,63 +359,142 @@ fn spread(mut xs: Vec<f64>, scale: f64, digits: usize) -> String {
     format!("{}–{}–{}", at(0), at(xs.len() / 2), at(xs.len() - 1))
 }
 
+/// How a cell decides, and whom it is compared with.
+#[derive(Clone, Copy, PartialEq)]
+enum Way {
+    /// `LocalStore::check_one`, reading `allowed`, against governor's `check_key`.
+    Store,
+    /// The same, reading `remaining` and the reset seconds too (what the layer's headers
+    /// read), against governor with its state-information middleware reading its
+    /// remaining burst.
+    Reads,
+    /// `Limiter::check_key` (its future polled once), against `LocalStore::check_one`
+    /// on the same rule.
+    CheckKey,
+    /// `Limiter::check_key_now`, against `LocalStore::check_one` on the same rule.
+    CheckKeyNow,
+}
+
+type Cell = (&'static str, Workload, Algorithm, usize, Way);
+
+fn cells() -> Vec<Cell> {
+    use Algorithm::*;
+    use Workload::*;
+    let mut cells: Vec<Cell> = Vec::new();
+    for (name, algorithm) in [
+        ("GCRA", Gcra),
+        ("token bucket", TokenBucket),
+        ("fixed window", FixedWindow),
+        ("sliding counter", SlidingWindowCounter),
+        ("sliding log", SlidingWindowLog),
+    ] {
+        for (w, workload) in [("W1", W1), ("W2", W2)] {
+            for threads in [1, 2] {
+                let label =
+                    format!("`MemoryStore` {name}, {w}, {threads} thread{}", if threads > 1 { "s" } else { "" });
+                cells.push((Box::leak(label.into_boxed_str()), workload, algorithm, threads, Way::Store));
+            }
+        }
+    }
+    cells.push(("GCRA reading remaining and reset, W1, 1 thread", W1, Gcra, 1, Way::Reads));
+    cells.push(("GCRA reading remaining and reset, W1, 2 threads", W1, Gcra, 2, Way::Reads));
+    cells.push(("GCRA reading remaining and reset, W2, 1 thread", W2, Gcra, 1, Way::Reads));
+    cells.push(("token bucket reading remaining and reset, W1, 1 thread", W1, TokenBucket, 1, Way::Reads));
+    cells.push(("`Limiter::check_key`, GCRA, W1, 1 thread", W1, Gcra, 1, Way::CheckKey));
+    cells.push(("`Limiter::check_key_now`, GCRA, W1, 1 thread", W1, Gcra, 1, Way::CheckKeyNow));
+    cells
+}
+
 fn main() {
     let runs: usize = std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(3).max(1);
-    let cells: [(&str, Workload, Algorithm, usize); 6] = [
-        ("`MemoryStore` GCRA, W1, 1 thread", Workload::W1, Algorithm::Gcra, 1),
-        ("`MemoryStore` GCRA, W1, 2 threads", Workload::W1, Algorithm::Gcra, 2),
-        ("`MemoryStore` GCRA, W2, 1 thread", Workload::W2, Algorithm::Gcra, 1),
-        ("`MemoryStore` GCRA, W2, 2 threads", Workload::W2, Algorithm::Gcra, 2),
-        ("`MemoryStore` sliding log, W1, 1 thread", Workload::W1, Algorithm::SlidingWindowLog, 1),
-        ("`MemoryStore` sliding counter, W1, 1 thread", Workload::W1, Algorithm::SlidingWindowCounter, 1),
-    ];
     let over: usize = std::env::var("OVER").ok().and_then(|t| t.parse().ok()).unwrap_or(0);
-    let extra: Vec<(&str, Workload, Algorithm, usize)> = if over > 0 {
-        vec![("W1 over", Workload::W1, Algorithm::Gcra, over), ("W2 over", Workload::W2, Algorithm::Gcra, over)]
+    let cells: Vec<Cell> = if over > 0 {
+        vec![
+            ("W1 over", Workload::W1, Algorithm::Gcra, over, Way::Store),
+            ("W2 over", Workload::W2, Algorithm::Gcra, over, Way::Store),
+        ]
     } else {
-        Vec::new()
+        cells()
     };
-    let cells: Vec<(&str, Workload, Algorithm, usize)> = if over > 0 { extra } else { cells.to_vec() };
+    let only = std::env::var("ONLY").ok();
+    let cells: Vec<Cell> =
+        cells.into_iter().filter(|c| only.as_ref().is_none_or(|o| c.0.contains(o.as_str()))).collect();
     let mut ours = vec![Vec::new(); cells.len()];
     let mut theirs = vec![Vec::new(); cells.len()];
     for run in 0..runs {
-        for (i, &(name, workload, algorithm, threads)) in cells.iter().enumerate() {
-            if std::env::var("ONLY").is_ok_and(|only| !name.contains(&only)) {
-                continue;
-            }
-            let (t, t_allowed) = tollgate(workload, algorithm, threads);
-            let (g, g_allowed) = governor(workload, threads);
+        for (i, &(name, workload, algorithm, threads, way)) in cells.iter().enumerate() {
+            let (t, t_allowed) = tollgate(workload, algorithm, threads, way);
+            let (g, g_allowed) = peer(workload, algorithm, threads, way);
             eprintln!(
-                "run {}: {name}: tollgate {:.2}M ({t_allowed} allowed a pass), governor (GCRA) {:.2}M ({g_allowed})",
+                "run {}: {name}: tollgate {:.2}M ({t_allowed} allowed a pass), {} {:.2}M ({g_allowed})",
                 run + 1,
                 t / 1e6,
+                peer_name(way),
                 g / 1e6
             );
             ours[i].push(t);
             theirs[i].push(g);
         }
     }
-    println!("| where | tollgate, M checks/s | governor, M checks/s | ratio in each run |");
-    println!("|---|---:|---:|---:|");
-    for (i, (name, ..)) in cells.iter().enumerate().filter(|(i, _)| !ours[*i].is_empty()) {
-        let ratios = ours[i].iter().zip(&theirs[i]).map(|(t, g)| t / g).collect();
+    println!("| where | tollgate, M checks/s | peer | peer, M checks/s | ratio in each run |");
+    println!("|---|---:|---|---:|---:|");
+    for (i, (name, _, _, threads, way)) in cells.iter().enumerate() {
+        // Governor's two-thread rate has two modes on a 2-core machine: a two-thread cell
+        // is taken against governor's fastest run of the sitting.
+        let fastest = theirs[i].iter().copied().fold(0.0, f64::max);
+        let ratios = ours[i]
+            .iter()
+            .zip(&theirs[i])
+            .map(|(t, g)| if *threads > 1 && *way != Way::CheckKey { t / fastest } else { t / g })
+            .collect();
         println!(
-            "| {name} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} |",
             spread(ours[i].clone(), 1e6, 2),
+            peer_name(*way),
             spread(theirs[i].clone(), 1e6, 2),
             spread(ratios, 1.0, 2)
         );
     }
-    println!("\nmin–median–max of {runs} runs; `cargo run --release -p tollgate-bench --example table`.");
-    let (ours, theirs) = bytes_per_key(100_000);
     println!(
-        "\nHeap bytes a key at 100,000 keys (GCRA, one decision each): tollgate {ours:.0}, governor {theirs:.0} ({:.2}×).",
-        ours / theirs
+        "\nmin–median–max of {runs} runs; two-thread cells against the peer's fastest run; \
+         `cargo run --release -p tollgate-bench --example table`."
     );
+    if only.is_none() || std::env::var("MEMORY").is_ok() {
+        memory();
+    }
     if let Ok(path) = std::env::var("PLOT") {
         if let Err(e) = plot(&path, runs) {
             eprintln!("the plot failed: {e}");
             std::process::exit(1);
         }
+    }
+}
+
+fn peer_name(way: Way) -> &'static str {
+    match way {
+        Way::Store => "governor (GCRA)",
+        Way::Reads => "governor + state information",
+        Way::CheckKey | Way::CheckKeyNow => "`LocalStore::check_one`",
+    }
+}
+
+/// Heap bytes a live key takes, averaged over 50,000–200,000 and 0.5–2 million keys, with
+/// `u64` keys (tollgate's and governor's) and with 16-byte string keys (tollgate's).
+fn memory() {
+    for (label, sizes) in
+        [("50,000–200,000", [50_000u64, 100_000, 200_000]), ("0.5–2 million", [500_000, 1_000_000, 2_000_000])]
+    {
+        let (mut ours, mut theirs, mut strings) = (0.0, 0.0, 0.0);
+        for n in sizes {
+            let (o, t) = bytes_per_key(n);
+            ours += o / 3.0;
+            theirs += t / 3.0;
+            strings += bytes_per_string_key(n) / 3.0;
+        }
+        println!(
+            "\nHeap bytes a live key, {label} keys (GCRA, one decision each, averaged): tollgate {ours:.1}, governor \
+             {theirs:.1} ({:.2}×); tollgate with 16-byte keys {strings:.1}.",
+            ours / theirs
+        );
     }
 }

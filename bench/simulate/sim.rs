@@ -464,7 +464,7 @@ pub(crate) fn replay(
         allowed.push(d.allowed);
         let h = &mut src.history;
         if d.allowed {
-            let delay = u64::try_from(d.delay.as_micros()).unwrap_or(u64::MAX);
+            let delay = u64::try_from(d.delay().as_micros()).unwrap_or(u64::MAX);
             let at = now.saturating_add(delay);
             h.record(at, COST)?;
             // Units forwarded in (at - W, at], this request included.

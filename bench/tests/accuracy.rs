@@ -110,7 +110,7 @@ fn brute_force(trace: &Trace, algorithm: Algorithm) -> Figures {
         };
         arrived.push((r.key, now));
         if d.allowed {
-            let delay = d.delay.as_micros() as u64;
+            let delay = d.delay().as_micros() as u64;
             let at = now + delay;
             accepted.push((r.key, at));
             // COST is 1: one accepted request is one unit.
