@@ -1,29 +1,23 @@
-//! GCRA, the generic cell rate algorithm: the theoretical arrival time decides; the time
-//! of the latest commit bounds refunds.
+//! GCRA, the generic cell rate algorithm: one word of state, the theoretical arrival time.
 //!
 //! Emission interval `T = ceil(W / L)`. With `TAT' = max(TAT, now)`: accept iff
 //! `TAT' + c·T - now <= B·T`, then `TAT = TAT' + c·T`. `B` requests may arrive at the same
-//! instant; a cost above `B` is never accepted. Same decisions as the token bucket.
+//! instant; a cost above `B` is never accepted. The token bucket is decided as this
+//! (`token_bucket.rs`).
 //!
-//! A refund of the commit made at `a` moves the TAT back by
-//! `min(c·T, a + c·T - latest commit)`. Sound whatever else is refunded: the TAT stays at
-//! least that of the commits still standing, since a commit made at `m` after `a` left a
-//! TAT at least `m` ahead of `a + c·T`'s share (so, with `m <= latest`, removing this
-//! commit may move the TAT back by at most `a + c·T - latest` past it). And tight where it
-//! matters: with no commit since (a slow handler's own count-by-outcome refund) it is
-//! `c·T`; overlapping commits rolled back together lose only the gap between them.
+//! A commit's identity is the TAT it left. A refund gives back all of the commit's `c·T`
+//! when no commit was made on the key since (the TAT is still the one it left), nothing
+//! otherwise: all or nothing, so that the state stays one word, moved by one
+//! compare-and-swap in an in-process lane.
 
 use super::{next_unit, Params};
 use crate::decision::Decision;
 
-/// The theoretical arrival time and the latest commit, µs since the epoch (0: never
-/// seen).
+/// The theoretical arrival time, µs since the epoch (0: never seen).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Gcra {
     /// Theoretical arrival time.
     pub tat: u64,
-    /// When the latest commit was made (bounds refunds; see the module docs).
-    pub last: u64,
 }
 
 impl Gcra {
@@ -42,21 +36,26 @@ impl Gcra {
         Decision::reject(l, capacity.saturating_sub(used) / t, used, retry)
     }
 
-    /// Applies an accepted request; returns `now`, the commit's identity for
-    /// [`Gcra::refund`].
+    /// Applies an accepted request (or a charge: past the burst, the TAT goes into debt);
+    /// returns the TAT it left, the commit's identity for [`Gcra::refund`].
     pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
         self.tat = self.tat.max(now) + p.cost * p.quota.emission_interval_micros();
-        self.last = self.last.max(now);
-        now
+        self.tat
     }
 
-    /// Gives back what the commit made at `at` still holds back: its `c·T`, less the time
-    /// from it to the latest commit (see the module docs), never moving the TAT before
-    /// `now` (what has drained since is not given twice).
+    /// Gives back all `c·T` of the commit that left the TAT at `at` when no commit was made
+    /// on the key since (the TAT is still `at`), nothing otherwise; never moving the TAT
+    /// before `now` (what has drained since is not given twice).
+    ///
+    /// ABA is harmless: commits only move the TAT later, and a refund moves it back to no
+    /// earlier than the refunded commit's start (or `now`). So a TAT equal to `at` again
+    /// means every later commit was refunded (the key holds exactly what it held then), or
+    /// the TAT is at or before `now`, where moving it to `now` changes no decision.
     pub(crate) fn refund(&mut self, p: &Params, at: u64, now: u64) {
-        let cells = p.cost * p.quota.emission_interval_micros();
-        let held = cells.min((at + cells).saturating_sub(self.last));
-        self.tat = self.tat.saturating_sub(held).max(now);
+        if self.tat == at {
+            let cells = p.cost * p.quota.emission_interval_micros();
+            self.tat = at.saturating_sub(cells).max(now);
+        }
     }
 
     /// The theoretical arrival time: from then on the full burst is available again.

@@ -38,7 +38,7 @@ pub enum Algorithm {
     TokenBucket,
     /// Shaping: requests wait for their slot, one every `period / limit`.
     LeakyBucket,
-    /// Generic cell rate algorithm: one timestamp per key; same decisions as the token bucket.
+    /// Generic cell rate algorithm: one timestamp per key; the token bucket's twin.
     Gcra,
 }
 
@@ -211,11 +211,6 @@ pub(crate) trait Kind: Default + Send + Sync + 'static {
     /// How many units a charge may still take: what keeps the debt within [`MAX_DEBT`].
     fn room(&self, p: &Params, now: u64) -> u64;
 
-    /// Takes a charge's units, whatever the decision: a commit, but for the token bucket.
-    fn take(&mut self, p: &Params, now: u64) {
-        self.commit(p, now);
-    }
-
     /// Takes `cost` units whatever the decision (`Rule::charged`): the key may go into
     /// debt (windows count past the limit, the others push their time forward), and is
     /// refused until it is paid, with a `retry_after` that says when. At most
@@ -223,14 +218,14 @@ pub(crate) trait Kind: Default + Send + Sync + 'static {
     fn charge(&mut self, p: &Params, now: u64) {
         let cost = p.cost.min(MAX_COST).min(self.room(p, now));
         if cost > 0 {
-            self.take(&Params { cost, ..*p }, now);
+            self.commit(&Params { cost, ..*p }, now);
         }
     }
 }
 
 /// `Kind` for an algorithm's state type, through its own methods, with its charge room.
 macro_rules! kind {
-    ($t:ty, |$s:ident, $p:ident, $now:ident| $room:expr $(, $take:ident)?) => {
+    ($t:ty, |$s:ident, $p:ident, $now:ident| $room:expr) => {
         impl Kind for $t {
             fn decide(&self, p: &Params, now: u64) -> Decision {
                 <$t>::decide(self, p, now)
@@ -245,9 +240,6 @@ macro_rules! kind {
                 let $s = self;
                 $room
             }
-            $(fn take(&mut self, p: &Params, now: u64) {
-                <$t>::$take(self, p, now)
-            })?
         }
     };
 }
@@ -255,11 +247,8 @@ macro_rules! kind {
 kind!(fixed_window::FixedWindow, |s, p, now| MAX_DEBT.saturating_sub(s.in_use(p, now)));
 kind!(sliding_window_log::SlidingWindowLog, |s, p, now| MAX_DEBT.saturating_sub(s.in_use(p, now)));
 kind!(sliding_window_counter::SlidingWindowCounter, |s, p, now| MAX_DEBT.saturating_sub(s.in_use(p, now)));
-kind!(
-    token_bucket::TokenBucket,
-    |s, p, now| (now + MAX_DEBT).saturating_sub(s.ahead(p, now)) / p.quota.emission_interval_micros(),
-    take
-);
+kind!(token_bucket::TokenBucket, |s, p, now| (now + MAX_DEBT).saturating_sub(s.0.tat.max(now))
+    / p.quota.emission_interval_micros());
 kind!(leaky_bucket::LeakyBucket, |s, p, now| (now + MAX_DEBT).saturating_sub(s.next.max(now))
     / p.quota.emission_interval_micros());
 kind!(gcra::Gcra, |s, p, now| (now + MAX_DEBT).saturating_sub(s.tat.max(now)) / p.quota.emission_interval_micros());

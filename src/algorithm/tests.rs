@@ -611,35 +611,131 @@ fn a_cost_that_can_never_fit_starts_no_block() {
     }
 }
 
+/// One step of a key's life for the refund property: a commit of a cost (when the
+/// algorithm admits it), a charge, a refund of the `i`-th commit still unrefunded (modulo
+/// their count), or time moving (back by up to 2 s too: a clock that steps back).
+#[derive(Debug, Clone)]
+enum Step {
+    Commit(u64),
+    Charge(u64),
+    Refund(usize),
+    Time(i64),
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (1u64..4).prop_map(Step::Commit),
+        1 => (1u64..4).prop_map(Step::Charge),
+        3 => (0usize..8).prop_map(Step::Refund),
+        3 => (-2_000_000i64..20_000_000).prop_map(Step::Time),
+    ]
+}
+
+/// The TAT a key that never refunds holds after `commits` (cost, now) alone, in order.
+fn tat_of(commits: &[(u64, u64)], t: u64) -> u64 {
+    commits.iter().fold(0, |tat, &(c, now)| tat.max(now) + c * t)
+}
+
+/// The GCRA and token bucket refunds (all or nothing), on both state types.
+#[test]
+fn a_refund_gives_back_all_or_nothing() {
+    let p = unbounded(Quota::per_minute(3));
+    let p3 = p.cost(3);
+    for algo in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        // (a) No commit since: all c units come back, even with time passed since.
+        let mut s = State::new(algo);
+        let at = s.commit(&p3, T0);
+        assert!(!s.decide(&p, T0 + SEC).allowed, "{algo}: the burst is spent");
+        s.refund(&p3, at, T0 + SEC);
+        assert_eq!(s.decide(&p3, T0 + SEC).remaining, 0, "{algo}: all 3 back, taken again");
+        assert!(run(&mut s, &p3, T0 + SEC).allowed, "{algo}: a refund with no commit since gave back less than c");
+        // (b) Another commit since: nothing comes back.
+        let mut s = State::new(algo);
+        let a = s.commit(&p, T0);
+        let _b = s.commit(&p, T0);
+        s.refund(&p, a, T0);
+        assert!(run(&mut s, &p, T0).allowed, "{algo}: the third unit");
+        assert!(!run(&mut s, &p, T0).allowed, "{algo}: a refund after another commit gave something back");
+        // (c) Two commits refunded last first: both come back.
+        let mut s = State::new(algo);
+        let a = s.commit(&p, T0);
+        let b = s.commit(&p, T0 + MS);
+        s.refund(&p, b, T0 + 2 * MS);
+        s.refund(&p, a, T0 + 2 * MS);
+        for i in 0..3 {
+            assert!(run(&mut s, &p, T0 + 2 * MS).allowed, "{algo}: unit {i} of 3 after refunding both");
+        }
+        // First first: the first's refund gives nothing, the last's its own unit.
+        let mut s = State::new(algo);
+        let a = s.commit(&p, T0);
+        let b = s.commit(&p, T0);
+        s.refund(&p, a, T0);
+        s.refund(&p, b, T0);
+        assert!(run(&mut s, &p, T0).allowed, "{algo}");
+        assert!(run(&mut s, &p, T0).allowed, "{algo}");
+        assert!(!run(&mut s, &p, T0).allowed, "{algo}: first first gave back both");
+    }
+}
+
 proptest! {
-    /// The token bucket's `ahead` and `charge` read the level as `level_at`, where they
-    /// used to read 0 while in debt: the same, since a bucket in debt has level 0 and its
-    /// `last` ahead of `now` (0 µs of refill). Checked against the old formula on any
-    /// state, refunds during a debt included (they raise the level, not `last`).
+    /// For any commits, charges, refunds and time steps, a GCRA or token-bucket key never
+    /// admits more than a key that saw only the commits still standing (never refunded)
+    /// and no refund at all: its TAT (as of now) never falls below theirs. And the token
+    /// bucket stays GCRA's twin, state for state.
     #[test]
-    fn token_bucket_level_in_debt_is_the_old_guarded_level(
-        q in quota_strategy(),
-        level_units in 0u64..12,
-        last_off in 0u64..(20 * SEC),
-        now_off in 0u64..(20 * SEC),
-        cost in 1u64..6,
-    ) {
+    fn refunds_never_over_admit(steps in prop::collection::vec(step_strategy(), 1..60), q in quota_strategy()) {
         let t = q.emission_interval_micros();
-        let capacity = q.burst_size() * t;
-        let tb = token_bucket::TokenBucket { level: (level_units * t).min(capacity), last: T0 + last_off };
-        let now = T0 + now_off;
-        let p = Params::new(q).cost(cost);
-        // The old code, spelled out.
-        let debt = if tb.level == 0 { tb.last.saturating_sub(now) } else { 0 };
-        let level_at = tb.level.saturating_add(now.saturating_sub(tb.last)).min(capacity);
-        let old_level = if debt > 0 { 0 } else { level_at };
-        prop_assert_eq!(tb.ahead(&p, now), tb.last.max(now) + (capacity - old_level));
-        let need = cost * t;
-        let last = tb.last.max(now);
-        let old = if old_level >= need { (old_level - need, last) } else { (0, last + (need - old_level)) };
-        let mut new = tb;
-        new.take(&p, now);
-        prop_assert_eq!((new.level, new.last), old);
+        let (mut g, mut tb) = (State::new(Algorithm::Gcra), State::new(Algorithm::TokenBucket));
+        let mut now = T0;
+        // (cost, now, at, standing) of each commit.
+        let mut commits: Vec<(u64, u64, u64, bool)> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Commit(c) | Step::Charge(c) => {
+                    let p = Params::new(q).cost(c);
+                    let charge = matches!(step, Step::Charge(_));
+                    if charge || g.decide(&p, now).allowed {
+                        let at = if charge {
+                            g.charge(&p, now);
+                            tb.charge(&p, now);
+                            // A charge is a commit: its TAT identifies it too.
+                            let State::Gcra(s) = &g else { unreachable!() };
+                            s.tat
+                        } else {
+                            let at = g.commit(&p, now);
+                            prop_assert_eq!(tb.commit(&p, now), at);
+                            at
+                        };
+                        commits.push((c, now, at, true));
+                    }
+                }
+                Step::Refund(i) => {
+                    let standing: Vec<usize> = (0..commits.len()).filter(|&j| commits[j].3).collect();
+                    if let Some(&j) = standing.get(i % standing.len().max(1)) {
+                        let p = Params::new(q).cost(commits[j].0);
+                        g.refund(&p, commits[j].2, now);
+                        tb.refund(&p, commits[j].2, now);
+                        commits[j].3 = false;
+                    }
+                }
+                Step::Time(dt) => now = now.saturating_add_signed(dt),
+            }
+            prop_assert_eq!(&g, &tb.clone().into_gcra());
+            let kept: Vec<(u64, u64)> = commits.iter().filter(|c| c.3).map(|c| (c.0, c.1)).collect();
+            let floor = tat_of(&kept, t).max(now);
+            let State::Gcra(s) = &g else { unreachable!() };
+            prop_assert!(s.tat.max(now) >= floor, "TAT {} below {} of the standing commits {:?}", s.tat, floor, kept);
+        }
+    }
+}
+
+impl State {
+    /// A token bucket's state as the GCRA state it is the twin of.
+    fn into_gcra(self) -> State {
+        match self {
+            State::TokenBucket(tb) => State::Gcra(tb.0),
+            other => other,
+        }
     }
 }
 

@@ -167,7 +167,7 @@ async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
         match op {
             Op::Advance(us) => clock.advance(Duration::from_micros(*us)),
             Op::Corrupt { key, algorithm, rule } => {
-                let name = format!("{prefix}:{{k{key}}}:r{rule}:{}:v4", TAGS[*algorithm]);
+                let name = format!("{prefix}:{{k{key}}}:r{rule}:{}:v5", TAGS[*algorithm]);
                 redis().cmd(&["DEL", &name]);
                 redis().cmd(&["LPUSH", &name, "not a limiter state"]);
                 corrupt.insert((*key, *algorithm, *rule));
@@ -290,7 +290,7 @@ fn one_bad_key_fails_only_its_own_decision() {
         let quota = Quota::per_minute(10);
         let checks: Vec<Check> =
             ["a", "bad", "b"].iter().map(|k| check("r", k, Algorithm::TokenBucket, quota, 3)).collect();
-        let bad = format!("{prefix}:{{bad}}:r:tb:v4");
+        let bad = format!("{prefix}:{{bad}}:r:tb:v5");
         redis().cmd(&["LPUSH", &bad, "x"]);
         let answers = together(&store, &checks).await;
         assert!(answers[0].as_ref().is_ok_and(|o| o.decision.allowed && o.taken.is_some()), "{answers:?}");

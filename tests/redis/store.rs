@@ -268,8 +268,8 @@ async fn keys_with_any_bytes_are_independent() {
     }
     let names = server.cmd(&["--no-raw", "KEYS", "*"]);
     assert_eq!(names.lines().count(), keys.len(), "{names}");
-    assert!(names.contains("tollgate:{a%7Bb%7Dc}:rule%3A%7Bx%7D:swl:v4"), "{names}");
-    assert!(names.contains("tollgate:{a%257Bb%257Dc}:rule%3A%7Bx%7D:swl:v4"), "{names}");
+    assert!(names.contains("tollgate:{a%7Bb%7Dc}:rule%3A%7Bx%7D:swl:v5"), "{names}");
+    assert!(names.contains("tollgate:{a%257Bb%257Dc}:rule%3A%7Bx%7D:swl:v5"), "{names}");
     assert!(names.contains("tollgate:{%E}:"), "{names}");
     assert!(names.contains("tollgate:{%H"), "{names}");
     // Long keys are stored as a digest: names stay short.
@@ -321,7 +321,7 @@ async fn an_application_pool_is_used_without_per_request_checkouts() {
     let calls = stats.get("evalsha").copied().unwrap_or(0) + stats.get("eval").copied().unwrap_or(0);
     assert!((1..=200).contains(&calls), "{stats:?}");
     assert!(!stats.contains_key("ping") && !stats.contains_key("unwatch"), "{stats:?}");
-    assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v4"));
+    assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v5"));
     // The password appears nowhere in the store's Debug.
     let shown = format!("{store:?}");
     assert!(!shown.contains("s3cret"), "{shown}");
@@ -558,7 +558,7 @@ async fn ttl_walk(algorithm: Algorithm, url: String, batch: usize, mut seed: u64
         Algorithm::FixedWindow => "fw",
         _ => "swc",
     };
-    let name = format!("tollgate:{{{key}}}:r:{tag}:v4");
+    let name = format!("tollgate:{{{key}}}:r:{tag}:v5");
     // When a state of `value` is "never seen" again under quota `q`, µs.
     let needed = |value: &str, q: Quota| -> u64 {
         let f: Vec<u64> = value.split(':').map(|x| x.parse::<i64>().unwrap().max(0).unsigned_abs()).collect();
@@ -680,7 +680,7 @@ async fn a_sliding_log_request_of_any_cost_is_one_member() {
     let mut c = check("big", "k", Algorithm::SlidingWindowLog, Quota::per_hour(2_000_000));
     c.params = c.params.cost(1_000_000);
     assert!(store.check_one(&c).await.unwrap().decision.allowed);
-    let name = "tollgate:{k}:big:swl:v4";
+    let name = "tollgate:{k}:big:swl:v5";
     assert_eq!(server.cmd(&["ZCARD", name]), "2", "one member for the units and one for the total");
     let bytes: u64 = server.cmd(&["MEMORY", "USAGE", name]).parse().unwrap();
     assert!(bytes < 1024, "{bytes} bytes for one request");
@@ -781,7 +781,7 @@ async fn an_older_token_bucket_value_keeps_its_ttl() {
     for (i, (path, shape)) in cases.iter().enumerate() {
         let key = format!("old-{i}");
         let c = shape(&check("r", key.as_str(), Algorithm::TokenBucket, Quota::per_second(10_000)));
-        let name = format!("tollgate:{{{key}}}:r:tb:v4");
+        let name = format!("tollgate:{{{key}}}:r:tb:v5");
         // Full (last long ago), living for about 28 hours.
         server.cmd(&["SET", &name, "0:1", "PX", &long_ttl_ms.to_string()]);
         let o = if *path == "single" {

@@ -129,8 +129,8 @@ pub(super) struct Entry<K> {
     pub(super) blocked_until: u64,
 }
 
-// A GCRA entry fits a cache line (issue 28): 24 + 8 + 16 + 8 + 8 bytes.
-const _: () = assert!(std::mem::size_of::<Entry<Gcra>>() == 64);
+// A GCRA entry fits a cache line (issue 28): 24 + 8 + 8 + 8 + 8 bytes.
+const _: () = assert!(std::mem::size_of::<Entry<Gcra>>() <= 64);
 
 /// The tables of one shard, one per algorithm.
 #[derive(Default)]

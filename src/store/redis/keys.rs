@@ -1,4 +1,4 @@
-//! Redis key names: `<prefix>:{<key>}:<rule>:<algorithm tag>:v4`.
+//! Redis key names: `<prefix>:{<key>}:<rule>:<algorithm tag>:v5`.
 //!
 //! The hash tag is the escaped client key alone, so every rule of one key lives in one
 //! cluster slot. Key and rule are escaped (`%` → `%25`, `{` → `%7B`, `}` → `%7D`,
@@ -20,8 +20,9 @@ use crate::key::Key;
 /// a `WRONGTYPE`. `v2`: the sliding log's run-length encoded members and running total;
 /// `v4`: the window algorithms' states say when they were first written (a refund of a
 /// commit from before a reset gives nothing back); `v3`: GCRA's latest commit, blocks
-/// (`Rule::block_for`), hashed names.
-const VERSION: &[u8] = b"v4";
+/// (`Rule::block_for`), hashed names; `v5`: GCRA's state is its TAT alone (a refund is all
+/// or nothing) and the token bucket's is its GCRA twin's, a TAT (issue 40).
+const VERSION: &[u8] = b"v5";
 
 pub(crate) const SLOTS: u16 = 16384;
 
@@ -214,14 +215,14 @@ mod tests {
     #[test]
     fn layout() {
         let got = name("tollgate", "per-minute", &Key::from("1.2.3.4"), Algorithm::SlidingWindowCounter);
-        assert_eq!(got, b"tollgate:{1.2.3.4}:per-minute:swc:v4");
+        assert_eq!(got, b"tollgate:{1.2.3.4}:per-minute:swc:v5");
         let got = name("p", "a:b", &Key::from("x{y}:%"), Algorithm::FixedWindow);
-        assert_eq!(got, b"p:{x%7By%7D%3A%25}:a%3Ab:fw:v4");
-        assert_eq!(name("p", "r", &Key::from(""), Algorithm::Gcra), b"p:{%E}:r:gcra:v4");
+        assert_eq!(got, b"p:{x%7By%7D%3A%25}:a%3Ab:fw:v5");
+        assert_eq!(name("p", "r", &Key::from(""), Algorithm::Gcra), b"p:{%E}:r:gcra:v5");
         let long = Key::new(&[b'z'; 200]);
         let got = n("r", &long);
         assert!(got.starts_with(b"tollgate:{%H"), "{}", String::from_utf8_lossy(&got));
-        assert_eq!(got.len(), "tollgate:{%H".len() + 64 + "}:r:gcra:v4".len());
+        assert_eq!(got.len(), "tollgate:{%H".len() + 64 + "}:r:gcra:v5".len());
     }
 
     #[test]
@@ -285,8 +286,8 @@ mod tests {
         let got = names.name("api", &key, Algorithm::Gcra);
         let shown = String::from_utf8(got.clone()).unwrap();
         assert!(!shown.contains("sk_live"), "{shown}");
-        assert!(shown.starts_with("tollgate:{%K") && shown.ends_with("}:api:gcra:v4"), "{shown}");
-        assert_eq!(shown.len(), "tollgate:{%K".len() + 32 + "}:api:gcra:v4".len());
+        assert!(shown.starts_with("tollgate:{%K") && shown.ends_with("}:api:gcra:v5"), "{shown}");
+        assert_eq!(shown.len(), "tollgate:{%K".len() + 32 + "}:api:gcra:v5".len());
         // One key's rules share a slot, which is that of its hashed tag.
         assert_eq!(slot(&got), slot(&names.name("per-day", &key, Algorithm::FixedWindow)));
         assert_eq!(slot(&got), names.slot(&key));

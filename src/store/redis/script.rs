@@ -32,12 +32,12 @@ impl Script {
     }
 }
 
-/// A generic script: the shared library, the algorithms' `scripts/<alg>.lua` (all six when
-/// none is named), then `scripts/<main>.lua`.
+/// A generic script: the shared library, the algorithms' `scripts/<alg>.lua` (all of them
+/// when none is named; `gcra.lua` is the token bucket's too), then `scripts/<main>.lua`.
 macro_rules! generic_script {
     ($main:literal) => {
-        generic_script!($main: "fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket",
-            "leaky_bucket", "gcra")
+        generic_script!($main: "fixed_window", "sliding_window_log", "sliding_window_counter", "leaky_bucket",
+            "gcra")
     };
     ($main:literal: $($alg:literal),+) => {
         concat!(
@@ -61,14 +61,16 @@ pub(crate) struct Scripts {
     pub(crate) refund: Script,
 }
 
-/// A straight-line script: the shared `now` prologue, `scripts/<alg>_single.lua` (its
-/// `decide` function), then a main: `single_main.lua` (one rule) or `batch_main.lua`
+/// A straight-line script: the shared `now` prologue, what the algorithm's script builds on
+/// (`tat_single.lua` for GCRA and its twin, the token bucket), `scripts/<alg>_single.lua`
+/// (its `decide` function), then a main: `single_main.lua` (one rule) or `batch_main.lua`
 /// (group commit: many single-rule decisions, see `batch.rs`).
 macro_rules! single_script {
-    ($alg:literal, $main:literal) => {
+    ($alg:literal, $main:literal $(, $base:literal)?) => {
         concat!(
             include_str!("scripts/floordiv.lua"),
             include_str!("scripts/single_now.lua"),
+            $(include_str!(concat!("scripts/", $base, "_single.lua")),)?
             include_str!(concat!("scripts/", $alg, "_single.lua")),
             include_str!(concat!("scripts/", $main, ".lua"))
         )
@@ -83,17 +85,17 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Script::new(single_script!("fixed_window", "single_main")),
         Script::new(generic_script!("check": "sliding_window_log")),
         Script::new(single_script!("sliding_window_counter", "single_main")),
-        Script::new(single_script!("token_bucket", "single_main")),
+        Script::new(single_script!("token_bucket", "single_main", "tat")),
         Script::new(single_script!("leaky_bucket", "single_main")),
-        Script::new(single_script!("gcra", "single_main")),
+        Script::new(single_script!("gcra", "single_main", "tat")),
     ],
     batch: [
         Some(Script::new(single_script!("fixed_window", "batch_main"))),
         None,
         Some(Script::new(single_script!("sliding_window_counter", "batch_main"))),
-        Some(Script::new(single_script!("token_bucket", "batch_main"))),
+        Some(Script::new(single_script!("token_bucket", "batch_main", "tat"))),
         Some(Script::new(single_script!("leaky_bucket", "batch_main"))),
-        Some(Script::new(single_script!("gcra", "batch_main"))),
+        Some(Script::new(single_script!("gcra", "batch_main", "tat"))),
     ],
     multi: Script::new(generic_script!("check")),
     refund: Script::new(generic_script!("refund")),
@@ -298,7 +300,7 @@ fn int(v: &Value) -> Result<u64, StoreError> {
 /// [`MODE_CHECK`] and every rule accepted), each outcome says where its units went, as
 /// the algorithm's `commit` would: the decision's time (a window's start when the clock
 /// stepped back before it), the newest log entry's when the clock stepped back, the leaky
-/// bucket's first slot. A malformed reply, or a script that disagrees, is an error.
+/// bucket's first slot, the TAT that GCRA's or the token bucket's commit left. A malformed reply, or a script that disagrees, is an error.
 pub(crate) fn parse_check(reply: &Value, checks: &[&Check], mode: &str) -> Result<Reply, StoreError> {
     let Value::Array(items) = reply else {
         return Err(bad_reply("not an array", reply));
@@ -346,9 +348,9 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
         Algorithm::SlidingWindowCounter => {
             SlidingWindowCounter { window: f1, prev: f2, curr: f3, born: 0 }.decide(p, now)
         }
-        Algorithm::TokenBucket => TokenBucket { level: f1, last: f2 }.decide(p, now),
+        Algorithm::TokenBucket => TokenBucket(Gcra { tat: f1 }).decide(p, now),
         Algorithm::LeakyBucket => LeakyBucket { next: f1 }.decide(p, now),
-        Algorithm::Gcra => Gcra { tat: f1, last: f2 }.decide(p, now),
+        Algorithm::Gcra => Gcra { tat: f1 }.decide(p, now),
     };
     let (d, _) = crate::algorithm::blocking(d, read.blocked_until, p, now);
     if d.allowed != read.allowed {
@@ -365,7 +367,8 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
         at: match check.algorithm {
             Algorithm::LeakyBucket => f1.max(now),
             Algorithm::SlidingWindowLog => f3.max(now),
-            Algorithm::TokenBucket | Algorithm::Gcra => now,
+            // The TAT the commit left (`Gcra::commit`): what a refund tests.
+            Algorithm::TokenBucket | Algorithm::Gcra => Gcra { tat: f1 }.commit(p, now),
             Algorithm::FixedWindow => FixedWindow { window: f1, count: f2, born: 0 }.commit(p, now),
             Algorithm::SlidingWindowCounter => {
                 SlidingWindowCounter { window: f1, prev: f2, curr: f3, born: 0 }.commit(p, now)
@@ -422,7 +425,6 @@ mod tests {
             include_str!("scripts/fixed_window.lua"),
             include_str!("scripts/sliding_window_log.lua"),
             include_str!("scripts/sliding_window_counter.lua"),
-            include_str!("scripts/token_bucket.lua"),
             include_str!("scripts/leaky_bucket.lua"),
             include_str!("scripts/gcra.lua"),
         );

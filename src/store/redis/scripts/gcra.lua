@@ -1,19 +1,17 @@
--- GCRA (src/algorithm/gcra.rs). State 'tat:gap': the theoretical arrival time, and how long
--- before it the latest commit was made (it bounds refunds; a gap keeps the string short).
+-- GCRA (src/algorithm/gcra.rs), and the token bucket as its twin (token_bucket.rs): the
+-- same code under the tag 'tb', whose keys are its own. State 'tat[:left]': the
+-- theoretical arrival time (µs), and, when gcra_single.lua wrote it, how long after the
+-- TAT the key expires (this script's writes leave it out).
 ALG.gcra = {}
 
 function ALG.gcra.read(key)
   local s = load(key)
   if not s then return nil end
-  return { s[1], s[1] - (s[2] or 0) }
-end
-
-local function gcra_put(key, put_fn, tat, last, now)
-  put_fn(key, fmt(tat) .. ':' .. fmt(max(tat - last, 0)), tat, now)
+  return { s[1] }
 end
 
 function ALG.gcra.default()
-  return { 0, 0 }
+  return { 0 }
 end
 
 -- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T
@@ -23,22 +21,26 @@ function ALG.gcra.decide(s, p, now)
 end
 
 function ALG.gcra.fields(s)
-  return s[1], s[2], 0
+  return s[1], 0, 0
 end
 
 function ALG.gcra.room(s, p, now)
   return floordiv(max(now + MAX_DEBT - max(s[1], now), 0), p.T)
 end
 
+-- An accepted request, or a charge (past the burst, the TAT goes into debt). The TAT it
+-- leaves is the commit's identity for a refund (Rust computes it from the reply).
 function ALG.gcra.commit(key, s, p, now)
   local tat = max(s[1], now) + p.c * p.T
-  gcra_put(key, put, tat, max(s[2], now), now)
+  put(key, fmt(tat), tat, now)
 end
 
--- p.at: when the commit was made (gcra.rs): give back what it still holds back, its c·T
--- less the time from it to the latest commit.
+-- p.at: the TAT the commit left. All or nothing (Gcra::refund): when no commit was made
+-- since (the TAT is still p.at), its c·T comes back, never before now; else nothing.
 function ALG.gcra.refund(key, s, p, now)
-  local cells = p.c * p.T
-  local tat = max(s[1] - min(cells, max(p.at + cells - s[2], 0)), now)
-  gcra_put(key, put_keep, tat, s[2], now)
+  if s[1] ~= p.at then return end
+  local tat = max(p.at - p.c * p.T, now)
+  put_keep(key, fmt(tat), tat, now)
 end
+
+ALG.tb = ALG.gcra

@@ -45,8 +45,8 @@ local function ttl_ms(expires, now)
 end
 
 -- Stores a packed string state that is "never seen" from `expires` on. For writes whose
--- expiry never moves earlier: commits of GCRA and the leaky bucket (their expiry is their
--- state, which a commit only moves later) and of the window algorithms (a window of
+-- expiry never moves earlier: commits of GCRA (and of its twin, the token bucket) and of
+-- the leaky bucket (their expiry is their state, which a commit only moves later) and of the window algorithms (a window of
 -- another period does not match the stored one, so its state is replaced anyway).
 local function put(key, value, expires, now)
   if expires <= now then
@@ -65,8 +65,8 @@ local function ttl_keep(key, expires, now)
   return ms
 end
 
--- `put` for writes whose expiry may move earlier (refunds; the token bucket, whose
--- capacity depends on the quota): one PTTL more, and a longer TTL is kept.
+-- `put` for writes whose expiry may move earlier (refunds): one PTTL more, and a longer
+-- TTL is kept.
 local function put_keep(key, value, expires, now)
   if expires <= now then
     redis.call('DEL', key)
