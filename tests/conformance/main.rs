@@ -281,10 +281,12 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Advance(61 * SEC), one(0, 3), one(0, 1), Undo(2), Undo(2), Peek(0, 1), one(0, 2)],
             ],
         ));
-        // A bucket's refund refunds what its commit still holds back: nothing once the
-        // bucket has refilled, a part of it while refilling.
+        // Late refunds, and refunds after later commits. GCRA and the token bucket give
+        // back all of a commit's units when no commit was made on the key since, none
+        // otherwise (this used to give back a part, less one unit per T since); the
+        // windows give back what is still in the window.
         out.push(scenario(
-            format!("{a}: late and partial refunds"),
+            format!("{a}: late refunds, and refunds after later commits"),
             T0,
             vec![rule("r", "k", a, Quota::per_minute(1).burst(2))],
             vec![
@@ -292,6 +294,19 @@ fn scenarios() -> Vec<Scenario> {
                 vec![Undo(4), Peek(0, 1), one(0, 1)],
                 vec![Advance(20 * SEC), Undo(4), Peek(0, 1), one(0, 1), one(0, 1), Peek(0, 1)],
                 vec![Advance(70 * SEC), Undo(2), Peek(0, 1), Peek(0, 2)],
+            ],
+        ));
+        // All or nothing (GCRA, token bucket): no commit since gives back all c; a commit
+        // since, nothing; two commits refunded last first, both; first first, the last's.
+        out.push(scenario(
+            format!("{a}: refunds with and without a commit since"),
+            T0,
+            vec![rule("r", "k", a, Quota::per_minute(3))],
+            vec![
+                vec![one(0, 3), Advance(SEC), Undo(1), Peek(0, 3), one(0, 3), one(0, 1)],
+                vec![Advance(3 * MIN), one(0, 1), one(0, 1), Undo(2), Peek(0, 1), Peek(0, 2)],
+                vec![Advance(3 * MIN), one(0, 1), Advance(MS), one(0, 1), Undo(1), Undo(2), Peek(0, 3)],
+                vec![one(0, 1), one(0, 1), Undo(2), Undo(1), Peek(0, 2), one(0, 3)],
             ],
         ));
         // A refund that leaves the state as never seen, then the clock steps back: Redis
@@ -755,6 +770,59 @@ async fn server_time_leaky_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_time_gcra() {
     server_time(Algorithm::Gcra).await;
+}
+
+/// Issue 40: a GCRA or token-bucket refund gives back all of the commit's units when no
+/// commit was made on the key since, none otherwise — with explicit expectations, on
+/// `store` (the table above holds every store to the same decisions).
+async fn a_bucket_refund_is_all_or_nothing<S: Store>(store: &S, clock: &ManualClock, ns: &str) {
+    for a in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let check = |rule: &str, cost: u64| Check {
+            rule: format!("{ns}/{a}/{rule}").into(),
+            key: Key::from("k"),
+            algorithm: a,
+            params: Params::new(Quota::per_minute(3)).cost(cost),
+        };
+        let take = |rule: &'static str, cost: u64| {
+            let c = check(rule, cost);
+            async move {
+                let taken = store.check_one(&c).await.unwrap().taken.unwrap_or_else(|| panic!("{a}: {rule} refused"));
+                Refund { check: c, taken }
+            }
+        };
+        let peek = |rule: &'static str, cost: u64| {
+            let c = check(rule, cost);
+            async move { store.peek(&c).await.unwrap().allowed }
+        };
+        clock.set(T0);
+        // (a) No commit since, a second later: all 3 units back.
+        let r = take("a", 3).await;
+        clock.set(T0 + SEC);
+        store.refund(&[r]).await.unwrap();
+        assert!(peek("a", 3).await, "{a}: a refund with no commit since gave back less than all");
+        // (b) A commit since: nothing back.
+        let (r1, _r2) = (take("b", 1).await, take("b", 1).await);
+        store.refund(&[r1]).await.unwrap();
+        assert!(peek("b", 1).await && !peek("b", 2).await, "{a}: a refund after another commit gave something back");
+        // (c) Two commits refunded last first: both back.
+        let (r1, r2) = (take("c", 1).await, take("c", 2).await);
+        store.refund(&[r2]).await.unwrap();
+        store.refund(&[r1]).await.unwrap();
+        assert!(peek("c", 3).await, "{a}: refunding the last then the first did not give back both");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_refund_is_all_or_nothing_on_memory_and_redis() {
+    let memory_clock = ManualClock::new(T0);
+    let memory = MemoryStore::with_clock(memory_clock.clone());
+    a_bucket_refund_is_all_or_nothing(&memory, &memory_clock, "m").await;
+    let server = RedisServer::start();
+    let redis_clock = ManualClock::new(T0);
+    let redis =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(RESPONSE_TIMEOUT).with_clock(redis_clock.clone());
+    redis.ping().await.unwrap();
+    a_bucket_refund_is_all_or_nothing(&redis, &redis_clock, "r").await;
 }
 
 /// The review's sliding log example with explicit expectations, on Redis and on a cluster

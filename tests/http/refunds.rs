@@ -155,7 +155,8 @@ async fn count_if_units_come_back_when_the_handler_fails_or_is_dropped() {
 // The second review (one test per finding; each failed before its fix).
 
 // R2. A token bucket's or GCRA's refund after the bucket had refilled gave the tokens a
-// second time: more than the burst at one instant.
+// second time: more than the burst at one instant. (Since issue 40 such a refund is all
+// or nothing.)
 
 #[tokio::test]
 async fn a_late_bucket_refund_never_lets_more_than_the_burst_through() {
@@ -177,29 +178,43 @@ async fn a_late_bucket_refund_never_lets_more_than_the_burst_through() {
         limiter.refund(a).await.unwrap();
         assert!(limiter.check("ada").await.is_rejected(), "{algorithm}: a third request at one instant, burst 2");
 
-        // A refund in time refunds what its commit still holds back. With no commit
-        // since (d comes at the same instant as b), all of it, even 20 s later (a slow
-        // handler's count-by-outcome refund).
+        // All or nothing (issue 40): a refund gives back all of its commit's units when no
+        // commit was made on the key since, even 20 s later (a slow handler's
+        // count-by-outcome refund), none otherwise.
         let (b, c) = (limiter.check("bob").await, limiter.check("bob").await);
         assert!(b.is_allowed() && c.is_allowed() && limiter.check("bob").await.is_rejected());
         limiter.refund(c).await.unwrap();
-        assert!(limiter.check("bob").await.is_allowed(), "{algorithm}: an immediate refund gave nothing back");
+        let d = limiter.check("bob").await;
+        assert!(d.is_allowed(), "{algorithm}: an immediate refund gave nothing back");
         clock.advance(Duration::from_secs(20));
+        limiter.refund(d).await.unwrap();
+        assert!(
+            limiter.check("bob").await.is_allowed(),
+            "{algorithm}: a late refund, no commit since, gave too little back"
+        );
+        // b's commit has others since: its refund gives nothing (it used to give back the
+        // 40 s of cells b still held back, less the time to the latest commit).
         limiter.refund(b).await.unwrap();
-        assert!(limiter.check("bob").await.is_allowed(), "{algorithm}: a late refund gave too little back");
         let v = limiter.check("bob").await;
-        assert_eq!(v.retry_after(), Some(Duration::from_secs(40)), "{algorithm}: b's whole token came back");
+        assert_eq!(
+            v.retry_after(),
+            Some(Duration::from_secs(40)),
+            "{algorithm}: a refund after later commits gave something back"
+        );
 
-        // A commit made 20 s after e bounds e's refund to the 40 s of cells e still held
-        // back then: without e, f and g fill the bucket, and the next one is a minute
-        // away (the whole token back would make it 40 s).
+        // e, then f 20 s later: e's refund gives nothing back, so g is refused until the
+        // cells of e and f have drained to one free token, 40 s on (the old partial
+        // refund gave back the 40 s e still held back, and admitted g).
         let e = limiter.check("carol").await;
         clock.advance(Duration::from_secs(20));
         assert!(limiter.check("carol").await.is_allowed(), "{algorithm}: f");
         limiter.refund(e).await.unwrap();
-        assert!(limiter.check("carol").await.is_allowed(), "{algorithm}: g");
-        let v = limiter.check("carol").await;
-        assert_eq!(v.retry_after(), Some(Duration::from_secs(60)), "{algorithm}: a partial refund gave too much back");
+        let g = limiter.check("carol").await;
+        assert_eq!(
+            g.retry_after(),
+            Some(Duration::from_secs(40)),
+            "{algorithm}: a refund after another commit gave something back"
+        );
     }
 }
 

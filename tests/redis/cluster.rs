@@ -141,10 +141,12 @@ async fn cluster_rules_within_and_across_slots() {
     assert!(evalsha >= 90, "{evalsha}");
     // A rejection is answered without waiting more than 5 ms for a slow slot, whose units
     // come back when it answers: give the rollbacks a moment on a busy machine. (The token
-    // bucket's rollbacks of overlapping commits each refund c·T less the time to the
-    // latest commit — conservative by design — short by microseconds, not a token.)
+    // bucket's refunds are all or nothing since issue 40: a rollback after another commit
+    // on the key gives nothing back, so concurrent rollbacks leave some units taken — fewer
+    // admitted, never more. It used to be exact to microseconds.)
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(store.peek(&across[0]).await.unwrap().remaining(), 36, "units stayed taken on {k0}");
+    let bucket = store.peek(&across[0]).await.unwrap().remaining();
+    assert!(bucket <= 36, "more than the 3 admitted and the peek's own unit came back on {k0}: {bucket}");
     assert_eq!(store.peek(&across[2]).await.unwrap().remaining(), 36, "units stayed taken on {k2}");
     assert!(!store.peek(&across[1]).await.unwrap().allowed);
 
@@ -155,7 +157,7 @@ async fn cluster_rules_within_and_across_slots() {
         assert_eq!(d.iter().map(|o| o.as_ref().unwrap().decision.allowed).collect::<Vec<_>>(), [false, true, true]);
         assert!(d.iter().all(|o| o.as_ref().unwrap().taken.is_none()), "a rejected check took nothing");
     }
-    assert_eq!(store.peek(&across[0]).await.unwrap().remaining(), 36);
+    assert_eq!(store.peek(&across[0]).await.unwrap().remaining(), bucket);
     assert_eq!(store.peek(&across[2]).await.unwrap().remaining(), 36);
 
     // Refunds across slots (count-by-outcome) reach every node: what the first request took.
@@ -166,15 +168,15 @@ async fn cluster_rules_within_and_across_slots() {
         .collect();
     let bucket_before = store.peek(&across[0]).await.unwrap();
     store.refund(&refunds).await.unwrap();
-    // The token bucket refunds c·T less the time from the commit to the latest one (the
-    // rejected checks since, a second or two): most of a token, not all of it.
-    // (Compared as levels: whole tokens plus the part of the next one already refilled, so
-    // the few seconds of refill a busy machine adds can't flip the whole count.)
+    // The token bucket's refund is all or nothing: the whole token when no commit was made
+    // on the key since (every later one rolled back, last first), else none — never a part,
+    // never more. (Compared as levels: whole tokens plus the part of the next one already
+    // refilled, so the few seconds of refill a busy machine adds can't flip the count.)
     let bucket_after = store.peek(&across[0]).await.unwrap();
     let level = |d: &tollgate::Decision| d.remaining() as f64 + 1.0 - d.refill_after().as_secs_f64() / 90.0;
     let given = level(&bucket_after) - level(&bucket_before);
     assert!(
-        given > 0.9 && given <= 1.0 + 0.05,
+        (-0.01..0.05).contains(&given) || (0.99..1.05).contains(&given),
         "the refund gave back {given} tokens: {bucket_before:?} -> {bucket_after:?}"
     );
     assert!(store.peek(&across[1]).await.unwrap().allowed);
