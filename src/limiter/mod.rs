@@ -247,7 +247,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     /// Gives back the units an allowed verdict took (work that was not done after all):
     /// exactly those of its commits, to whoever decided them (the store, or the fallback
-    /// limiter), and nothing once they have left their window.
+    /// limiter), and nothing once they have left their window. Under GCRA and the token
+    /// bucket a refund is all or nothing: all of a commit's units when no commit was made
+    /// on the key since, none otherwise. A refund may give back less, never more.
     ///
     /// A verdict from before a [`reset`](Limiter::reset) of its key gives nothing back
     /// under the window algorithms (their state keeps the earliest time a commit into it

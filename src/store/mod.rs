@@ -26,8 +26,10 @@ pub(crate) type Outcomes = smallvec::SmallVec<[Option<Outcome>; 1]>;
 /// refund exactly those units, and nothing else.
 ///
 /// `at` is in µs since the epoch: the time of the decision for the window algorithms (the
-/// stored window's start when the clock stepped back before it), the token bucket and
-/// GCRA; the timestamp the units were logged under for the sliding window log (the newest
+/// stored window's start when the clock stepped back before it); the theoretical arrival
+/// time the commit left for the token bucket and GCRA (a refund gives back all of the
+/// commit's units while the key's TAT is still that one, none once another commit moved
+/// it); the timestamp the units were logged under for the sliding window log (the newest
 /// entry's, when the clock stepped back); the first slot for the leaky bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Taken {
