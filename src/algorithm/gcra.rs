@@ -10,7 +10,7 @@
 //! otherwise: all or nothing, so that the state stays one word, moved by one
 //! compare-and-swap in an in-process lane.
 
-use super::{next_unit, Params};
+use super::Params;
 use crate::decision::Decision;
 
 /// The theoretical arrival time, µs since the epoch (0: never seen).
@@ -30,10 +30,10 @@ impl Gcra {
         let used = tat - now;
         if c <= b && used + c * t <= capacity {
             let used = used + c * t;
-            return Decision::allow(l, (capacity - used) / t, used, next_unit(capacity - used, t));
+            return Decision::allow_units(l, capacity - used, t, used);
         }
         let retry = (c <= b).then(|| used + c * t - capacity);
-        Decision::reject(l, capacity.saturating_sub(used) / t, used, retry)
+        Decision::reject_units(l, capacity.saturating_sub(used), t, used, retry)
     }
 
     /// Applies an accepted request (or a charge: past the burst, the TAT goes into debt);

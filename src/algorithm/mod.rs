@@ -187,12 +187,6 @@ fn window_of(stored: u64, period: u64, now: u64) -> u64 {
     }
 }
 
-/// Time until `free` µs of capacity, growing by one a µs, hold one more unit of `t` µs
-/// than now: the `refill_after` of the bucket algorithms and GCRA.
-pub(crate) fn next_unit(free: u64, t: u64) -> u64 {
-    t - free % t
-}
-
 /// One algorithm's state as a type: `MemoryStore` keeps a table of each, so an entry is
 /// as small as its own algorithm's state (a GCRA entry fits a cache line).
 pub(crate) trait Kind: Default + Send + Sync + 'static {

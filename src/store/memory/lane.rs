@@ -260,7 +260,7 @@ pub(super) fn check(word: &AtomicU64, p: &Params, now: u64, commit: bool) -> (u6
 /// The decision of `p` on a key whose TAT was `tat` before it: GCRA's (the token bucket's
 /// is the same).
 pub(super) fn decide(tat: u64, p: &Params, now: u64) -> Decision {
-    Gcra { tat, ..Gcra::default() }.decide(p, now)
+    Gcra { tat }.decide(p, now)
 }
 
 /// Takes `p.cost` units whatever the decision (a charge): the TAT moves on by them, at
