@@ -243,7 +243,7 @@ pub fn limits<St: Store + Clone>(
     let route_and_ip = |req: &RequestHead| {
         let route = req.extensions().get::<MatchedPath>()?.as_str();
         let ip = key::PeerIp.extract(req)?;
-        Some([route.as_bytes(), b" ", ip.as_bytes()].concat())
+        Some([route.as_bytes(), b" ", &ip.as_bytes()].concat())
     };
     let auth = RateLimitLayer::builder(store)
         .add_rule(

@@ -249,7 +249,7 @@ impl std::fmt::Display for Verdict {
                 if key.is_hashed() {
                     write!(f, "{key:?}")?;
                 } else {
-                    write!(f, "{:?}", String::from_utf8_lossy(key.as_bytes()))?;
+                    write!(f, "{:?}", String::from_utf8_lossy(&key.as_bytes()))?;
                 }
                 write!(f, " (decided by {by}): ")?;
                 match d.decision.retry_after_secs() {

@@ -1,5 +1,5 @@
 //! What is being limited: [`Key`], the [`KeyExtractor`] trait, and the built-in extractors
-//! [`PeerIp`], [`TrustedProxyIp`], [`header`] and [`Global`].
+//! [`PeerIp`], [`TrustedProxyIp`], [`header`] and [`Global`]; [`KeyBytes`], a key's bytes.
 //!
 //! Any closure `Fn(&I) -> Option<K>` with `K: Into<Key>` is an extractor for inputs of
 //! type `I`; for the HTTP layer `I` is [`RequestHead`](crate::RequestHead) (the request
@@ -9,6 +9,7 @@
 //! return `None`: without connection info they warn once and limit under one shared
 //! `"unknown"` key rather than silently stop limiting.
 
+mod bytes;
 mod peer;
 mod proxy;
 
@@ -20,6 +21,8 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, Request};
 use sha2::{Digest, Sha256};
 
+use self::bytes::canonical_u64;
+pub use self::bytes::KeyBytes;
 pub use self::peer::{PeerIp, PeerIpPrefix};
 pub use self::proxy::{IpNet, ProxyHeader, TrustedProxyIp};
 
@@ -33,12 +36,19 @@ pub(crate) const SHORT: usize = 22;
 /// [`MAX_KEY_LEN`] bytes; longer ones are replaced by their SHA-256 digest, so a client
 /// cannot make the limiter store arbitrarily large keys, and a digest never equals a
 /// short key.
+///
+/// A `u64` key is held as the number, and so is text that is its canonical decimal (`"0"`,
+/// `"42"`, not `"042"`): `Key::from(42u64)` and `Key::from("42")` are one key, with the
+/// same bytes, the same hash and the same name in every store.
 #[derive(Clone)]
 pub struct Key(Repr);
 
+/// `Int` holds every key whose bytes are the canonical decimal of a `u64`, and no other
+/// variant ever holds such bytes: equality and hashing rely on it.
 #[derive(Clone)]
 enum Repr {
     Inline(u8, [u8; INLINE]),
+    Int(u64),
     Heap(Arc<[u8]>),
     Digest([u8; 32]),
 }
@@ -47,7 +57,9 @@ impl Key {
     /// A key from bytes (hashed when longer than [`MAX_KEY_LEN`]).
     #[must_use]
     pub fn new(bytes: &[u8]) -> Self {
-        if bytes.len() <= INLINE {
+        if let Some(n) = canonical_u64(bytes) {
+            Self(Repr::Int(n))
+        } else if bytes.len() <= INLINE {
             Self::inline(bytes)
         } else if bytes.len() <= MAX_KEY_LEN {
             Self(Repr::Heap(Arc::from(bytes)))
@@ -56,7 +68,7 @@ impl Key {
         }
     }
 
-    /// A key from at most `INLINE` bytes.
+    /// A key from at most `INLINE` bytes that are not a number's canonical decimal.
     fn inline(bytes: &[u8]) -> Self {
         let mut buf = [0; INLINE];
         buf[..bytes.len()].copy_from_slice(bytes);
@@ -92,33 +104,67 @@ impl Key {
         let _ = fmt::write(&mut w, format_args!("{value}"));
         match w.spill {
             Some(s) => Self::new(s.as_bytes()),
-            #[allow(clippy::cast_possible_truncation)]
-            None => Self(Repr::Inline(w.len as u8, w.buf)),
+            None => match canonical_u64(&w.buf[..w.len]) {
+                Some(n) => Self(Repr::Int(n)),
+                #[allow(clippy::cast_possible_truncation)]
+                None => Self(Repr::Inline(w.len as u8, w.buf)),
+            },
         }
     }
 
-    /// The key's bytes (for a hashed key: the 32 bytes of its digest).
+    /// The key's bytes (for a hashed key: the 32 bytes of its digest; for a number, its
+    /// decimal digits, written on each call). `&*key.as_bytes()` is a `&[u8]`.
     #[must_use]
-    pub fn as_bytes(&self) -> &[u8] {
+    pub fn as_bytes(&self) -> KeyBytes<'_> {
         match &self.0 {
-            Repr::Inline(len, buf) => &buf[..usize::from(*len)],
-            Repr::Heap(b) => b,
-            Repr::Digest(d) => d,
+            Repr::Inline(len, buf) => KeyBytes::held(&buf[..usize::from(*len)]),
+            Repr::Int(n) => KeyBytes::digits(*n),
+            Repr::Heap(b) => KeyBytes::held(b),
+            Repr::Digest(d) => KeyBytes::held(d),
         }
     }
 
-    /// A plain key of at most [`SHORT`] bytes as its length then its bytes, zero-padded:
-    /// how `MemoryStore`'s table holds it inline, compared as one fixed-size array.
-    pub(crate) fn short(&self) -> Option<[u8; SHORT + 1]> {
+    /// The bytes the key holds, or `None` for a number (which [`Key::short`] always
+    /// gives).
+    pub(crate) fn held_bytes(&self) -> Option<&[u8]> {
         match &self.0 {
-            Repr::Inline(len, buf) if usize::from(*len) <= SHORT => {
-                let mut short = [0; SHORT + 1];
-                short[0] = *len;
-                short[1..].copy_from_slice(&buf[..SHORT]);
-                Some(short)
-            }
+            Repr::Inline(len, buf) => Some(&buf[..usize::from(*len)]),
+            Repr::Int(_) => None,
+            Repr::Heap(b) => Some(b),
+            Repr::Digest(d) => Some(d),
+        }
+    }
+
+    /// The number a key made from a `u64` (or from its canonical decimal) holds.
+    #[cfg_attr(not(test), expect(dead_code, reason = "MemoryStore's table of u64 keys will read it"))]
+    pub(crate) fn as_u64(&self) -> Option<u64> {
+        match self.0 {
+            Repr::Int(n) => Some(n),
             _ => None,
         }
+    }
+
+    /// A plain key of at most [`SHORT`] bytes (a number: its decimal digits) as its length
+    /// then its bytes, zero-padded: how `MemoryStore`'s table holds it inline, compared as
+    /// one fixed-size array.
+    pub(crate) fn short(&self) -> Option<[u8; SHORT + 1]> {
+        let mut short = [0; SHORT + 1];
+        match &self.0 {
+            Repr::Inline(len, buf) if usize::from(*len) <= SHORT => {
+                short[0] = *len;
+                short[1..].copy_from_slice(&buf[..SHORT]);
+            }
+            Repr::Int(n) => {
+                let mut digits = itoa::Buffer::new();
+                let digits = digits.format(*n).as_bytes();
+                #[allow(clippy::cast_possible_truncation)]
+                let len = digits.len() as u8;
+                short[0] = len;
+                short[1..=digits.len()].copy_from_slice(digits);
+            }
+            _ => return None,
+        }
+        Some(short)
     }
 
     /// Whether the key was longer than [`MAX_KEY_LEN`] and is stored as its digest.
@@ -133,6 +179,9 @@ impl PartialEq for Key {
         match (&self.0, &other.0) {
             // Zeros past `len`: the whole buffers compare, with no call to `memcmp`.
             (Repr::Inline(a, x), Repr::Inline(b, y)) => a == b && x == y,
+            (Repr::Int(a), Repr::Int(b)) => a == b,
+            // No other variant holds a number's canonical decimal.
+            (Repr::Int(_), _) | (_, Repr::Int(_)) => false,
             _ => self.is_hashed() == other.is_hashed() && self.as_bytes() == other.as_bytes(),
         }
     }
@@ -142,8 +191,14 @@ impl Eq for Key {}
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.is_hashed().hash(state);
-        self.as_bytes().hash(state);
+        if let Repr::Int(n) = self.0 {
+            // As a number: no key of another variant equals it, and the blocked-key
+            // cache's lookups write no digits.
+            n.hash(state);
+        } else {
+            self.is_hashed().hash(state);
+            self.as_bytes().hash(state);
+        }
     }
 }
 
@@ -151,12 +206,12 @@ impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_hashed() {
             f.write_str("Key(sha256:")?;
-            for b in self.as_bytes() {
+            for b in &*self.as_bytes() {
                 write!(f, "{b:02x}")?;
             }
             f.write_str(")")
         } else {
-            write!(f, "Key({:?})", String::from_utf8_lossy(self.as_bytes()))
+            write!(f, "Key({:?})", String::from_utf8_lossy(&self.as_bytes()))
         }
     }
 }
@@ -187,10 +242,9 @@ impl From<Vec<u8>> for Key {
     }
 }
 impl From<u64> for Key {
-    /// The decimal digits, as `Display` writes them.
+    /// The number, held as is; its bytes are its decimal digits, as `Display` writes them.
     fn from(n: u64) -> Self {
-        let mut digits = itoa::Buffer::new();
-        Self::inline(digits.format(n).as_bytes())
+        Self(Repr::Int(n))
     }
 }
 impl From<IpAddr> for Key {
@@ -353,7 +407,7 @@ mod tests {
         assert_eq!(k, Key::from(long.clone()));
         assert_ne!(k, Key::from("k".repeat(MAX_KEY_LEN + 2)));
         // A short key holding the digest's bytes is still a different key.
-        assert_ne!(k, Key::new(k.as_bytes()));
+        assert_ne!(k, Key::new(&k.as_bytes()));
         let exact = Key::from("x".repeat(MAX_KEY_LEN));
         assert!(!exact.is_hashed());
         assert_eq!(exact.as_bytes().len(), MAX_KEY_LEN);
@@ -362,6 +416,101 @@ mod tests {
         let long = "y".repeat(INLINE + 10);
         assert_eq!(Key::display(&long), Key::from(long.as_str()));
         assert_eq!(Key::display("z".repeat(MAX_KEY_LEN + 1)), Key::from("z".repeat(MAX_KEY_LEN + 1)));
+    }
+
+    fn hash_of(key: &Key) -> u64 {
+        let mut h = std::hash::DefaultHasher::new();
+        key.hash(&mut h);
+        h.finish()
+    }
+
+    /// The key of `text` as it was before numbers were held as numbers: its bytes inline.
+    fn as_text(text: &str) -> Key {
+        Key::inline(text.as_bytes())
+    }
+
+    #[test]
+    fn a_number_and_its_canonical_decimal_are_one_key() {
+        for n in [0, 1, 42, u64::MAX] {
+            let text = n.to_string();
+            let int = Key::from(n);
+            assert_eq!(int.as_u64(), Some(n));
+            let same = [
+                Key::from(text.as_str()),
+                Key::from(text.clone()),
+                Key::from(&text),
+                Key::from(text.as_bytes()),
+                Key::from(text.as_bytes().to_vec()),
+                Key::new(text.as_bytes()),
+                Key::display(n),
+                Key::display(&text),
+            ];
+            for key in same {
+                assert_eq!(key.as_u64(), Some(n), "{text} is held as a number");
+                assert_eq!(key, int, "{text}");
+                assert_eq!(hash_of(&key), hash_of(&int), "{text}");
+            }
+            assert_eq!(format!("{int:?}"), format!("Key({text:?})"));
+            assert_eq!(int.as_bytes(), text.as_bytes());
+            assert_eq!(&*int.as_bytes(), text.as_bytes());
+            assert!(!int.is_hashed());
+            // MemoryStore's table sees the digits it saw when they were held as text.
+            assert_eq!(int.short(), as_text(&text).short(), "{text}");
+            assert!(int.short().is_some());
+        }
+    }
+
+    #[test]
+    fn other_text_of_digits_stays_text() {
+        let numbers = [0, 1, 42, u64::MAX, 1_844_674_407_370_955_161].map(Key::from);
+        for text in
+            ["00", "042", "-1", "+1", " 1", "1 ", "18446744073709551616", "99999999999999999999", "1a", "4.2", ""]
+        {
+            let key = Key::from(text);
+            assert_eq!(key.as_u64(), None, "{text:?}");
+            assert_eq!(key.as_bytes(), text.as_bytes());
+            assert_eq!(format!("{key:?}"), format!("Key({text:?})"));
+            assert_eq!(key, as_text(text));
+            assert_eq!(hash_of(&key), hash_of(&as_text(text)));
+            assert_eq!(key, Key::display(text));
+            for n in &numbers {
+                assert_ne!(&key, n, "{text:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_is_no_larger_than_before_numbers() {
+        // 46 bytes inline, their length and the variant's tag.
+        assert_eq!(std::mem::size_of::<Key>(), 48);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_number_is_its_decimal(n: u64) {
+            let digits = n.to_string();
+            let (int, text) = (Key::from(n), Key::from(digits.as_str()));
+            proptest::prop_assert_eq!(&int, &text);
+            proptest::prop_assert_eq!(hash_of(&int), hash_of(&text));
+            proptest::prop_assert_eq!(int.as_bytes(), digits.as_bytes());
+            proptest::prop_assert_eq!(int.short(), as_text(&digits).short());
+        }
+
+        #[test]
+        fn text_keeps_its_bytes(s in "[0-9]{0,21}|0[0-9]{0,3}|[+-]?[0-9]{1,5}|[ -~]{0,46}|\\PC{0,11}") {
+            let key = Key::from(s.as_str());
+            proptest::prop_assert_eq!(key.as_bytes(), s.as_bytes());
+            // A number exactly when `s` is what the number displays as.
+            let number = s.parse::<u64>().ok().filter(|n| n.to_string() == s);
+            proptest::prop_assert_eq!(key.as_u64(), number);
+            proptest::prop_assert_eq!(&key, &Key::display(&s));
+        }
+
+        #[test]
+        fn bytes_keep_their_bytes(b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..=INLINE)) {
+            let key = Key::new(&b);
+            proptest::prop_assert_eq!(key.as_bytes(), &b[..]);
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tollgate::{MemoryStore, Quota, RateLimitLayer};
 /// A server keyed by `key`; its 429 bodies are the key.
 async fn serve(key: TrustedProxyIp) -> SocketAddr {
     let layer = RateLimitLayer::new(Quota::per_hour(1), key, MemoryStore::new()).on_rejected(|r| {
-        let mut res = Response::new(Body::from(String::from_utf8_lossy(r.key.as_bytes()).into_owned()));
+        let mut res = Response::new(Body::from(String::from_utf8_lossy(&r.key.as_bytes()).into_owned()));
         *res.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
         res
     });

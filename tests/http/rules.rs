@@ -191,7 +191,7 @@ async fn a_rejection_names_the_worst_rule_and_its_own_key() {
         .build()
         .unwrap()
         .on_rejected(|r| {
-            let said = format!("{} {}", r.rule, String::from_utf8_lossy(r.key.as_bytes()));
+            let said = format!("{} {}", r.rule, String::from_utf8_lossy(&r.key.as_bytes()));
             let mut res = http::Response::new(axum::body::Body::from(said));
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             res
@@ -234,7 +234,7 @@ fn says_who<St: tollgate::store::Store>(
 > + Clone {
     layer
         .on_rejected(|r| {
-            let said = format!("{} {} {:?}", r.rule, String::from_utf8_lossy(r.key.as_bytes()), r.decided_by);
+            let said = format!("{} {} {:?}", r.rule, String::from_utf8_lossy(&r.key.as_bytes()), r.decided_by);
             let mut res = http::Response::new(axum::body::Body::from(said));
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             res

@@ -55,7 +55,7 @@ fn spellings_of_one_identity_count_together() {
     }
     // A digest never equals the short key of its bytes.
     let d = Key::from(long129.as_str());
-    assert_ne!(Key::new(d.as_bytes()), d);
+    assert_ne!(Key::new(&d.as_bytes()), d);
 }
 
 /// (rule, key) pairs whose concatenations agree are still distinct states.
@@ -76,7 +76,7 @@ fn rule_and_key_boundaries_stay_apart() {
     assert_eq!(store.check_at(&[c], now).unwrap()[0].decision.remaining(), 99);
     // A 32-byte key, and the digest of a long key with the same 32 bytes.
     let long = Key::from("q".repeat(200));
-    let short = Key::new(long.as_bytes());
+    let short = Key::new(&long.as_bytes());
     assert_eq!(remaining(&store, "d", long.clone(), now), 99);
     assert_eq!(remaining(&store, "d", short, now), 99);
     assert_eq!(remaining(&store, "d", long, now), 98);

@@ -260,7 +260,7 @@ fn boundary_keys() -> Vec<Key> {
             s.replace_range(len - 1..len, &last.to_string());
             let key = Key::from(s.as_str());
             if key.is_hashed() {
-                keys.push(Key::new(key.as_bytes())); // the plain twin of the digest
+                keys.push(Key::new(&key.as_bytes())); // the plain twin of the digest
             }
             keys.push(key);
         }
@@ -356,7 +356,7 @@ fn keys_share_a_state_exactly_when_they_are_equal() {
         keys.push(Key::new(&k[..len - 1])); // one shorter: `k` without its last byte
         let hashed = Key::new(&k);
         if hashed.is_hashed() {
-            keys.push(Key::new(hashed.as_bytes())); // the digest's 32 bytes, as a plain key
+            keys.push(Key::new(&hashed.as_bytes())); // the digest's 32 bytes, as a plain key
         }
         keys.push(Key::display(String::from_utf8(k).unwrap()));
     }

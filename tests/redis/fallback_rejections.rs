@@ -59,7 +59,7 @@ fn service(
     let svc = layer
         .clone()
         .on_rejected(|r| {
-            let said = format!("{} {} {:?}", r.rule, String::from_utf8_lossy(r.key.as_bytes()), r.decided_by);
+            let said = format!("{} {} {:?}", r.rule, String::from_utf8_lossy(&r.key.as_bytes()), r.decided_by);
             let mut res = Response::new(Body::from(said));
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             res

@@ -90,7 +90,7 @@ impl<'a> Probe<'a> {
     pub(super) fn of(key: &'a Key) -> Self {
         match key.short() {
             Some(short) => Probe::Short(short),
-            None => Probe::Long(key.as_bytes(), key.is_hashed()),
+            None => Probe::Long(key.held_bytes().expect("a number is short"), key.is_hashed()),
         }
     }
 
@@ -437,7 +437,7 @@ mod tests {
                 bytes[len - 1] = last;
                 let key = Key::new(&bytes);
                 if key.is_hashed() {
-                    keys.push(Key::new(key.as_bytes()));
+                    keys.push(Key::new(&key.as_bytes()));
                 }
                 keys.push(key);
             }

@@ -81,12 +81,12 @@ fn tag_into(out: &mut impl Sink, key: &Key) {
     let bytes = key.as_bytes();
     if key.is_hashed() {
         out.put(b"%H");
-        hex_into(out, bytes);
+        hex_into(out, &bytes);
     } else if bytes.is_empty() {
         // `{}` would not be a hash tag: Redis would hash the whole name.
         out.put(b"%E");
     } else {
-        escape_into(out, bytes);
+        escape_into(out, &bytes);
     }
 }
 
@@ -125,7 +125,8 @@ impl Names {
         let Some(mac) = &self.secret else { return tag_into(out, key) };
         // A domain byte: a digest (a long key, hashed) never hashes like a clear key with
         // the same bytes.
-        let digest = (**mac).clone().chain_update([u8::from(key.is_hashed())]).chain_update(key.as_bytes()).finalize();
+        let digest =
+            (**mac).clone().chain_update([u8::from(key.is_hashed())]).chain_update(&*key.as_bytes()).finalize();
         out.put(b"%K");
         hex_into(out, &digest.into_bytes()[..16]);
     }
@@ -225,6 +226,28 @@ mod tests {
         assert_eq!(got.len(), "tollgate:{%H".len() + 64 + "}:r:gcra:v5".len());
     }
 
+    /// A key held as a number is named by its digits, as when it was held as text.
+    #[test]
+    fn a_number_is_named_by_its_digits() {
+        for (number, text) in [(0, "0"), (42, "42"), (u64::MAX, "18446744073709551615")] {
+            let want = format!("tollgate:{{{text}}}:r:gcra:v4").into_bytes();
+            assert_eq!(n("r", &Key::from(number)), want);
+            assert_eq!(n("r", &Key::from(text)), want);
+            assert_eq!(Names::new("tollgate".into()).slot(&Key::from(number)), slot(&want));
+            // Hashed names: the keyed hash of the digits.
+            let names = Names::new("tollgate".into()).hashed(b"s");
+            let mac = Hmac::<Sha256>::new_from_slice(b"s").unwrap().chain_update([0]).chain_update(text).finalize();
+            let mut want = b"tollgate:{%K".to_vec();
+            hex_into(&mut want, &mac.into_bytes()[..16]);
+            want.extend_from_slice(b"}:r:gcra:v4");
+            assert_eq!(names.name("r", &Key::from(number), Algorithm::Gcra), want);
+            assert_eq!(names.slot(&Key::from(number)), slot(&want));
+        }
+        // Not a number: text, named as before.
+        assert_eq!(n("r", &Key::from("042")), b"tollgate:{042}:r:gcra:v4");
+        assert_ne!(n("r", &Key::from("042")), n("r", &Key::from(42u64)));
+    }
+
     #[test]
     fn names_are_injective_and_slots_follow_the_key_alone() {
         let weird: Vec<Vec<u8>> = vec![
@@ -257,7 +280,7 @@ mod tests {
         ];
         let mut keys: Vec<Key> = weird.iter().map(|b| Key::new(b)).collect();
         // A short key holding exactly the bytes of a long key's digest stays distinct.
-        keys.push(Key::new(keys[24].as_bytes()));
+        keys.push(Key::new(&keys[24].as_bytes()));
         let rules = ["r", "a:b", "a%3Ab", "{", "}", "%", "", "x}:{y", "r:gcra"];
         let mut seen: HashMap<Vec<u8>, (String, Key)> = HashMap::new();
         for rule in rules {
@@ -300,7 +323,7 @@ mod tests {
         assert_ne!(got, name("tollgate", "api", &key, Algorithm::Gcra));
         // A long key (stored as its digest) and a short key with the digest's bytes differ.
         let long = Key::new(&[b'z'; 200]);
-        let imitation = Key::new(long.as_bytes());
+        let imitation = Key::new(&long.as_bytes());
         assert_ne!(names.name("r", &long, Algorithm::Gcra), names.name("r", &imitation, Algorithm::Gcra));
         // The secret never shows.
         assert!(!format!("{names:?}").contains("secret"), "{names:?}");
