@@ -647,7 +647,7 @@ fn a_refund_gives_back_all_or_nothing() {
         let at = s.commit(&p3, T0);
         assert!(!s.decide(&p, T0 + SEC).allowed, "{algo}: the burst is spent");
         s.refund(&p3, at, T0 + SEC);
-        assert_eq!(s.decide(&p3, T0 + SEC).remaining, 0, "{algo}: all 3 back, taken again");
+        assert_eq!(s.decide(&p3, T0 + SEC).remaining(), 0, "{algo}: all 3 back, taken again");
         assert!(run(&mut s, &p3, T0 + SEC).allowed, "{algo}: a refund with no commit since gave back less than c");
         // (b) Another commit since: nothing comes back.
         let mut s = State::new(algo);

@@ -136,7 +136,6 @@ impl Key {
     }
 
     /// The number a key made from a `u64` (or from its canonical decimal) holds.
-    #[cfg_attr(not(test), expect(dead_code, reason = "MemoryStore's table of u64 keys will read it"))]
     pub(crate) fn as_u64(&self) -> Option<u64> {
         match self.0 {
             Repr::Int(n) => Some(n),

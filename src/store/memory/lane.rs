@@ -39,20 +39,11 @@ pub(super) enum LaneProbe<'a> {
 
 impl<'a> LaneProbe<'a> {
     pub(super) fn of(key: &'a Key) -> Self {
-        match as_u64(key) {
+        match key.as_u64() {
             Some(n) => LaneProbe::Int(n),
             None => LaneProbe::Other(Probe::of(key)),
         }
     }
-}
-
-// Until `Key` holds numbers: a canonical decimal key read as one.
-fn as_u64(key: &Key) -> Option<u64> {
-    let b = key.as_bytes();
-    if b.is_empty() || b.len() > 20 || (b[0] == b'0' && b.len() > 1) || key.is_hashed() {
-        return None;
-    }
-    std::str::from_utf8(b).ok()?.parse().ok().filter(|_| b.iter().all(u8::is_ascii_digit))
 }
 
 /// A lane's shard on cache lines of its own (see `table::Padded`).
