@@ -279,7 +279,9 @@ pub(super) fn charge(word: &AtomicU64, p: &Params, now: u64) {
 /// moving it changes no decision: either way nothing is given twice.
 pub(super) fn refund(word: &AtomicU64, p: &Params, at: u64, now: u64) {
     let cells = p.cost.saturating_mul(p.quota.emission_interval_micros());
-    let back = at.saturating_sub(cells).max(now);
+    // Given back to "never seen" (a TAT not after now): forgotten, 0, as Redis deletes
+    // the key (the two differ once the clock steps back).
+    let back = Some(at.saturating_sub(cells)).filter(|&tat| tat > now).unwrap_or(0);
     if back < at {
         let _ = word.compare_exchange(at, back, Relaxed, Relaxed);
     }

@@ -230,7 +230,7 @@ mod tests {
     #[test]
     fn a_number_is_named_by_its_digits() {
         for (number, text) in [(0, "0"), (42, "42"), (u64::MAX, "18446744073709551615")] {
-            let want = format!("tollgate:{{{text}}}:r:gcra:v4").into_bytes();
+            let want = format!("tollgate:{{{text}}}:r:gcra:v5").into_bytes();
             assert_eq!(n("r", &Key::from(number)), want);
             assert_eq!(n("r", &Key::from(text)), want);
             assert_eq!(Names::new("tollgate".into()).slot(&Key::from(number)), slot(&want));
@@ -239,12 +239,12 @@ mod tests {
             let mac = Hmac::<Sha256>::new_from_slice(b"s").unwrap().chain_update([0]).chain_update(text).finalize();
             let mut want = b"tollgate:{%K".to_vec();
             hex_into(&mut want, &mac.into_bytes()[..16]);
-            want.extend_from_slice(b"}:r:gcra:v4");
+            want.extend_from_slice(b"}:r:gcra:v5");
             assert_eq!(names.name("r", &Key::from(number), Algorithm::Gcra), want);
             assert_eq!(names.slot(&Key::from(number)), slot(&want));
         }
         // Not a number: text, named as before.
-        assert_eq!(n("r", &Key::from("042")), b"tollgate:{042}:r:gcra:v4");
+        assert_eq!(n("r", &Key::from("042")), b"tollgate:{042}:r:gcra:v5");
         assert_ne!(n("r", &Key::from("042")), n("r", &Key::from(42u64)));
     }
 
