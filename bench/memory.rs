@@ -124,7 +124,7 @@ fn visit(t: usize, threads: usize, n: u64, mut decide: impl FnMut(usize) -> bool
 /// `MemoryStore`'s `LocalStore::check_one`: what the limiter calls for an input with one
 /// rule, synchronously, with the store's clock.
 fn check_now(store: &MemoryStore, check: &Check) -> bool {
-    match LocalStore::check_one(store, check) {
+    match LocalStore::check_one_now(store, check) {
         Ok(o) => o.decision.allowed,
         Err(e) => panic!("MemoryStore failed: {e}"),
     }

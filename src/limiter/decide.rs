@@ -230,8 +230,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let Some(local) = self.holders.store.as_local() else { return Now::Later(plan) };
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let outcomes = match plan.checks.as_slice() {
-            [one] => local.check_one(one).map(|o| smallvec![Some(o)]),
-            checks => local.check(checks).map(Outcomes::from_vec),
+            [one] => local.check_one_now(one).map(|o| smallvec![Some(o)]),
+            checks => local.check_now(checks).map(Outcomes::from_vec),
         };
         let answer = outcomes.map(|outcomes| Answered { outcomes, ..Answered::new(DecidedBy::Store) });
         let (verdict, set) = self.conclude(plan, answer, started);

@@ -54,7 +54,7 @@ impl<St: Store> Holders<St> {
             return;
         }
         if let Some(local) = self.store.as_local() {
-            match local.refund(&refunds) {
+            match local.refund_now(&refunds) {
                 Ok(()) => self.forget(&refunds, &rules),
                 Err(err) => lost(&refunds, what, &err),
             }
@@ -85,7 +85,7 @@ impl<St: Store> Holders<St> {
             return Ok(());
         }
         match self.store.as_local() {
-            Some(local) => local.refund(&refunds)?,
+            Some(local) => local.refund_now(&refunds)?,
             None => self.store.refund(&refunds).await?,
         }
         self.forget(&refunds, &rules);
@@ -103,7 +103,7 @@ impl<St: Store> Holders<St> {
             return;
         }
         if let Some(local) = self.store.as_local() {
-            if let Err(err) = local.charge(&checks) {
+            if let Err(err) = local.charge_now(&checks) {
                 failed(&checks, &err);
             }
             return;
@@ -125,7 +125,7 @@ impl<St: Store> Holders<St> {
         let (checks, fallback) = self.charge_fallback(held, units);
         let store = match (checks.is_empty(), self.store.as_local()) {
             (true, _) => Ok(()),
-            (false, Some(local)) => local.charge(&checks),
+            (false, Some(local)) => local.charge_now(&checks),
             (false, None) => self.charge_store(&checks, held.deadline).await,
         };
         fallback.map_err(|(err, _)| err).and(store)

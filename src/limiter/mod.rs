@@ -413,7 +413,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         // for a second only (a lift elsewhere must reach every server), and nothing else
         // told it. A lift also forgets what the store said remains of the key: that may
         // be the block's zero.
-        if let Err(err) = crate::store::LocalStore::block(&self.runtime.fallback, &check, duration) {
+        if let Err(err) = crate::store::LocalStore::block_now(&self.runtime.fallback, &check, duration) {
             tracing::warn!(error = %err, rule, "tollgate: the fallback could not record a block");
         }
         if duration.is_zero() {
@@ -485,7 +485,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         drop(self.runtime.slices.void(id, &key, self.runtime.mono_us()));
         self.runtime.cache.forget(set.id(i), &key);
         // And in the fallback: its counts and block, and its share of what the store said.
-        if let Err(err) = crate::store::LocalStore::reset(&self.runtime.fallback, rule, &key, algorithm) {
+        if let Err(err) = crate::store::LocalStore::reset_now(&self.runtime.fallback, rule, &key, algorithm) {
             tracing::warn!(error = %err, rule, "tollgate: the fallback could not reset a key");
         }
         self.runtime.shares.forget(set.share_id(i), &key);

@@ -232,15 +232,15 @@ pub trait LocalStore: Send + Sync + 'static {
     /// # Errors
     ///
     /// A check list naming one state twice ([`StoreError::Invalid`]), a full store, …
-    fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError>;
+    fn check_now(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError>;
 
     /// Decides one rule (see [`Store::check_one`]). The default calls `check`.
     ///
     /// # Errors
     ///
-    /// As [`LocalStore::check`].
-    fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
-        the_one(self.check(std::slice::from_ref(check))?)
+    /// As [`LocalStore::check_now`].
+    fn check_one_now(&self, check: &Check) -> Result<Outcome, StoreError> {
+        the_one(self.check_now(std::slice::from_ref(check))?)
     }
 
     /// Gives back the units of earlier commits (see [`Store::refund`]).
@@ -248,7 +248,7 @@ pub trait LocalStore: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's own.
-    fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError>;
+    fn refund_now(&self, refunds: &[Refund]) -> Result<(), StoreError>;
 
     /// Takes each check's cost whatever it would decide (see [`Store::charge`]). The
     /// default refuses with [`StoreError::Invalid`].
@@ -256,7 +256,7 @@ pub trait LocalStore: Send + Sync + 'static {
     /// # Errors
     ///
     /// A store that takes no charges, a full store.
-    fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
+    fn charge_now(&self, charges: &[Check]) -> Result<(), StoreError> {
         let rule = charges.first().map(|c| c.rule.to_string()).unwrap_or_default();
         Err(StoreError::Invalid(format!("this store takes no charges (rule {rule:?})")))
     }
@@ -266,14 +266,14 @@ pub trait LocalStore: Send + Sync + 'static {
     /// # Errors
     ///
     /// The store's own.
-    fn peek(&self, check: &Check) -> Result<Decision, StoreError>;
+    fn peek_now(&self, check: &Check) -> Result<Decision, StoreError>;
 
     /// Forgets the state of one (rule, key, algorithm), and its block.
     ///
     /// # Errors
     ///
     /// The store's own.
-    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError>;
+    fn reset_now(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError>;
 
     /// Blocks `check`'s key under its rule for `duration` (see [`Store::block`]). The
     /// default refuses with [`StoreError::Invalid`].
@@ -281,7 +281,7 @@ pub trait LocalStore: Send + Sync + 'static {
     /// # Errors
     ///
     /// A store that cannot block, a full store.
-    fn block(&self, check: &Check, duration: Duration) -> Result<(), StoreError> {
+    fn block_now(&self, check: &Check, duration: Duration) -> Result<(), StoreError> {
         let _ = duration;
         Err(StoreError::Invalid(format!("this store cannot block keys (rule {:?})", check.rule)))
     }
@@ -294,19 +294,19 @@ pub trait LocalStore: Send + Sync + 'static {
 
 impl<T: LocalStore> Store for T {
     fn check_one(&self, check: &Check) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        std::future::ready(LocalStore::check_one(self, check))
+        std::future::ready(LocalStore::check_one_now(self, check))
     }
     fn check(&self, checks: &[Check]) -> impl Future<Output = Result<Vec<Option<Outcome>>, StoreError>> + Send {
-        std::future::ready(LocalStore::check(self, checks))
+        std::future::ready(LocalStore::check_now(self, checks))
     }
     fn refund(&self, refunds: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(LocalStore::refund(self, refunds))
+        std::future::ready(LocalStore::refund_now(self, refunds))
     }
     fn charge(&self, charges: &[Check]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(LocalStore::charge(self, charges))
+        std::future::ready(LocalStore::charge_now(self, charges))
     }
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        std::future::ready(LocalStore::peek(self, check))
+        std::future::ready(LocalStore::peek_now(self, check))
     }
     fn reset(
         &self,
@@ -314,10 +314,10 @@ impl<T: LocalStore> Store for T {
         key: &Key,
         algorithm: Algorithm,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(LocalStore::reset(self, rule, key, algorithm))
+        std::future::ready(LocalStore::reset_now(self, rule, key, algorithm))
     }
     fn block(&self, check: &Check, duration: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(LocalStore::block(self, check, duration))
+        std::future::ready(LocalStore::block_now(self, check, duration))
     }
     fn as_local(&self) -> Option<&dyn LocalStore> {
         Some(self)

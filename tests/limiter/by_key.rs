@@ -485,7 +485,7 @@ impl Store for Gated {
         &self,
         checks: &[tollgate::store::Check],
     ) -> impl Future<Output = Result<Vec<Option<tollgate::store::Outcome>>, StoreError>> + Send {
-        let answer = tollgate::store::LocalStore::check(&self.inner, checks);
+        let answer = tollgate::store::LocalStore::check_now(&self.inner, checks);
         let (gate, armed) = (self.gate.clone(), self.armed.swap(false, std::sync::atomic::Ordering::SeqCst));
         async move {
             if armed {
@@ -495,16 +495,16 @@ impl Store for Gated {
         }
     }
     fn refund(&self, refunds: &[tollgate::store::Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(tollgate::store::LocalStore::refund(&self.inner, refunds))
+        std::future::ready(tollgate::store::LocalStore::refund_now(&self.inner, refunds))
     }
     fn peek(
         &self,
         check: &tollgate::store::Check,
     ) -> impl Future<Output = Result<tollgate::Decision, StoreError>> + Send {
-        std::future::ready(tollgate::store::LocalStore::peek(&self.inner, check))
+        std::future::ready(tollgate::store::LocalStore::peek_now(&self.inner, check))
     }
     fn reset(&self, rule: &str, key: &Key, a: Algorithm) -> impl Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(tollgate::store::LocalStore::reset(&self.inner, rule, key, a))
+        std::future::ready(tollgate::store::LocalStore::reset_now(&self.inner, rule, key, a))
     }
 }
 

@@ -139,7 +139,7 @@ fn multi_rule_checks_and_refunds_stay_atomic_when_oversubscribed() {
             });
             let (admitted, refunded) = (admitted.into_inner(), refunded.into_inner());
             let net = admitted - refunded;
-            let remaining = |c: &Check| LocalStore::peek(&store, c).unwrap().remaining();
+            let remaining = |c: &Check| LocalStore::peek_now(&store, c).unwrap().remaining();
             if matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket) {
                 // One word a key: a refund gives back all of its commit when no commit came
                 // since, none otherwise, so with refunds racing commits the narrow rule
@@ -164,7 +164,7 @@ fn multi_rule_checks_and_refunds_stay_atomic_when_oversubscribed() {
             for _ in 0..300 {
                 assert!(reference.check_one_at(&wide, T0).unwrap().decision.allowed);
             }
-            let want = LocalStore::peek(&reference, &wide).unwrap().remaining();
+            let want = LocalStore::peek_now(&reference, &wide).unwrap().remaining();
             assert_eq!(remaining(&wide), want, "{algorithm}: the wide rule taken from by refused calls");
         }
     });
@@ -215,8 +215,8 @@ fn everything_at_once_on_a_full_store_never_deadlocks() {
                                 store.check_at(&cs, now).map(drop)
                             }
                             18..=20 => store.charge_at(&[c(r), c(next())], now),
-                            21 => LocalStore::block(store, &c(r), Duration::from_millis(r % 3 * 400)),
-                            22 => LocalStore::reset(store, "all-a", &Key::from(r % 400), Algorithm::Gcra),
+                            21 => LocalStore::block_now(store, &c(r), Duration::from_millis(r % 3 * 400)),
+                            22 => LocalStore::reset_now(store, "all-a", &Key::from(r % 400), Algorithm::Gcra),
                             // Locks every shard in turn (not a snapshot: states come and go
                             // behind it, so it may count a reset state and its successor).
                             23 => {
@@ -228,7 +228,7 @@ fn everything_at_once_on_a_full_store_never_deadlocks() {
                                 clock.advance(Duration::from_millis(r % 900));
                                 Ok(())
                             }
-                            _ => LocalStore::peek(store, &c(r)).map(drop),
+                            _ => LocalStore::peek_now(store, &c(r)).map(drop),
                         };
                         if result.is_err() {
                             fulls.fetch_add(1, Ordering::Relaxed);

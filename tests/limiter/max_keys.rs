@@ -101,13 +101,13 @@ fn live_never_drifts_under_concurrent_mixed_operations() {
                                 let _ = store.charge_at(&[check("a", &k, alg, q, 1 + r % 3)], t_now);
                             }
                             4 => {
-                                let _ = LocalStore::reset(&store, "a", &Key::from(k.as_str()), alg);
+                                let _ = LocalStore::reset_now(&store, "a", &Key::from(k.as_str()), alg);
                             }
                             5 => {
-                                let _ = LocalStore::block(&store, &c, Duration::from_millis(r % 200));
+                                let _ = LocalStore::block_now(&store, &c, Duration::from_millis(r % 200));
                             }
                             6 => {
-                                let _ = LocalStore::block(&store, &c, Duration::ZERO);
+                                let _ = LocalStore::block_now(&store, &c, Duration::ZERO);
                             }
                             _ => {
                                 if let Ok(o) = store.check_one_at(&c, t_now) {
@@ -151,7 +151,7 @@ fn a_charge_or_block_of_a_new_key_finds_the_room_a_check_finds() {
             let r = match what {
                 "check" => store.check_one_at(&new, now).map(drop),
                 "charge" => store.charge_at(&[new], now),
-                _ => LocalStore::block(&store, &new, Duration::from_secs(60)),
+                _ => LocalStore::block_now(&store, &new, Duration::from_secs(60)),
             };
             if let Err(e) = r {
                 failures.push(format!("seed {seed}: {what}: {e}"));

@@ -29,7 +29,7 @@ async fn hammering_one_key_accepts_exactly_the_limit() {
                 tokio::spawn(async move {
                     let mut n = 0;
                     for _ in 0..50 {
-                        if store.check_one(&c).unwrap().decision.allowed {
+                        if store.check_one_now(&c).unwrap().decision.allowed {
                             n += 1;
                         }
                         tokio::task::yield_now().await;
@@ -125,15 +125,15 @@ async fn peek_and_reset() {
     let store = MemoryStore::with_clock(ManualClock::new(T0));
     let c = check("r", "k", Algorithm::TokenBucket, Quota::per_minute(3));
     for _ in 0..3 {
-        store.check(std::slice::from_ref(&c)).unwrap();
+        store.check_now(std::slice::from_ref(&c)).unwrap();
     }
-    let d = store.peek(&c).unwrap();
+    let d = store.peek_now(&c).unwrap();
     assert!(!d.allowed);
     assert_eq!(d.remaining(), 0);
-    assert!(!store.peek(&c).unwrap().allowed, "peek consumed something");
-    store.reset("r", &c.key, c.algorithm).unwrap();
-    assert_eq!(store.peek(&c).unwrap().remaining(), 2);
-    store.refund(&[Refund { check: c.clone(), taken: Taken { at: T0 } }]).unwrap();
+    assert!(!store.peek_now(&c).unwrap().allowed, "peek consumed something");
+    store.reset_now("r", &c.key, c.algorithm).unwrap();
+    assert_eq!(store.peek_now(&c).unwrap().remaining(), 2);
+    store.refund_now(&[Refund { check: c.clone(), taken: Taken { at: T0 } }]).unwrap();
 }
 
 #[test]
@@ -206,12 +206,12 @@ fn a_lifted_block_takes_no_room_in_a_full_store() {
     let q = Quota::per_minute(10);
     let key = |i: usize| check("r", &format!("k{i}"), Algorithm::Gcra, q);
     let (a, b) = (key(0), key(1));
-    LocalStore::block(&store, &a, Duration::from_secs(86_400)).unwrap();
-    assert!(matches!(LocalStore::check_one(&store, &b), Err(StoreError::Full(1))), "the block holds the room");
-    LocalStore::block(&store, &b, Duration::ZERO).expect("a lift of a key with no state is a no-op");
-    LocalStore::block(&store, &a, Duration::ZERO).unwrap();
+    LocalStore::block_now(&store, &a, Duration::from_secs(86_400)).unwrap();
+    assert!(matches!(LocalStore::check_one_now(&store, &b), Err(StoreError::Full(1))), "the block holds the room");
+    LocalStore::block_now(&store, &b, Duration::ZERO).expect("a lift of a key with no state is a no-op");
+    LocalStore::block_now(&store, &a, Duration::ZERO).unwrap();
     clock.advance(Duration::from_secs(2));
-    assert!(LocalStore::check_one(&store, &b).unwrap().decision.allowed, "the lifted block still held the room");
+    assert!(LocalStore::check_one_now(&store, &b).unwrap().decision.allowed, "the lifted block still held the room");
 }
 
 /// `max_keys(n)` refuses the first new state at `n`, whatever the hash seed (it used to
@@ -300,15 +300,15 @@ proptest::proptest! {
             let count = counts.entry((rule, algorithm, key)).or_default();
             match op {
                 8 => {
-                    let d = store.peek(&c).unwrap();
+                    let d = store.peek_now(&c).unwrap();
                     proptest::prop_assert_eq!(d.allowed, *count < LIMIT, "peek of {:?}", c);
                 }
                 9 => {
-                    LocalStore::reset(&store, &name, &c.key, c.algorithm).unwrap();
+                    LocalStore::reset_now(&store, &name, &c.key, c.algorithm).unwrap();
                     *count = 0;
                 }
                 _ => {
-                    let allowed = store.check_one(&c).unwrap().decision.allowed;
+                    let allowed = store.check_one_now(&c).unwrap().decision.allowed;
                     proptest::prop_assert_eq!(allowed, *count < LIMIT, "check of {:?}", c);
                     *count += u64::from(allowed);
                 }
@@ -321,7 +321,7 @@ proptest::proptest! {
 fn resetting_a_name_no_rule_used_is_a_no_op_that_interns_nothing() {
     let store = MemoryStore::new();
     let name = "a-name-no-rule-or-check-of-this-process-uses";
-    LocalStore::reset(&store, name, &Key::from("k"), Algorithm::Gcra).unwrap();
+    LocalStore::reset_now(&store, name, &Key::from("k"), Algorithm::Gcra).unwrap();
     assert_eq!(RuleName::existing(name), None);
 }
 
@@ -395,7 +395,7 @@ fn keys_share_a_state_exactly_when_they_are_equal() {
             assert_eq!(*name, RuleName::new(["same-key-a", "same-key-b"][n]));
             // A reset by text finds what the checks made under the other thread's name.
             for key in &keys {
-                LocalStore::reset(&store, name, key, Algorithm::Gcra).unwrap();
+                LocalStore::reset_now(&store, name, key, Algorithm::Gcra).unwrap();
             }
         }
         assert_eq!(store.len(), distinct * 2 * (Algorithm::ALL.len() - 1), "reset dropped each GCRA state once");

@@ -247,42 +247,42 @@ impl<S: Store + Clone> Store for Recorder<S> {
 
 /// The in-process twin: decided at once, and logged as the async calls log.
 impl<S: Store + Clone> LocalStore for Core<S> {
-    fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
+    fn check_now(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         if self.mode() != Mode::Up {
             return Err(StoreError::Unavailable("down".into()));
         }
         let now = self.clock.now_micros();
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
-        let outcomes = self.local_inner().check(checks)?;
+        let outcomes = self.local_inner().check_now(checks)?;
         let event = Event::Check { now, seq, checks: checks.to_vec(), outcomes: outcomes.clone() };
         self.log.lock().unwrap().push(event);
         Ok(outcomes)
     }
 
-    fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
+    fn refund_now(&self, refunds: &[Refund]) -> Result<(), StoreError> {
         let now = self.clock.now_micros();
         self.log.lock().unwrap().push(Event::Refund { now, refunds: refunds.to_vec() });
-        self.local_inner().refund(refunds)
+        self.local_inner().refund_now(refunds)
     }
 
-    fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
+    fn charge_now(&self, charges: &[Check]) -> Result<(), StoreError> {
         if self.mode() != Mode::Up {
             return Err(StoreError::Unavailable("down".into()));
         }
         let now = self.clock.now_micros();
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
-        self.local_inner().charge(charges)?;
+        self.local_inner().charge_now(charges)?;
         self.log.lock().unwrap().push(Event::Charge { now, seq, checks: charges.to_vec() });
         Ok(())
     }
 
-    fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
-        self.local_inner().peek(check)
+    fn peek_now(&self, check: &Check) -> Result<Decision, StoreError> {
+        self.local_inner().peek_now(check)
     }
 
-    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
-        self.local_inner().reset(rule, key, algorithm)
+    fn reset_now(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
+        self.local_inner().reset_now(rule, key, algorithm)
     }
 }
 

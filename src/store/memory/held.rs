@@ -50,6 +50,6 @@ fn a_panic_while_a_shard_is_held_leaves_it_unlocked_and_usable() {
     });
     assert!(!store.check_one_at(&c, T0).unwrap().decision.allowed);
     assert_eq!(store.len(), 1);
-    LocalStore::reset(&store, "held-panic", &c.key, Algorithm::FixedWindow).unwrap();
+    LocalStore::reset_now(&store, "held-panic", &c.key, Algorithm::FixedWindow).unwrap();
     assert_eq!(store.len(), 0);
 }

@@ -455,7 +455,7 @@ impl MemoryStore {
         Ok(outcomes)
     }
 
-    /// Takes what `charges` say at `now`, whatever the decisions (see [`LocalStore::charge`]).
+    /// Takes what `charges` say at `now`, whatever the decisions (see [`LocalStore::charge_now`]).
     ///
     /// # Errors
     ///
@@ -487,7 +487,7 @@ impl MemoryStore {
         Ok(())
     }
 
-    /// Gives back what `refunds` took, at `now` (see [`LocalStore::refund`]).
+    /// Gives back what `refunds` took, at `now` (see [`LocalStore::refund_now`]).
     pub fn refund_at(&self, refunds: &[Refund], now: u64) {
         for r in refunds {
             let c = &r.check;
@@ -519,24 +519,24 @@ impl MemoryStore {
 }
 
 impl LocalStore for MemoryStore {
-    fn check_one(&self, check: &Check) -> Result<Outcome, StoreError> {
+    fn check_one_now(&self, check: &Check) -> Result<Outcome, StoreError> {
         self.check_one_at(check, self.inner.clock.now())
     }
 
-    fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
+    fn check_now(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
         self.check_at(checks, self.inner.clock.now()).map(|os| os.into_iter().map(Some).collect())
     }
 
-    fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
+    fn refund_now(&self, refunds: &[Refund]) -> Result<(), StoreError> {
         self.refund_at(refunds, self.inner.clock.now());
         Ok(())
     }
 
-    fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
+    fn charge_now(&self, charges: &[Check]) -> Result<(), StoreError> {
         self.charge_at(charges, self.inner.clock.now())
     }
 
-    fn peek(&self, check: &Check) -> Result<Decision, StoreError> {
+    fn peek_now(&self, check: &Check) -> Result<Decision, StoreError> {
         let now = self.inner.clock.now();
         if laned(check.algorithm) {
             let p = &check.params;
@@ -565,7 +565,7 @@ impl LocalStore for MemoryStore {
         }))
     }
 
-    fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
+    fn reset_now(&self, rule: &str, key: &Key, algorithm: Algorithm) -> Result<(), StoreError> {
         // A name no rule or check has used has no state to reset.
         let Some(rule) = RuleName::existing(rule) else { return Ok(()) };
         let now = self.inner.clock.now();
@@ -586,7 +586,7 @@ impl LocalStore for MemoryStore {
         Ok(())
     }
 
-    fn block(&self, check: &Check, duration: Duration) -> Result<(), StoreError> {
+    fn block_now(&self, check: &Check, duration: Duration) -> Result<(), StoreError> {
         let now = self.inner.clock.now();
         // A block is the key's under its rule, whatever the algorithm (as on Redis): set,
         // or lifted, in the state of every algorithm that has one.

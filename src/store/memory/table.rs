@@ -571,9 +571,9 @@ mod tests {
                             store.refund_at(&[taken.swap_remove(i)], now);
                         }
                     }
-                    6 => drop(LocalStore::block(&store, &c, std::time::Duration::from_micros(x * 700_000))),
-                    7 => LocalStore::reset(&store, &c.rule, &c.key, c.algorithm).unwrap(),
-                    8 => drop(LocalStore::peek(&store, &c)),
+                    6 => drop(LocalStore::block_now(&store, &c, std::time::Duration::from_micros(x * 700_000))),
+                    7 => LocalStore::reset_now(&store, &c.rule, &c.key, c.algorithm).unwrap(),
+                    8 => drop(LocalStore::peek_now(&store, &c)),
                     9 => clock.set(now + x * 400_000),
                     10 => clock.set(now + 2_000_000 + x * 5_000_000), // past expiry and grace: sweeps
                     _ => clock.set(now.saturating_sub(x * 300_000)),   // the clock steps back
@@ -625,10 +625,10 @@ mod tests {
                             0..=5 => drop(store.check_one_at(&c, now)),
                             6..=8 => drop(store.check_at(&[c.clone(), check(next())], now)),
                             9 => drop(store.charge_at(&[c], now)),
-                            10 => drop(LocalStore::block(store, &c, std::time::Duration::from_millis(r % 3 * 500))),
-                            11 => LocalStore::reset(store, &c.rule, &c.key, c.algorithm).unwrap(),
+                            10 => drop(LocalStore::block_now(store, &c, std::time::Duration::from_millis(r % 3 * 500))),
+                            11 => LocalStore::reset_now(store, &c.rule, &c.key, c.algorithm).unwrap(),
                             12 => clock.advance(std::time::Duration::from_millis(r % 700)),
-                            _ => drop(LocalStore::peek(store, &c)),
+                            _ => drop(LocalStore::peek_now(store, &c)),
                         }
                         assert!(store.inner.live.load(Ordering::SeqCst) <= 40, "over the bound");
                     }
