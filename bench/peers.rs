@@ -24,7 +24,7 @@
 //!   `Limiter::check_key` (the layer's limiter). The leaky bucket runs as a policer
 //!   (`max_delay` 0, the blocked-key cache off): as a shaper the layer would sleep until each
 //!   request's slot, which measures the quota, not the limiter. The limiter's store deadline
-//!   is 1 s (default 50 ms), so that a slow batch on a loaded machine is measured, not
+//!   is 1 s (default 50 ms) and the store's response timeout 1 s (default 100 ms), so that a slow batch on a loaded machine is measured, not
 //!   refused by the fail mode and the circuit breaker; the table counts failed decisions.
 //! - **rate-limiter-flexible** (`RateLimiterRedis`, a fixed window, Node and ioredis) when
 //!   `node` is on the PATH: `bench/rlf` copied into `<target>/peers/rlf`, `npm install` there
@@ -841,7 +841,8 @@ mod run {
                 },
                 rlf: rlf.as_deref().map_err(String::as_str),
             };
-            let store = RedisStore::from_url(&main_server.url())?;
+            // Redis's answer may take 1 s (default 100 ms), as the limiter's deadline: see `layer`.
+            let store = RedisStore::from_url(&main_server.url())?.response_timeout(Duration::from_secs(1));
             store.ping().await?;
             let mut results = Results::default();
             for run in 1..=opts.runs {
