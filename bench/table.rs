@@ -168,7 +168,7 @@ fn tollgate(workload: Workload, algorithm: Algorithm, threads: usize, way: Way) 
             let params = Params::new(quota);
             rate_over(&keys, workload, threads, MemoryStore::new, |store, k| {
                 let check = Check { rule, key: Key::from(k), algorithm, params };
-                store.check_one(&check).is_ok_and(|o| {
+                store.check_one_now(&check).is_ok_and(|o| {
                     let d = o.decision;
                     std::hint::black_box((d.remaining(), d.reset_secs()));
                     d.allowed
@@ -234,7 +234,7 @@ fn tollgate_over(keys: &[u64], workload: Workload, algorithm: Algorithm, threads
     let params = Params::new(quota);
     rate_over(keys, workload, threads, MemoryStore::new, |store, k| {
         let check = Check { rule, key: Key::from(k), algorithm, params };
-        store.check_one(&check).is_ok_and(|o| o.decision.allowed)
+        store.check_one_now(&check).is_ok_and(|o| o.decision.allowed)
     })
 }
 
@@ -262,7 +262,7 @@ fn bytes_per_key(n: u64) -> (f64, f64) {
     let rule = RuleName::new("api");
     for k in 0..n {
         let check = Check { rule, key: Key::from(k), algorithm: Algorithm::Gcra, params };
-        assert!(store.check_one(&check).is_ok_and(|o| o.decision.allowed));
+        assert!(store.check_one_now(&check).is_ok_and(|o| o.decision.allowed));
     }
     let ours = per_key(LIVE.load(Ordering::Relaxed) - before);
     drop(store);
@@ -283,7 +283,7 @@ fn bytes_per_string_key(n: u64) -> f64 {
     let rule = RuleName::new("api");
     for k in 0..n {
         let check = Check { rule, key: Key::from(format!("key-{k:012}")), algorithm: Algorithm::Gcra, params };
-        assert!(store.check_one(&check).is_ok_and(|o| o.decision.allowed));
+        assert!(store.check_one_now(&check).is_ok_and(|o| o.decision.allowed));
     }
     (LIVE.load(Ordering::Relaxed) - before) as f64 / n as f64
 }
