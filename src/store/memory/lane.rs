@@ -38,6 +38,7 @@ pub(super) enum LaneProbe<'a> {
 }
 
 impl<'a> LaneProbe<'a> {
+    #[inline]
     pub(super) fn of(key: &'a Key) -> Self {
         match key.as_u64() {
             Some(n) => LaneProbe::Int(n),
@@ -69,6 +70,7 @@ impl Lane {
         Self { shards: (0..shards).map(|_| Padded(RwLock::new(cells()))).collect() }
     }
 
+    #[inline]
     fn hash(inner: &Inner, probe: &LaneProbe<'_>) -> u64 {
         match probe {
             LaneProbe::Int(n) => inner.hasher.hash_one(n),
@@ -77,6 +79,7 @@ impl Lane {
     }
 
     /// The shard of a hash, from its upper half (the table picks buckets by the low bits).
+    #[inline]
     fn shard_index(&self, hash: u64) -> usize {
         #[allow(clippy::cast_possible_truncation)]
         let high = (hash >> 32) as usize;
@@ -160,6 +163,7 @@ impl Cells {
         self.ints.len() + self.others.len()
     }
 
+    #[inline]
     fn find(&self, hash: u64, probe: &LaneProbe<'_>) -> Option<&AtomicU64> {
         match probe {
             LaneProbe::Int(n) => self.ints.find(hash, |(k, _)| k == n).map(|(_, w)| w),
@@ -231,6 +235,7 @@ impl Cells {
 /// accepted with a cost and `commit` holds, the TAT it left (the commit's identity, for
 /// [`refund`]). One compare-and-swap, again only if another thread moved the word between
 /// the read and the swap.
+#[inline]
 pub(super) fn check(word: &AtomicU64, p: &Params, now: u64, commit: bool) -> (u64, Option<u64>) {
     let (b, t, c) = (p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
     let mut tat = word.load(Relaxed);
@@ -250,6 +255,7 @@ pub(super) fn check(word: &AtomicU64, p: &Params, now: u64, commit: bool) -> (u6
 
 /// The decision of `p` on a key whose TAT was `tat` before it: GCRA's (the token bucket's
 /// is the same).
+#[inline]
 pub(super) fn decide(tat: u64, p: &Params, now: u64) -> Decision {
     Gcra { tat }.decide(p, now)
 }
@@ -316,6 +322,7 @@ impl Lanes {
     }
 
     /// The lane of `rule` under `algorithm` (one of [`laned`]'s), made on first use.
+    #[inline]
     pub(super) fn of(&self, rule: RuleName, algorithm: Algorithm) -> &Lane {
         let i = rule.index() * 2 + usize::from(algorithm == Algorithm::TokenBucket) + 1;
         let chunk = i.ilog2() as usize;
