@@ -17,7 +17,7 @@ use crate::rule::FailMode;
 use crate::runtime::{
     pays, slice_id, sliceable, BlockedCache, Cached, FailedThen, Late, RuleId, Shares, Slice, StoreCopy, LATE_WAIT,
 };
-use crate::store::{Check, Outcome, Outcomes, Refund, Store};
+use crate::store::{Check, LocalStore, Outcome, Outcomes, Refund, Store};
 use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
 
 /// What [`Limiter::decide_now`] gives.
@@ -48,7 +48,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             Some(sliced) => self.ask_with(&plan, sliced).await,
             None => self.ask(&plan).await,
         };
-        self.conclude(plan, answer, started).0
+        self.conclude(&plan, answer, started)
     }
 
     /// Whether check `i` of `plan` is decided from quota slices: an enforced check of a
@@ -228,20 +228,26 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// ([`Store::as_local`]): its answer is synchronous.
     pub(crate) fn decide_now(&self, plan: Plan<I>) -> Now<I> {
         let Some(local) = self.holders.store.as_local() else { return Now::Later(plan) };
+        let verdict = self.decide_local(local, &plan);
+        Now::Decided(verdict, plan.set)
+    }
+
+    /// The verdict of `plan` from an in-process store, decided at once.
+    pub(crate) fn decide_local(&self, local: &dyn LocalStore, plan: &Plan<I>) -> Verdict {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let outcomes = match plan.checks.as_slice() {
             [one] => local.check_one_now(one).map(|o| smallvec![Some(o)]),
             checks => local.check_now(checks).map(Outcomes::from_vec),
         };
         let answer = outcomes.map(|outcomes| Answered { outcomes, ..Answered::new(DecidedBy::Store) });
-        let (verdict, set) = self.conclude(plan, answer, started);
-        Now::Decided(verdict, set)
+        self.conclude(plan, answer, started)
     }
 
     /// The verdict of a plan's store answer: the fail mode for an error, metrics and
     /// events, the blocked-key cache, and what the input holds.
-    fn conclude(&self, plan: Plan<I>, answer: Answer, started: Option<Instant>) -> (Verdict, Arc<RuleSet<I>>) {
+    fn conclude(&self, plan: &Plan<I>, answer: Answer, started: Option<Instant>) -> Verdict {
         let Plan { checks, rules, enforced, set } = plan;
+        let enforced = *enforced;
         let mut held = set.held();
         let answered = match answer {
             Ok(answered) => answered,
@@ -268,21 +274,21 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                         )
                     });
                     // A charge after a fail-open pass goes to the store.
-                    held.probes = probes(&set, &checks, &checks, &rules, Holder::Store);
+                    held.probes = probes(set, checks, checks, rules, Holder::Store);
                 }
-                return (Verdict::empty(Ruling::Failed { error, closed }, held), set);
+                return Verdict::empty(Ruling::Failed { error, closed }, held);
             }
         };
         let Answered { outcomes, by, fallback, copies, slices } = answered;
         let holder = if by == DecidedBy::Fallback { Holder::Fallback } else { Holder::Store };
         // What each holder decided: the fallback's share of each quota, for the fallback.
-        let as_held = fallback.as_deref().unwrap_or(&checks);
+        let as_held = fallback.as_deref().unwrap_or(checks);
         let mut verdict = Verdict::empty(Ruling::Allowed, Held::default());
         // No enforced rule (shadow rules only): nothing was decided.
         verdict.source = (enforced > 0).then_some(by);
         // The rejecting rule that makes the caller wait longest: its index in `decided`, its key.
         let mut worst = Longest::new();
-        for (i, (check, &rule)) in checks.iter().zip(&rules).enumerate() {
+        for (i, (check, &rule)) in checks.iter().zip(rules.iter()).enumerate() {
             let Some(Outcome { decision: d, taken }) = &outcomes[i] else { continue };
             let shadow = i >= enforced;
             let slice = slices.get(i).cloned().flatten();
@@ -311,9 +317,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             verdict.ruling = Ruling::Rejected { worst, key: key.clone() };
         }
         if verdict.is_allowed() {
-            held.probes = probes(&set, &checks, as_held, &rules, holder);
+            held.probes = probes(set, checks, as_held, rules, holder);
             // Near the limit: what this input leaves in use (a rejected one takes nothing).
-            for d in &verdict.decided {
+            // Only counted for the metric (a division a rule, with no metrics to count it).
+            for d in verdict.decided.iter().filter(|_| cfg!(feature = "metrics")) {
                 if d.decision.is_near_limit(self.runtime.settings.near_limit) {
                     crate::metrics::near_limit(d.name);
                 }
@@ -324,7 +331,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             held.units.clear();
         }
         verdict.held = held;
-        (verdict, set)
+        verdict
     }
 
     /// One guarded call to a remote store, with the fallback limiter for the rules that

@@ -535,13 +535,9 @@ impl<St: LocalStore, I: ?Sized + 'static> Limiter<St, I> {
             Ok(plan) => plan,
             Err(verdict) => return verdict,
         };
-        match self.decide_now(plan) {
-            self::decide::Now::Decided(verdict, _) => {
-                self.holders.kept(&verdict.held.units);
-                verdict
-            }
-            self::decide::Now::Later(_) => unreachable!("a LocalStore decides at once"),
-        }
+        let verdict = self.decide_local(&*self.holders.store, &plan);
+        self.holders.kept(&verdict.held.units);
+        verdict
     }
 }
 
