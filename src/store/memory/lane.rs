@@ -283,14 +283,13 @@ pub(super) fn charge(word: &AtomicU64, p: &Params, now: u64) {
 /// `at` (no commit since), nothing otherwise. A word equal to `at` again after other
 /// commits means each of them was given back, or that the TAT is in the past, where
 /// moving it changes no decision: either way nothing is given twice.
-pub(super) fn refund(word: &AtomicU64, p: &Params, at: u64, now: u64) {
+/// Whether it gave anything back.
+pub(super) fn refund(word: &AtomicU64, p: &Params, at: u64, now: u64) -> bool {
     let cells = p.cost.saturating_mul(p.quota.emission_interval_micros());
     // Given back to "never seen" (a TAT not after now): forgotten, 0, as Redis deletes
     // the key (the two differ once the clock steps back).
     let back = Some(at.saturating_sub(cells)).filter(|&tat| tat > now).unwrap_or(0);
-    if back < at {
-        let _ = word.compare_exchange(at, back, Relaxed, Relaxed);
-    }
+    back < at && word.compare_exchange(at, back, Relaxed, Relaxed).is_ok()
 }
 
 /// Whether `algorithm` is decided in a lane.
@@ -430,5 +429,67 @@ impl<'a> Held<'a> {
                 inner.release(1);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    /// The lane's three compare-and-swaps (a commit, a charge, a refund) raced by threads
+    /// on one word: none is lost or applied twice. The word ends exactly where the
+    /// operations that took effect put it — the first commit, never refunded, keeps the
+    /// TAT ahead of `now`, so every other one moves it by exactly its units — and no
+    /// commit was admitted past the burst.
+    #[test]
+    fn racing_commits_charges_and_refunds_lose_nothing() {
+        let p = Params::new(Quota::per_hour(3_600).burst(2_000));
+        let t = p.quota.emission_interval_micros();
+        let word = AtomicU64::new(0);
+        let (first_tat, first) = check(&word, &p, T0, true);
+        assert_eq!((first_tat, first), (0, Some(T0 + t)));
+        let (commits, charges, refunds): (u64, u64, u64) = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4u64)
+                .map(|i| {
+                    let (word, p) = (&word, &p);
+                    s.spawn(move || {
+                        let (mut commits, mut charges, mut refunds) = (0, 0, 0);
+                        let mut mine = Vec::new();
+                        for n in 0..3_000u64 {
+                            match (n + i) % 5 {
+                                0..=2 => {
+                                    if let (_, Some(at)) = check(word, p, T0, true) {
+                                        commits += 1;
+                                        mine.push(at);
+                                    }
+                                }
+                                3 => {
+                                    charge(word, &Params { cost: 1, ..*p }, T0);
+                                    charges += 1;
+                                }
+                                _ => {
+                                    if let Some(at) = mine.pop() {
+                                        refunds += u64::from(refund(word, p, at, T0));
+                                    }
+                                }
+                            }
+                        }
+                        (commits, charges, refunds)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|h| h.join().unwrap()).fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+        });
+        let tat = word.load(Relaxed);
+        assert_eq!(
+            tat,
+            T0 + t * (1 + commits + charges - refunds),
+            "{commits} commits, {charges} charges, {refunds} refunds"
+        );
+        // Admitted commits never pass the burst: each saw at most B·T in use with its own.
+        assert!(commits - refunds < 2_000, "{commits} commits, {refunds} refunds, burst 2000");
     }
 }
