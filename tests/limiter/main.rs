@@ -12,3 +12,4 @@ mod memory_store;
 mod model;
 mod quota;
 mod review;
+mod review_lanes;
