@@ -74,3 +74,4 @@ fn review_a_penalised_lane_key_stays_blocked_on_a_full_store() {
     assert!(blocked_after_2s(Algorithm::Gcra), "the GCRA key's block_for was dropped on a full store");
 }
 
+

@@ -491,5 +491,44 @@ mod tests {
         );
         // Admitted commits never pass the burst: each saw at most B·T in use with its own.
         assert!(commits - refunds < 2_000, "{commits} commits, {refunds} refunds, burst 2000");
+
+mod review_tests {
+    use super::Padded;
+    use crate::algorithm::Params;
+    use crate::key::Key;
+    use crate::quota::Quota;
+    use crate::store::memory::MemoryStore;
+    use crate::store::Check;
+    use crate::Algorithm;
+
+    /// One key under each of many GCRA rules (a rule a tenant, a route, a plan): before
+    /// the lanes a state cost its table entry (64 bytes and the table's slack) whatever its
+    /// rule; now every (rule, algorithm) a store sees costs a lane of `shards` padded locks
+    /// of 128 bytes, `shards` = 16 x the cores rounded up (32 on 2 cores: 4 KiB a rule; 1024
+    /// on a 64-core host: 128 KiB a rule, 128 MiB for 1000 rules), kept for the store's life
+    /// once its keys are swept.
+    #[test]
+    fn review_a_state_under_a_rule_of_its_own_costs_about_a_state() {
+        const T0: u64 = 1_700_000_000_000_000;
+        let store = MemoryStore::new();
+        let rules = 1000;
+        for i in 0..rules {
+            let c = Check {
+                rule: format!("review-lane-heap-{i}").as_str().into(),
+                key: Key::from("k"),
+                algorithm: Algorithm::Gcra,
+                params: Params::new(Quota::per_second(10)),
+            };
+            assert!(store.check_one_at(&c, T0).unwrap().decision.allowed);
+        }
+        // The lanes' shards alone (their tables' buckets not counted).
+        let mut shard_bytes = 0;
+        store.inner.lanes.each(|lane| shard_bytes += lane.shards.len() * std::mem::size_of::<Padded>());
+        let per_state = shard_bytes / rules;
+        assert!(
+            per_state <= 512,
+            "a state under a rule of its own holds {per_state} bytes of lane shards ({} shards a lane)",
+            store.inner.shards.len()
+        );
     }
 }
