@@ -531,4 +531,27 @@ mod review_tests {
             store.inner.shards.len()
         );
     }
+
+    /// The lanes' index is sized by the rule's place in the process-wide interner, not by
+    /// what the store uses: a store that sees one rule, the 5000th name the process ever
+    /// interned, allocates a chunk of 8192 lane slots (128 KiB) for it; the 1 000 000th,
+    /// 32 MiB — per store, fallbacks and `max_keys` rebuilds included.
+    #[test]
+    fn review_a_store_with_one_rule_holds_an_index_of_one_rule() {
+        const T0: u64 = 1_700_000_000_000_000;
+        for i in 0..5000 {
+            let _ = crate::store::RuleName::new(&format!("review-lane-index-{i}"));
+        }
+        let store = MemoryStore::new();
+        let c = Check {
+            rule: "review-lane-index-4999".into(),
+            key: Key::from("k"),
+            algorithm: Algorithm::Gcra,
+            params: Params::new(Quota::per_second(10)),
+        };
+        assert!(store.check_one_at(&c, T0).unwrap().decision.allowed);
+        let slots: usize = store.inner.lanes.chunks.iter().filter_map(|c| c.get()).map(|c| c.len()).sum();
+        let bytes = slots * std::mem::size_of::<std::sync::OnceLock<std::sync::Arc<super::Lane>>>();
+        assert!(bytes <= 4096, "one rule's lane index holds {slots} slots, {bytes} bytes");
+    }
 }
