@@ -75,3 +75,32 @@ fn review_a_penalised_lane_key_stays_blocked_on_a_full_store() {
 }
 
 
+
+/// A lane key blocked by hand (or penalised by `block_for`, its word since dropped for
+/// room: the block outlives the word) on a full store, in a call of two rules: the call
+/// makes a word for every lane rule before it reads any block, finds no room, and fails
+/// with `Full` — which a limiter failing open passes unlimited — where the same key
+/// checked alone is refused by its block with no word made.
+#[test]
+fn review_a_blocked_lane_key_is_refused_in_a_call_of_several_rules_on_a_full_store() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::with_clock(clock.clone()).max_keys(3);
+    let mut g = check("blocked-g", "k", Algorithm::Gcra, Quota::per_hour(100), 1);
+    g.params.blockable = true;
+    let w = check("window-w", "k", Algorithm::FixedWindow, Quota::per_hour(100), 1);
+    assert!(store.check_one_at(&w, T0).unwrap().decision.allowed);
+    LocalStore::block_now(&store, &g, Duration::from_secs(600)).unwrap();
+    let filler = check("filler-f", "f", Algorithm::Gcra, Quota::per_hour(100), 1);
+    assert!(store.check_one_at(&filler, T0).unwrap().decision.allowed);
+    // Alone: refused by the block.
+    let alone = store.check_one_at(&g, T0).unwrap().decision;
+    assert!(!alone.allowed && alone.retry_after() > Some(Duration::from_secs(500)), "{alone:?}");
+    // With the window rule: the same refusal, nothing taken.
+    match store.check_at(&[g.clone(), w.clone()], T0) {
+        Ok(os) => {
+            assert!(!os[0].decision.allowed, "{:?}", os[0].decision);
+            assert!(os.iter().all(|o| o.taken.is_none()));
+        }
+        Err(e) => panic!("the blocked key's call of two rules failed: {e} (a limiter failing open passes it)"),
+    }
+}
