@@ -885,3 +885,37 @@ async fn roles<S: Store>(store: &S, ns: &str) -> Vec<Vec<(bool, bool)>> {
     }
     seen
 }
+
+/// Review: a rule swapped (`set_rules`) from blockable to not blockable, same name, key
+/// and algorithm: Redis stops reading the key's block (its checks read it only when
+/// `reads_block`), and so does a lane (GCRA, the token bucket); a window algorithm's state
+/// on MemoryStore holds the block in the entry and keeps refusing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_block_after_the_rule_stops_being_blockable_decides_alike() {
+    let mut table = Vec::new();
+    for a in Algorithm::ALL {
+        let blockable = Rule { blockable: true, ..rule("r", "k", a, Quota::per_minute(5)) };
+        let plain = rule("r", "k", a, Quota::per_minute(5));
+        table.push(scenario(
+            format!("review: {a}: blocked, then the rule is not blockable"),
+            T0,
+            vec![blockable, plain],
+            vec![vec![one(0, 1), Step::Block(0, 10 * MIN), one(0, 1), one(1, 1), Peek(1, 1), one(1, 1)]],
+        ));
+    }
+    let memory_clock = ManualClock::new(T0);
+    let memory = MemoryStore::with_clock(memory_clock.clone());
+    let server = RedisServer::start();
+    let redis_clock = ManualClock::new(T0);
+    let redis =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(RESPONSE_TIMEOUT).with_clock(redis_clock.clone());
+    redis.ping().await.expect("standalone redis answers");
+    let mut failures = Vec::new();
+    for (i, sc) in table.iter().enumerate() {
+        let ns = format!("rb{i}");
+        let want = run(&memory, &memory_clock, sc, &ns).await;
+        let got = run(&redis, &redis_clock, sc, &ns).await;
+        failures.extend(compare(sc, "memory", &want, "redis", &got));
+    }
+    assert!(failures.is_empty(), "{} scenarios differ:\n{}", failures.len(), failures.join("\n"));
+}
