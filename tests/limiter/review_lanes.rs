@@ -74,8 +74,6 @@ fn review_a_penalised_lane_key_stays_blocked_on_a_full_store() {
     assert!(blocked_after_2s(Algorithm::Gcra), "the GCRA key's block_for was dropped on a full store");
 }
 
-
-
 /// A lane key blocked by hand (or penalised by `block_for`, its word since dropped for
 /// room: the block outlives the word) on a full store, in a call of two rules: the call
 /// makes a word for every lane rule before it reads any block, finds no room, and fails

@@ -298,16 +298,42 @@ pub(super) fn laned(algorithm: Algorithm) -> bool {
 }
 
 /// Every lane of a store: found by (rule, algorithm) with two loads and no lock, in an
-/// array that grows by chunks and never moves (a rule's lane is at its name's index).
+/// array that grows by chunks and never moves (a rule's lane is at its name's index),
+/// for the first [`DENSE`] / 2 names this process interned; under a read lock in a map
+/// for the names after them (a process with that many names, some of them one-off).
 pub(super) struct Lanes {
     chunks: [OnceLock<Chunk>; CHUNKS],
+    /// The lanes of the names past the chunks.
+    rest: RwLock<hashbrown::HashMap<usize, Arc<Lane>>>,
     /// Every lane made, for the sweeps (which take this lock, never a decision).
     all: Mutex<Vec<Arc<Lane>>>,
     /// The shards a lane has: a power of two.
     shards: usize,
 }
 
-const CHUNKS: usize = 48;
+/// A lane as [`Lanes`] finds it: borrowed from the array (no reference count touched),
+/// or shared out of the map.
+pub(super) enum LaneRef<'a> {
+    Dense(&'a Lane),
+    Shared(Arc<Lane>),
+}
+
+impl std::ops::Deref for LaneRef<'_> {
+    type Target = Lane;
+
+    #[inline]
+    fn deref(&self) -> &Lane {
+        match self {
+            LaneRef::Dense(lane) => lane,
+            LaneRef::Shared(lane) => lane,
+        }
+    }
+}
+
+/// Chunks of the array: the `k`-th holds `2^k` lanes, up to [`DENSE`] in all (16 bytes
+/// each: at most 4 KiB a store, however many names the process has).
+const CHUNKS: usize = 8;
+const DENSE: usize = (1 << CHUNKS) - 1;
 
 /// A chunk of [`Lanes`]: the `k`-th holds `2^k` lanes.
 type Chunk = Box<[OnceLock<Arc<Lane>>]>;
@@ -316,28 +342,50 @@ type Chunk = Box<[OnceLock<Arc<Lane>>]>;
 type Guard<'a> = ((usize, usize), RwLockWriteGuard<'a, Cells>);
 
 impl Lanes {
+    /// Lanes of `shards` shards each (a power of two).
     pub(super) fn new(shards: usize) -> Self {
-        Self { chunks: std::array::from_fn(|_| OnceLock::new()), all: Mutex::default(), shards }
+        Self {
+            chunks: std::array::from_fn(|_| OnceLock::new()),
+            rest: RwLock::default(),
+            all: Mutex::default(),
+            shards,
+        }
+    }
+
+    /// The place of (rule, algorithm), from 1.
+    fn place(rule: RuleName, algorithm: Algorithm) -> usize {
+        rule.index() * 2 + usize::from(algorithm == Algorithm::TokenBucket) + 1
+    }
+
+    fn made(&self) -> Arc<Lane> {
+        let lane = Arc::new(Lane::new(self.shards));
+        self.all.lock().push(Arc::clone(&lane));
+        lane
     }
 
     /// The lane of `rule` under `algorithm` (one of [`laned`]'s), made on first use.
     #[inline]
-    pub(super) fn of(&self, rule: RuleName, algorithm: Algorithm) -> &Lane {
-        let i = rule.index() * 2 + usize::from(algorithm == Algorithm::TokenBucket) + 1;
+    pub(super) fn of(&self, rule: RuleName, algorithm: Algorithm) -> LaneRef<'_> {
+        let i = Self::place(rule, algorithm);
+        if i > DENSE {
+            if let Some(lane) = self.rest.read().get(&i) {
+                return LaneRef::Shared(Arc::clone(lane));
+            }
+            return LaneRef::Shared(Arc::clone(self.rest.write().entry(i).or_insert_with(|| self.made())));
+        }
         let chunk = i.ilog2() as usize;
         let slots = self.chunks[chunk].get_or_init(|| (0..1usize << chunk).map(|_| OnceLock::new()).collect());
-        slots[i - (1 << chunk)].get_or_init(|| {
-            let lane = Arc::new(Lane::new(self.shards));
-            self.all.lock().push(Arc::clone(&lane));
-            lane
-        })
+        LaneRef::Dense(slots[i - (1 << chunk)].get_or_init(|| self.made()))
     }
 
     /// The lane of `rule` under `algorithm`, if one was made.
-    pub(super) fn get(&self, rule: RuleName, algorithm: Algorithm) -> Option<&Lane> {
-        let i = rule.index() * 2 + usize::from(algorithm == Algorithm::TokenBucket) + 1;
+    pub(super) fn get(&self, rule: RuleName, algorithm: Algorithm) -> Option<LaneRef<'_>> {
+        let i = Self::place(rule, algorithm);
+        if i > DENSE {
+            return self.rest.read().get(&i).cloned().map(LaneRef::Shared);
+        }
         let chunk = i.ilog2() as usize;
-        self.chunks[chunk].get()?[i - (1 << chunk)].get().map(|l| &**l)
+        self.chunks[chunk].get()?[i - (1 << chunk)].get().map(|l| LaneRef::Dense(l))
     }
 
     /// `f` on every lane made.
@@ -385,8 +433,8 @@ impl<'a> Held<'a> {
         &mut self.guards.iter_mut().find(|(p, _)| *p == place).expect("shard locked").1
     }
 
-    /// Makes every missing word, room for all of them taken at once under `max_keys` (or
-    /// none made): which spots had none.
+    /// Makes every missing word of the spots `needed`, room for all of them taken at once
+    /// under `max_keys` (or none made): which spots had none and were made.
     ///
     /// # Errors
     ///
@@ -394,11 +442,12 @@ impl<'a> Held<'a> {
     pub(super) fn make_all(
         &mut self,
         spots: &[Spot<'_>],
+        needed: &[bool],
         now: u64,
         inner: &Inner,
     ) -> Result<SmallVec<[bool; 4]>, StoreError> {
         let missing = |held: &mut Self| -> SmallVec<[bool; 4]> {
-            spots.iter().map(|s| held.cells(s).find(s.hash, &s.probe).is_none()).collect()
+            spots.iter().zip(needed).map(|(s, &n)| n && held.cells(s).find(s.hash, &s.probe).is_none()).collect()
         };
         let mut new = missing(self);
         let count = |new: &[bool]| new.iter().filter(|&&n| n).count();
@@ -411,15 +460,20 @@ impl<'a> Held<'a> {
                 return Err(StoreError::Full(inner.max_keys.unwrap_or(usize::MAX)));
             }
         }
-        for s in spots {
+        for (s, _) in spots.iter().zip(&new).filter(|(_, &n)| n) {
             self.cells(s).made(s.hash, &s.probe, inner);
         }
         Ok(new)
     }
 
+    /// The word at `spot`, if it has one.
+    pub(super) fn find(&mut self, spot: &Spot<'_>) -> Option<&AtomicU64> {
+        self.cells(spot).find(spot.hash, &spot.probe)
+    }
+
     /// The word at `spot` (made by [`Held::make_all`]).
     pub(super) fn word(&mut self, spot: &Spot<'_>) -> &AtomicU64 {
-        self.cells(spot).find(spot.hash, &spot.probe).expect("word made")
+        self.find(spot).expect("word made")
     }
 
     /// Drops the words [`Held::make_all`] made (`new`), and gives back their room.
@@ -491,7 +545,10 @@ mod tests {
         );
         // Admitted commits never pass the burst: each saw at most B·T in use with its own.
         assert!(commits - refunds < 2_000, "{commits} commits, {refunds} refunds, burst 2000");
+    }
+}
 
+#[cfg(test)]
 mod review_tests {
     use super::Padded;
     use crate::algorithm::Params;

@@ -103,7 +103,11 @@ impl MemoryStore {
                 next_sweep: AtomicU64::new(0),
                 cursor: AtomicUsize::new(0),
                 next_full_sweep: AtomicU64::new(0),
-                lanes: Lanes::new(shards),
+                // A lane's keys are decided under its shards' read locks, which readers
+                // share: its shards need only spread the lock words (and the writes that
+                // make keys) over the cores, 2 a core, at least 4 — 512 bytes a rule on 2
+                // cores — where the shards above, locked outright, are 16 a core.
+                lanes: Lanes::new((n * 2).next_power_of_two().max(4)),
                 blocks_seen: std::sync::atomic::AtomicBool::new(false),
             }),
         }
@@ -204,13 +208,26 @@ impl MemoryStore {
         if !decision.allowed && p.block_us > 0 {
             let (decision, start) = crate::algorithm::blocking(decision, 0, p, now);
             if let Some(until) = start {
-                // Stored beside the word, in the shards. A store too full for it refuses
-                // this request all the same; the key is then not blocked.
-                let _ = self.block_until(check, until, now);
+                self.start_lane_block(check, until, now);
             }
             return Ok(Outcome { decision, taken: None });
         }
         Ok(Outcome { decision, taken: new.map(|at| Taken { at }) })
+    }
+
+    /// Starts a `block_for` penalty of a lane key until `until`: a state beside its word, in
+    /// the shards. On a store too full for that state, the word itself is pushed past the
+    /// block's end (the key refused until then, refilling from then on: stricter than the
+    /// block, never looser), so a penalty holds on a full store too, as a window rule's
+    /// does in its own entry.
+    fn start_lane_block(&self, check: &Check, until: u64, now: u64) {
+        if self.block_until(check, until, now).is_ok() {
+            return;
+        }
+        let q = check.params.quota;
+        let past = until.saturating_add(q.burst_size().saturating_mul(q.emission_interval_micros()));
+        let lane = self.inner.lanes.of(check.rule, check.algorithm);
+        let _ = lane.with(&self.inner, &LaneProbe::of(&check.key), now, |w| w.fetch_max(past, Ordering::Relaxed));
     }
 
     /// Gives back a lane commit (see [`lane::refund`]).
@@ -332,21 +349,31 @@ impl MemoryStore {
     /// then the shards' (the one order every path takes them in).
     fn check_with_lanes(&self, checks: &[Check], now: u64) -> Result<Vec<Outcome>, StoreError> {
         let laned_checks: SmallVec<[&Check; 4]> = checks.iter().filter(|c| laned(c.algorithm)).collect();
+        let lanes: SmallVec<[lane::LaneRef<'_>; 4]> =
+            laned_checks.iter().map(|c| self.inner.lanes.of(c.rule, c.algorithm)).collect();
         let spots: SmallVec<[lane::Spot<'_>; 4]> =
-            laned_checks.iter().map(|c| self.inner.lanes.of(c.rule, c.algorithm).spot(&self.inner, &c.key)).collect();
+            laned_checks.iter().zip(&lanes).map(|(c, lane)| lane.spot(&self.inner, &c.key)).collect();
+        // Blocks first, from the shards (no lock held): a blocked key takes nothing, so it
+        // needs no word, and is refused on a full store too.
+        let blocks: SmallVec<[u64; 4]> = laned_checks
+            .iter()
+            .map(|c| {
+                if c.params.reads_block() && self.inner.blocks_seen.load(Ordering::Relaxed) {
+                    self.at(c.rule, &c.key, |shard, h, probe| shard.block_of(h, c.rule, probe, now))
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let needed: SmallVec<[bool; 4]> = blocks.iter().map(|&b| b <= now).collect();
         let mut held = lane::Held::lock(&spots);
-        let new = held.make_all(&spots, now, &self.inner)?;
-        // Decided on the words as they are, blocks read from the shards.
+        let new = held.make_all(&spots, &needed, now, &self.inner)?;
+        // Decided on the words as they are.
         let mut starts: SmallVec<[(&Check, u64); 2]> = SmallVec::new();
         let mut decided: SmallVec<[(Decision, u64); 4]> = SmallVec::new();
-        for (c, spot) in laned_checks.iter().zip(&spots) {
+        for ((c, spot), &blocked) in laned_checks.iter().zip(&spots).zip(&blocks) {
             let p = &c.params;
-            let blocked = if p.reads_block() && self.inner.blocks_seen.load(Ordering::Relaxed) {
-                self.at(c.rule, &c.key, |shard, h, probe| shard.block_of(h, c.rule, probe, now))
-            } else {
-                0
-            };
-            let tat = held.word(spot).load(Ordering::Relaxed);
+            let tat = held.find(spot).map_or(0, |w| w.load(Ordering::Relaxed));
             let (d, start) = crate::algorithm::blocking(lane::decide(tat, p, now), blocked, p, now);
             starts.extend(start.map(|until| (*c, until)));
             decided.push((d, tat));
@@ -380,8 +407,7 @@ impl MemoryStore {
             .collect();
         drop(held);
         for (c, until) in starts {
-            // Beside the word, in the shards (see `lane_check`).
-            let _ = self.block_until(c, until, now);
+            self.start_lane_block(c, until, now);
         }
         Ok(outcomes)
     }
@@ -461,29 +487,37 @@ impl MemoryStore {
     ///
     /// As [`MemoryStore::check_one_at`].
     pub fn charge_at(&self, charges: &[Check], now: u64) -> Result<(), StoreError> {
-        match self.charge_once(charges, now) {
-            Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.charge_once(charges, now),
-            result => result,
+        self.sweep_due(now);
+        // Each charge taken once: a charge that finds no room is tried again, once the
+        // store made room, from where it stopped (those before it are taken already).
+        let mut swept = false;
+        let mut rest = charges;
+        while let Some((c, after)) = rest.split_first() {
+            match self.charge_one(c, now) {
+                Err(StoreError::Full(_)) if !swept && self.make_room_everywhere(now) => swept = true,
+                Err(err) => return Err(err),
+                Ok(()) => rest = after,
+            }
         }
+        Ok(())
     }
 
-    fn charge_once(&self, charges: &[Check], now: u64) -> Result<(), StoreError> {
-        self.sweep_due(now);
-        for c in charges.iter().filter(|c| c.params.cost > 0) {
-            if laned(c.algorithm) {
-                let lane = self.inner.lanes.of(c.rule, c.algorithm);
-                lane.with(&self.inner, &LaneProbe::of(&c.key), now, |w| lane::charge(w, &c.params, now))?;
-                continue;
-            }
-            let probe = Probe::of(&c.key);
-            let hash = self.inner.hash(c.rule, &probe);
-            let mut shard = self.shard(hash);
-            by_algorithm!(c.algorithm, K => {
-                let e = shard.entry::<K>(hash, c, &probe, now, &self.inner, false)?;
-                Kind::charge(&mut e.state, &c.params, now);
-                e.expires_at = e.expires_at.max(e.state.expires_at(&c.params));
-            });
+    fn charge_one(&self, c: &Check, now: u64) -> Result<(), StoreError> {
+        if c.params.cost == 0 {
+            return Ok(());
         }
+        if laned(c.algorithm) {
+            let lane = self.inner.lanes.of(c.rule, c.algorithm);
+            return lane.with(&self.inner, &LaneProbe::of(&c.key), now, |w| lane::charge(w, &c.params, now));
+        }
+        let probe = Probe::of(&c.key);
+        let hash = self.inner.hash(c.rule, &probe);
+        let mut shard = self.shard(hash);
+        by_algorithm!(c.algorithm, K => {
+            let e = shard.entry::<K>(hash, c, &probe, now, &self.inner, false)?;
+            Kind::charge(&mut e.state, &c.params, now);
+            e.expires_at = e.expires_at.max(e.state.expires_at(&c.params));
+        });
         Ok(())
     }
 

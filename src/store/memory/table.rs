@@ -240,6 +240,11 @@ impl<K: Kind> Entry<K> {
     /// a rejection that starts a block stores it (the one change a rejection makes).
     pub(super) fn decide(&mut self, check: &Check, now: u64) -> Decision {
         let d = self.state.decide(&check.params, now);
+        // A rule that reads no blocks (no `block_for`, not blockable: swapped since the
+        // block was set) decides without it, as Redis's scripts and the lanes do.
+        if !check.params.reads_block() {
+            return d;
+        }
         if self.blocked_until <= now && (d.allowed || check.params.block_us == 0) {
             // Nothing to block, nor blocked (the common case): the decision is not moved
             // through `blocking`.
@@ -253,7 +258,8 @@ impl<K: Kind> Entry<K> {
     }
 
     pub(super) fn peek(&self, check: &Check, now: u64) -> Decision {
-        crate::algorithm::blocking(self.state.decide(&check.params, now), self.blocked_until, &check.params, now).0
+        let blocked = if check.params.reads_block() { self.blocked_until } else { 0 };
+        crate::algorithm::blocking(self.state.decide(&check.params, now), blocked, &check.params, now).0
     }
 
     /// Commits an allowed check. The state is kept until the latest expiry any of its
