@@ -28,7 +28,10 @@ use crate::key::Key;
 ///
 /// Concurrent: keys are spread over independent shards (no global lock), and the rules
 /// of one request are decided under the locks of their shards, so a multi-rule request is
-/// atomic. Clones share the state.
+/// atomic. GCRA and the token bucket (its GCRA twin) keep each rule's keys in a lane of
+/// their own: a key is one word, decided by one compare-and-swap under its shard's read
+/// lock, so threads deciding different keys of a rule — or the same key — never wait for
+/// one another's lock. Clones share the state.
 ///
 /// Memory stays bounded with no help: states expired more than a second ago are dropped
 /// by a shard whenever it has doubled in size since it last looked, and by a sweep that
@@ -83,7 +86,9 @@ impl MemoryStore {
     /// the limiter's fail mode decides (open: the request passes unlimited and the
     /// failure is logged and counted; closed: it is refused). Keys that already have a
     /// state keep being limited exactly: a flood of new keys never evicts a client's
-    /// history.
+    /// history. A `block_for` penalty of a GCRA or token-bucket key needs a state of its
+    /// own beside the key's word: with no room left for it, the key's word is pushed past
+    /// the penalty's end instead (refused until then, and refilling from then on).
     #[must_use]
     pub fn max_keys(self, n: usize) -> Self {
         Self::build(self.inner.clock.clone(), Some(n))
