@@ -71,23 +71,30 @@ pub(super) struct Inner {
     pub(super) blocks_seen: std::sync::atomic::AtomicBool,
 }
 
-/// A key as the table holds it: a plain key of at most [`SHORT`] bytes inline (its length
-/// first, zero-padded, so that one fixed-size comparison matches it), a longer one or a
-/// digest out of line. 24 bytes.
+/// A key as the table holds it: a number as itself (`Key::as_u64`: a `u64` key, or its
+/// canonical decimal given as text, so both land on one entry) — hashed as one word and
+/// compared as one, with no digits written on the hot path; another plain key of at most
+/// [`SHORT`] bytes inline (its length first, zero-padded, so that one fixed-size comparison
+/// matches it), a longer one or a digest out of line. 24 bytes.
 #[derive(PartialEq, Eq)]
 pub(super) enum TableKey {
+    Int(u64),
     Short([u8; SHORT + 1]),
     Long(Box<[u8]>, bool),
 }
 
 /// A check's key as it is looked up: made once per check, with no allocation.
 pub(super) enum Probe<'a> {
+    Int(u64),
     Short([u8; SHORT + 1]),
     Long(&'a [u8], bool),
 }
 
 impl<'a> Probe<'a> {
     pub(super) fn of(key: &'a Key) -> Self {
+        if let Some(n) = key.as_u64() {
+            return Probe::Int(n);
+        }
         match key.short() {
             Some(short) => Probe::Short(short),
             None => Probe::Long(key.held_bytes().expect("a number is short"), key.is_hashed()),
@@ -96,6 +103,7 @@ impl<'a> Probe<'a> {
 
     pub(super) fn matches(&self, key: &TableKey) -> bool {
         match (self, key) {
+            (Probe::Int(a), TableKey::Int(b)) => a == b,
             (Probe::Short(a), TableKey::Short(b)) => a == b,
             (Probe::Long(a, x), TableKey::Long(b, y)) => x == y && *a == &**b,
             _ => false,
@@ -104,6 +112,7 @@ impl<'a> Probe<'a> {
 
     pub(super) fn to_key(&self) -> TableKey {
         match *self {
+            Probe::Int(n) => TableKey::Int(n),
             Probe::Short(short) => TableKey::Short(short),
             Probe::Long(bytes, hashed) => TableKey::Long(bytes.into(), hashed),
         }
@@ -113,6 +122,7 @@ impl<'a> Probe<'a> {
 impl TableKey {
     pub(super) fn probe(&self) -> Probe<'_> {
         match self {
+            TableKey::Int(n) => Probe::Int(*n),
             TableKey::Short(short) => Probe::Short(*short),
             TableKey::Long(bytes, hashed) => Probe::Long(bytes, *hashed),
         }
@@ -290,6 +300,9 @@ impl Inner {
 
     fn hash_into(h: &mut impl Hasher, probe: &Probe<'_>) {
         match probe {
+            // A number and a text key never match (the text of a number is `Int`): a hash
+            // shared by the two costs a comparison, never a wrong entry.
+            Probe::Int(n) => h.write_u64(*n),
             // Three words (the last overlapping the second): foldhash takes a word in a
             // multiply, where 23 bytes take its long path.
             Probe::Short(short) => {
@@ -448,7 +461,43 @@ mod tests {
                 keys.push(key);
             }
         }
+        // Numbers, held as themselves, beside texts that are not their canonical decimal
+        // ("01") and that read as digits of another length.
+        for n in [0u64, 1, 10, u64::MAX] {
+            keys.push(Key::from(n));
+        }
+        keys.extend(["01", "1 ", "184467440737095516150"].map(Key::from));
         keys
+    }
+
+    #[test]
+    fn a_number_and_its_decimal_text_share_one_entry_and_one_block() {
+        use crate::clock::ManualClock;
+        use crate::store::LocalStore;
+        use crate::Algorithm::*;
+        let now = 1_700_000_000_000_000;
+        let store = MemoryStore::with_clock(ManualClock::new(now));
+        let params = Params { blockable: true, ..Params::new(Quota::per_hour(3)) };
+        for algorithm in [FixedWindow, SlidingWindowLog, SlidingWindowCounter] {
+            let check = |key: Key| Check { rule: "int-or-text".into(), key, algorithm, params };
+            let (int, text) = (check(Key::from(42u64)), check(Key::from("42")));
+            for c in [&int, &text, &int] {
+                assert!(store.check_one_at(c, now).unwrap().decision.allowed, "{algorithm:?}");
+            }
+            // Three taken between the two forms: the fourth is refused under either.
+            assert!(!store.check_one_at(&text, now).unwrap().decision.allowed, "{algorithm:?}");
+            assert!(!store.check_one_at(&int, now).unwrap().decision.allowed, "{algorithm:?}");
+            // "042" is another key.
+            assert!(store.check_one_at(&check(Key::from("042")), now).unwrap().decision.allowed, "{algorithm:?}");
+        }
+        assert_eq!(store.len(), 6);
+        // A block of the number is the text's, under every algorithm.
+        let check = |key: Key, algorithm| Check { rule: "int-or-text".into(), key, algorithm, params };
+        LocalStore::block(&store, &check(Key::from(7u64), FixedWindow), std::time::Duration::from_secs(60)).unwrap();
+        for algorithm in [FixedWindow, SlidingWindowLog, SlidingWindowCounter] {
+            let d = store.check_one_at(&check(Key::from("7"), algorithm), now).unwrap().decision;
+            assert!(!d.allowed && d.retry_after().is_some(), "{algorithm:?}: {d:?}");
+        }
     }
 
     #[test]
