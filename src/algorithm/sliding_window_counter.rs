@@ -24,6 +24,9 @@ pub(crate) struct SlidingWindowCounter {
     pub born: u64,
 }
 
+/// Below this, a sum of two counts is an integer a double holds exactly (2⁵³).
+const EXACT: u64 = 1 << 52;
+
 /// `prev · (W - e) / W + curr`, in this order, in doubles.
 #[must_use]
 #[allow(clippy::cast_precision_loss)]
@@ -60,11 +63,27 @@ impl SlidingWindowCounter {
 
     /// Decides without changing anything.
     #[must_use]
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
     pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, period, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
         let (w, e) = self.window_of(period, now);
         let (prev, curr) = self.counts_at(w);
+        // The common path: nothing in the previous window (a key's first window, or one
+        // quiet for a window) and a request that fits. Every number is an integer below
+        // 2⁵³, so the doubles' `curr + c <= l` and `floor(l - (curr + c))` are exact: the
+        // integers decide and count as they do, with no float and no division.
+        if prev == 0 && curr < EXACT && c < EXACT && curr + c <= l {
+            let left = l - curr - c;
+            let more = retry(0, curr + c, (left + 1).min(l), l, period, e);
+            return Decision::allow(l, left, 2 * period - e, more);
+        }
+        Self::decide_in_doubles(prev, curr, p, e)
+    }
+
+    /// [`SlidingWindowCounter::decide`] from the counts seen from the window of `now`, `e`
+    /// µs into it, in doubles as the Redis script weighs them.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    fn decide_in_doubles(prev: u64, curr: u64, p: &Params, e: u64) -> Decision {
+        let (l, period, c) = (p.quota.limit(), p.quota.period_micros(), p.cost);
         let est = estimate(prev, curr, e, period);
         let remaining = |est: f64| (l as f64 - est).max(0.0).floor() as u64;
         if fits(prev, curr, e, period, c, l) {
@@ -196,6 +215,41 @@ pub(super) fn most_left(room: u64, period: u64, prev: u64) -> u64 {
         None => {
             let left = (u128::from(room) * u128::from(period) / u128::from(prev)).min(u128::from(period));
             u64::try_from(left).unwrap_or(period)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::quota::Quota;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5_000, ..ProptestConfig::default() })]
+
+        /// The integer path decides, counts and times exactly as the doubles do, on states
+        /// with and without a previous window, near and at the limit, costs of 0 to past it.
+        #[test]
+        fn the_integer_path_is_the_doubles_path(
+            limit in prop_oneof![Just(1u64), 1u64..5, 1u64..1_000, Just(1 << 32)],
+            period in prop_oneof![Just(1u64), Just(60_000_000), 1u64..10_000_000_000],
+            prev in prop_oneof![Just(0u64), 0u64..1_100, Just(1 << 46)],
+            curr in prop_oneof![Just(0u64), 0u64..1_100, Just(1 << 46)],
+            cost in prop_oneof![Just(0u64), Just(1), 0u64..1_100, Just(u64::MAX)],
+            at in 0u64..=1_000,
+        ) {
+            let window = 1_700_000_000_000_000 / period;
+            let e = period * at / 1_000 % period;
+            let now = window * period + e;
+            let quota = Quota::try_new(limit, std::time::Duration::from_micros(period));
+            prop_assume!(quota.is_ok());
+            let p = Params { cost, ..Params::new(quota.unwrap()) };
+            let s = SlidingWindowCounter { window, prev, curr, born: 1 };
+            let d = s.decide(&p, now);
+            let doubles = SlidingWindowCounter::decide_in_doubles(prev, curr, &p, e);
+            prop_assert_eq!(d, doubles);
         }
     }
 }
