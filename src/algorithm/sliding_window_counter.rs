@@ -186,6 +186,14 @@ pub(super) fn first_fit(prev: u64, curr: u64, c: u64, l: u64, period: u64, from:
 /// value. A difference of the sides of at least that (times `W`, in integers) stands; so
 /// does no difference at all when every step is exact.
 fn clear_of_rounding(prev: u64, rest: u64, room: u64, period: u64, e: u64) -> bool {
+    // In 64-bit words when the largest products fit one (the counts and periods of every
+    // quota short of extreme debt): the same comparisons, without 128-bit arithmetic.
+    let words = || Some((prev.checked_add(rest)?.checked_mul(period)?, room.checked_mul(period)?));
+    if let Some((span, free)) = words() {
+        let used = prev * (period - e); // at most `prev·W <= span`
+        let off = used.abs_diff(free);
+        return off > span >> 50 || (off == 0 && used < 1 << 53);
+    }
     let used = u128::from(prev) * u128::from(period - e);
     let free = u128::from(room) * u128::from(period);
     let bound = (((u128::from(prev) + u128::from(rest)) * u128::from(period)) >> 50) + 1;
