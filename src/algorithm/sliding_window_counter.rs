@@ -68,13 +68,18 @@ impl SlidingWindowCounter {
         let (w, e) = self.window_of(period, now);
         let (prev, curr) = self.counts_at(w);
         // The common path: nothing in the previous window (a key's first window, or one
-        // quiet for a window) and a request that fits. Every number is an integer below
-        // 2⁵³, so the doubles' `curr + c <= l` and `floor(l - (curr + c))` are exact: the
-        // integers decide and count as they do, with no float and no division.
-        if prev == 0 && curr < EXACT && c < EXACT && curr + c <= l {
-            let left = l - curr - c;
-            let more = retry(0, curr + c, (left + 1).min(l), l, period, e);
-            return Decision::allow(l, left, 2 * period - e, more);
+        // quiet for a window). Every number is an integer below 2⁵³, so the doubles'
+        // `curr + c <= l` and `floor(l - (curr + c))` are exact: the integers decide and
+        // count as they do, with no float.
+        if prev == 0 && curr < EXACT && c < EXACT {
+            if curr + c <= l {
+                let left = l - curr - c;
+                let more = retry(0, curr + c, (left + 1).min(l), l, period, e);
+                return Decision::allow(l, left, 2 * period - e, more);
+            }
+            let reset = if curr > 0 { 2 * period - e } else { 0 };
+            let retry = (c <= l).then(|| retry(0, curr, c, l, period, e));
+            return Decision::reject(l, l.saturating_sub(curr), reset, retry);
         }
         Self::decide_in_doubles(prev, curr, p, e)
     }
