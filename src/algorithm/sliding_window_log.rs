@@ -84,11 +84,19 @@ impl Summary {
 impl SlidingWindowLog {
     /// The expired prefix at `now`, the entries `<= now - W`: how many there are, and
     /// their units.
+    #[inline]
     fn expired(&self, p: &Params, now: u64) -> (usize, u64) {
-        let w = p.quota.period_micros();
-        if self.entries.is_empty() || self.oldest + w > now {
+        // Nothing expired (the common case, decided and committed alike): read off the
+        // inline oldest µs, in the caller, with no call and no entry read.
+        if self.entries.is_empty() || self.oldest + p.quota.period_micros() > now {
             return (0, 0);
         }
+        self.expired_prefix(p, now)
+    }
+
+    /// [`SlidingWindowLog::expired`] once the oldest entry has expired.
+    fn expired_prefix(&self, p: &Params, now: u64) -> (usize, u64) {
+        let w = p.quota.period_micros();
         let mut units = 0;
         for (i, &(ts, n)) in self.entries.iter().enumerate().take(WALK) {
             if ts + w > now {
@@ -124,6 +132,12 @@ impl SlidingWindowLog {
                 _ => self.entries[first].0,
             };
         } else if k > 0 {
+            // The oldest live entry holds the `k`-th unit (a cost-1 request at the limit
+            // needs one unit to leave): no walk.
+            // (`in_window` is not 0 here: the newest is in the window.)
+            if let Some(&(ts, _)) = self.entries.get(first).filter(|&&(_, n)| n >= k) {
+                return Summary { in_window, kth: ts, newest: self.newest };
+            }
             let mut seen = 0;
             for &(ts, n) in self.entries.range(first..) {
                 seen += n;
