@@ -74,7 +74,10 @@ impl SlidingWindowCounter {
         if prev == 0 && curr < EXACT && c < EXACT {
             if curr + c <= l {
                 let left = l - curr - c;
-                let more = retry(0, curr + c, (left + 1).min(l), l, period, e);
+                let more = match curr + c {
+                    0 => retry(0, 0, l, l, period, e),
+                    used => period - e + next_unit(used, l, period),
+                };
                 return Decision::allow(l, left, 2 * period - e, more);
             }
             let reset = if curr > 0 { 2 * period - e } else { 0 };
@@ -160,6 +163,27 @@ fn retry(prev: u64, curr: u64, c: u64, l: u64, period: u64, e: u64) -> u64 {
         // In the next window, where this window's count becomes `prev`.
         period - e + (period - first_fit(curr, 0, c, l, period, 0))
     }
+}
+
+/// When, into the next window, one more unit fits after this one rolls over holding
+/// `used` units (`1 <= used <= l`) and nothing more is taken: the elapsed `e'` of
+/// `retry(0, used, l - used + 1, ..)`, which is [`first_fit`]`(used, 0, l - used + 1, ..)`
+/// from 0. There the exact answer is `ceil(W / used)` (`used·(W - e') <= (used - 1)·W`),
+/// and the rounding test of [`first_fit`] reduces to how far `used·e'` is from `W` on either
+/// side: one division and a few products in 64-bit words, the common allowed decision's
+/// whole refill time.
+fn next_unit(used: u64, l: u64, period: u64) -> u64 {
+    if let Some(span) = (l + 1).checked_mul(period) {
+        // `used·e <= W + used <= span`: every product below fits.
+        let e = period.div_ceil(used);
+        let slack = span >> 50;
+        let (after, before) = (used * e - period, period - used * (e - 1));
+        let fits_at_e = e == period || after > slack || (after == 0 && used * (period - e) < 1 << 53);
+        if fits_at_e && before > slack {
+            return e;
+        }
+    }
+    period - first_fit(used, 0, l - used + 1, l, period, 0)
 }
 
 /// The remaining time `W - e'` at the earliest elapsed `e' >= from` of a window at which
@@ -263,6 +287,27 @@ mod tests {
             let d = s.decide(&p, now);
             let doubles = SlidingWindowCounter::decide_in_doubles(prev, curr, &p, e);
             prop_assert_eq!(d, doubles);
+        }
+
+        /// The next unit's shortcut is the first fit it stands for, ties and all.
+        #[test]
+        fn the_next_unit_is_the_first_fit(
+            l in prop_oneof![1u64..100, 1u64..=1 << 32],
+            period in prop_oneof![Just(60_000_000u64), 1u64..1_000, 1u64..=366 * 86_400 * 1_000_000],
+            share in 0.0f64..=1.0,
+            divides in prop::bool::ANY,
+        ) {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+            let mut used = ((l as f64 * share) as u64).clamp(1, l);
+            if divides {
+                // A tie: `used` divides the period (their greatest common divisor).
+                let (mut a, mut b) = (used, period);
+                while b != 0 {
+                    (a, b) = (b, a % b);
+                }
+                used = a;
+            }
+            prop_assert_eq!(next_unit(used, l, period), period - first_fit(used, 0, l - used + 1, l, period, 0));
         }
     }
 }
