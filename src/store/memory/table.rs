@@ -493,7 +493,8 @@ mod tests {
         assert_eq!(store.len(), 6);
         // A block of the number is the text's, under every algorithm.
         let check = |key: Key, algorithm| Check { rule: "int-or-text".into(), key, algorithm, params };
-        LocalStore::block(&store, &check(Key::from(7u64), FixedWindow), std::time::Duration::from_secs(60)).unwrap();
+        LocalStore::block_now(&store, &check(Key::from(7u64), FixedWindow), std::time::Duration::from_secs(60))
+            .unwrap();
         for algorithm in [FixedWindow, SlidingWindowLog, SlidingWindowCounter] {
             let d = store.check_one_at(&check(Key::from("7"), algorithm), now).unwrap().decision;
             assert!(!d.allowed && d.retry_after().is_some(), "{algorithm:?}: {d:?}");
