@@ -18,6 +18,11 @@
 //!   nothing; `READONLY` or `MASTERDOWN` (the server is a replica) fails the whole call,
 //!   as a single check's would, so that the connection is dropped. One `TIME` serves the
 //!   whole batch.
+//! - A decision stays O(1) in a batch: one of the sliding window log that would read past
+//!   the head of its log (a long expired prefix, the k-th unit of a rejection past the
+//!   head) is neither decided nor written there, nor is any later one on its key; they go
+//!   on their own afterwards, one call each, in arrival order. A batch's work is so
+//!   bounded by its length, whatever its logs hold.
 //! - Batches are per algorithm (one script each) and, on a cluster, per slot: every key a
 //!   script touches is declared in `KEYS`, all in one slot.
 //! - The caller's deadline and the limiter's in-flight cap cover the time in the queue;
@@ -37,7 +42,7 @@ use tokio::runtime::Id as RuntimeId;
 use tokio::sync::oneshot;
 
 use super::call::Inner;
-use super::script::{batch_cmd, index, parse_batch, validate, SCRIPTS};
+use super::script::{batch_cmd, index, parse_batch, validate, Batched, MODE_CHECK, SCRIPTS};
 use crate::error::StoreError;
 use crate::store::{Check, Outcome};
 
@@ -227,7 +232,18 @@ async fn send_group(inner: &Inner, group: Vec<Entry>) {
     drop(checks);
     match result {
         Ok(answers) => {
+            let mut alone = Vec::new();
             for (e, a) in group.into_iter().zip(answers) {
+                match a {
+                    Batched::Decided(a) => {
+                        let _ = e.answer.send(a);
+                    }
+                    Batched::Alone => alone.push(e),
+                }
+            }
+            // One call each, in arrival order (a key's later decisions went alone with it).
+            for e in alone {
+                let a = inner.run_one(&e.check, MODE_CHECK, "no outcome for a check sent on its own").await;
                 let _ = e.answer.send(a);
             }
         }

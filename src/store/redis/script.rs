@@ -52,9 +52,8 @@ macro_rules! generic_script {
 /// Every script, hashed once.
 pub(crate) struct Scripts {
     single: [Script; 6],
-    /// Group commit: one decision per key, each a single-rule check on its own (none for
-    /// the sliding window log, which is not O(1) and keeps one call per decision).
-    batch: [Option<Script>; 6],
+    /// Group commit: one decision per key, each a single-rule check on its own.
+    batch: [Script; 6],
     /// Any number of rules of any algorithms, all or nothing.
     pub(crate) multi: Script,
     /// `State::refund` for any number of rules of any algorithms.
@@ -77,25 +76,41 @@ macro_rules! single_script {
     };
 }
 
+/// The sliding window log's straight-line script: its functions sit on the shared library
+/// (`lib.lua`, `sliding_window_log.lua`, as in the generic scripts), then the `now`
+/// prologue, `sliding_window_log_single.lua` (its `decide`) and a main.
+macro_rules! log_script {
+    ($main:literal) => {
+        concat!(
+            include_str!("scripts/floordiv.lua"),
+            include_str!("scripts/lib.lua"),
+            include_str!("scripts/sliding_window_log.lua"),
+            include_str!("scripts/single_now.lua"),
+            include_str!("scripts/sliding_window_log_single.lua"),
+            include_str!(concat!("scripts/", $main, ".lua"))
+        )
+    };
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     // One rule: a straight-line script per algorithm (`scripts/<alg>_single.lua`), with the
     // arguments, reply and writes of the generic one at about half its CPU inside Redis
-    // (see docs/performance.md); the sliding window log keeps the generic script.
+    // (see docs/performance.md).
     single: [
         Script::new(single_script!("fixed_window", "single_main")),
-        Script::new(generic_script!("check": "sliding_window_log")),
+        Script::new(log_script!("single_main")),
         Script::new(single_script!("sliding_window_counter", "single_main")),
         Script::new(single_script!("token_bucket", "single_main", "tat")),
         Script::new(single_script!("leaky_bucket", "single_main")),
         Script::new(single_script!("gcra", "single_main", "tat")),
     ],
     batch: [
-        Some(Script::new(single_script!("fixed_window", "batch_main"))),
-        None,
-        Some(Script::new(single_script!("sliding_window_counter", "batch_main"))),
-        Some(Script::new(single_script!("token_bucket", "batch_main", "tat"))),
-        Some(Script::new(single_script!("leaky_bucket", "batch_main"))),
-        Some(Script::new(single_script!("gcra", "batch_main", "tat"))),
+        Script::new(single_script!("fixed_window", "batch_main")),
+        Script::new(log_script!("batch_main")),
+        Script::new(single_script!("sliding_window_counter", "batch_main")),
+        Script::new(single_script!("token_bucket", "batch_main", "tat")),
+        Script::new(single_script!("leaky_bucket", "batch_main")),
+        Script::new(single_script!("gcra", "batch_main", "tat")),
     ],
     multi: Script::new(generic_script!("check")),
     refund: Script::new(generic_script!("refund")),
@@ -111,9 +126,10 @@ impl Scripts {
     }
 
     /// The batch script that can decide `check` together with others of its algorithm: a
-    /// straight-line check of an O(1) algorithm.
+    /// straight-line check (the log's decisions that leave the O(1) path answer
+    /// [`Batched::Alone`]).
     pub(crate) fn batch_for(&self, check: &Check) -> Option<&Script> {
-        straight_line(check).then(|| self.batch[index(check.algorithm)].as_ref()).flatten()
+        straight_line(check).then(|| &self.batch[index(check.algorithm)])
     }
 }
 
@@ -378,10 +394,21 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
     Ok(Outcome { decision: d, taken })
 }
 
+/// One decision's answer in a batch script's reply.
+#[derive(Debug)]
+pub(crate) enum Batched {
+    /// Decided (and committed when it accepted), or failed on its own.
+    Decided(Result<Outcome, StoreError>),
+    /// Neither decided nor written: deciding it would have left the O(1) path (the
+    /// sliding window log's long expired prefix, or its k-th unit past the head), so it
+    /// goes on its own (see `scripts/sliding_window_log_single.lua`).
+    Alone,
+}
+
 /// The outcomes of a batch script's reply (see `scripts/batch_main.lua`), one per check,
 /// each on its own: a decision the script failed is that decision's error only; a
 /// malformed reply fails the whole batch.
-pub(crate) fn parse_batch(reply: &Value, checks: &[&Check]) -> Result<Vec<Result<Outcome, StoreError>>, StoreError> {
+pub(crate) fn parse_batch(reply: &Value, checks: &[&Check]) -> Result<Vec<Batched>, StoreError> {
     let Value::Array(items) = reply else {
         return Err(bad_reply("not an array", reply));
     };
@@ -389,8 +416,8 @@ pub(crate) fn parse_batch(reply: &Value, checks: &[&Check]) -> Result<Vec<Result
         return Err(bad_reply("wrong length", reply));
     }
     let now = int(&items[0])?;
-    let one = |check: &Check, fields: &[Value]| match int(&fields[0])? {
-        verdict @ (0 | 1) => {
+    let one = |check: &Check, fields: &[Value]| match int(&fields[0]) {
+        Ok(verdict @ (0 | 1)) => Batched::Decided((|| {
             let read = Read {
                 allowed: verdict == 1,
                 fields: [int(&fields[1])?, int(&fields[2])?, int(&fields[3])?],
@@ -398,8 +425,9 @@ pub(crate) fn parse_batch(reply: &Value, checks: &[&Check]) -> Result<Vec<Result
             };
             // A check decided on its own commits when it accepts.
             outcome(check, now, &read, true)
-        }
-        _ => Err(StoreError::Backend(format!(
+        })()),
+        Ok(3) if check.algorithm == Algorithm::SlidingWindowLog => Batched::Alone,
+        _ => Batched::Decided(Err(StoreError::Backend(format!(
             "redis refused the check of rule {:?} ({}): {}",
             check.rule,
             check.algorithm,
@@ -407,7 +435,7 @@ pub(crate) fn parse_batch(reply: &Value, checks: &[&Check]) -> Result<Vec<Result
                 Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
                 other => format!("{other:?}"),
             }
-        ))),
+        )))),
     };
     Ok(checks.iter().zip(items[1..].chunks_exact(4)).map(|(c, f)| one(c, f)).collect())
 }
@@ -430,11 +458,8 @@ mod tests {
         );
         let refund = format!("{LIB}{ALL}{}", include_str!("scripts/refund.lua"));
         let multi = format!("{LIB}{ALL}{}", include_str!("scripts/check.lua"));
-        let log =
-            format!("{LIB}{}{}", include_str!("scripts/sliding_window_log.lua"), include_str!("scripts/check.lua"));
         assert_eq!(SCRIPTS.refund.text, refund);
         assert_eq!(SCRIPTS.refund.sha, redis::Script::new(&refund).get_hash());
         assert_eq!(SCRIPTS.multi.text, multi);
-        assert_eq!(SCRIPTS.single[1].text, log);
     }
 }
