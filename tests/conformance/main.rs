@@ -528,6 +528,42 @@ fn scenarios() -> Vec<Scenario> {
             ],
         ));
     }
+    // The sliding window log past the head that Redis reads in one go (its marks and 8
+    // members): a rejection whose k-th unit lies beyond it, a long expired prefix, refunds
+    // from a member two commits share, and the clock stepping back behind the newest.
+    let log = Algorithm::SlidingWindowLog;
+    out.push(scenario(
+        "sliding window log: a log longer than the head read",
+        T0,
+        vec![rule("r", "k", log, Quota::per_minute(20))],
+        vec![
+            // 20 members, one a second.
+            (0..20).flat_map(|_| [one(0, 1), Advance(SEC)]).collect(),
+            vec![one(0, 1), one(0, 12), Peek(0, 15), Peek(0, 1)],
+            // 14 members expired (ts <= T0 + 13 s), 6 left.
+            vec![Advance(53 * SEC), Peek(0, 1), one(0, 3), one(0, 12), one(0, 11), one(0, 2)],
+            // The 11 units come back from the member they share with the 3.
+            vec![Undo(2), Peek(0, 1), one(0, 2), Undo(1), Undo(4)],
+            // Back behind the newest member: a commit joins it.
+            vec![Back(30 * SEC), one(0, 1), one(0, 5), Peek(0, 1), Undo(2), Peek(0, 1)],
+            vec![Advance(2 * MIN), one(0, 20), one(0, 1), Peek(0, 1)],
+        ],
+    ));
+    out.push(scenario(
+        "sliding window log: a refund of the newest member, then the clock steps back",
+        T0,
+        vec![rule("r", "k", log, Quota::per_minute(5))],
+        vec![
+            vec![one(0, 1), Advance(SEC), one(0, 1), Advance(SEC), one(0, 2), Undo(1), Peek(0, 1)],
+            // The newest is the member at T0 + 1 s again: a commit behind it joins it.
+            vec![Back(3 * SEC), one(0, 1)],
+            times(3, one(0, 1)),
+            vec![Peek(0, 1), Undo(1), Undo(2), Peek(0, 2), one(0, 2), one(0, 1)],
+            // Every member refunded: the log is gone, as never seen.
+            vec![Advance(10 * SEC), Undo(2), Undo(3), Undo(5), Undo(6), Undo(7), Undo(9), Peek(0, 1)],
+            vec![one(0, 5), one(0, 1), Peek(0, 1)],
+        ],
+    ));
     out
 }
 

@@ -8,6 +8,8 @@
 //!   state equal at the end;
 //! - one call and one `TIME` per batch, read from the server's command statistics;
 //! - a decision that fails inside a batch (a key of another type) fails alone;
+//! - the sliding window log at three Redis commands a decision, and a log of L members
+//!   whose decisions go on their own while the batch around them stays O(1);
 //! - a flush task dropped with its runtime leaves no check waiting for good.
 #![cfg(all(feature = "redis", feature = "memory"))]
 
@@ -176,8 +178,7 @@ async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
                 let checks: Vec<Check> = asks.iter().map(the_check).collect();
                 // Only a queued check can be dropped before it leaves: unbatched calls are
                 // sent from their first poll (and with batching off, nothing is queued).
-                let droppable =
-                    |a: &Ask, c: &Check| a.dropped && max_batch > 1 && c.algorithm != Algorithm::SlidingWindowLog;
+                let droppable = |a: &Ask, _: &Check| a.dropped && max_batch > 1;
                 let mut futures: Vec<Option<Answer<'_>>> =
                     checks.iter().map(|c| Some(Box::pin(redis_store.check_one(c)) as Answer<'_>)).collect();
                 // Every check queues (or is sent) in order, before any flush task runs.
@@ -277,6 +278,117 @@ fn a_batch_is_one_script_call_and_one_time() {
         let answers = together(&off, &checks).await;
         assert!(answers.iter().all(Result::is_ok), "{answers:?}");
         assert_eq!(server.commandstats().get("evalsha"), Some(&40));
+    });
+}
+
+/// Batched on the server's clock, a log decision costs its batch's share of one `EVALSHA`
+/// and one `TIME`, one `ZRANGE` (the marks and the head), one `ZADD` (its member and the
+/// marks) and, on a key the log's TTL does not already cover, one `PEXPIRE`.
+#[test]
+fn a_batched_log_decision_is_at_most_three_commands() {
+    current_thread().block_on(async {
+        let server = RedisServer::start();
+        let store = RedisStore::from_url(&server.url())
+            .unwrap()
+            .response_timeout(Duration::from_secs(2))
+            .max_batch(16)
+            .unwrap();
+        let checks: Vec<Check> = (0..40)
+            .map(|i| check("log", &format!("user-{i}"), Algorithm::SlidingWindowLog, Quota::per_minute(100), 1))
+            .collect();
+        // Loads the script (EVAL after NOSCRIPT).
+        store.check_one(&checks[0]).await.unwrap();
+        for round in 0..3 {
+            server.cmd(&["CONFIG", "RESETSTAT"]);
+            let answers = together(&store, &checks).await;
+            assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|o| o.decision.allowed)), "{answers:?}");
+            let stats = server.commandstats();
+            assert_eq!(stats.get("evalsha"), Some(&3), "{stats:?}");
+            assert_eq!(stats.get("time"), Some(&3), "{stats:?}");
+            assert_eq!(stats.get("zrange"), Some(&40), "{stats:?}");
+            assert_eq!(stats.get("zadd"), Some(&40), "{stats:?}");
+            // Only the first round's fresh keys get a TTL (the warm-up's key had one).
+            let pexpire = if round == 0 { 39 } else { 0 };
+            assert_eq!(stats.get("pexpire").copied().unwrap_or(0), pexpire, "{stats:?}");
+            let all: u64 =
+                stats.iter().filter(|(c, _)| !c.starts_with("config") && !c.starts_with("info")).map(|(_, n)| n).sum();
+            assert_eq!(all, 3 + 3 + 40 + 40 + pexpire, "{stats:?}");
+            // Each key holds its members (one a round, or two the warm-up's) and three marks.
+            let name = "tollgate:{user-1}:log:swl:v5";
+            assert_eq!(server.cmd(&["ZCARD", name]), (round + 1 + 3).to_string());
+            let ttl: u64 = server.cmd(&["PTTL", name]).parse().unwrap();
+            assert!(ttl > 60_000 && ttl <= 70_001, "{name}: PTTL {ttl}");
+        }
+    });
+}
+
+/// A log holding L = 1,000 members: a rejection whose k-th unit lies past the head, and a
+/// decision that finds the 1,000 members expired, each go on their own (with the later
+/// decision on the same key), out of a batch of other keys' decisions that stays O(1);
+/// every answer is the one-by-one answer, within the response timeout.
+#[test]
+fn a_long_log_goes_alone_and_its_batch_stays_bounded() {
+    current_thread().block_on(async {
+        // A server of its own: its command statistics are this test's.
+        let server = RedisServer::start();
+        let clock = ManualClock::new(T0);
+        let store = RedisStore::from_url(&server.url())
+            .unwrap()
+            .response_timeout(Duration::from_secs(2))
+            .with_clock(clock.clone())
+            .max_batch(64)
+            .unwrap();
+        let model = MemoryStore::with_clock(clock.clone());
+        let l = 1_000;
+        let quota = Quota::per_minute(l);
+        let big = |cost| check("r", "big", Algorithm::SlidingWindowLog, quota, cost);
+        for _ in 0..l {
+            clock.advance(Duration::from_micros(50));
+            let now = clock_now(&clock);
+            assert!(store.check_one(&big(1)).await.unwrap().decision.allowed);
+            assert!(model.check_one_at(&big(1), now).unwrap().decision.allowed);
+        }
+        let name = "tollgate:{big}:r:swl:v5";
+        assert_eq!(server.cmd(&["ZCARD", name]), (l + 2).to_string(), "L members and two marks");
+        // Loads the script a decision on its own runs (a peek writes nothing).
+        store.peek(&big(1)).await.unwrap();
+        // 40 decisions: the first batch takes 20 (half of them), both of `big`'s among them.
+        let round = |first: Check, second: Check, tag: &str| -> Vec<Check> {
+            let mut checks: Vec<Check> = (0..38)
+                .map(|i| check("r", &format!("{tag}-{i}"), Algorithm::SlidingWindowLog, Quota::per_minute(5), 1))
+                .collect();
+            checks.insert(0, first);
+            checks.insert(7, second);
+            checks
+        };
+        for (step, (advance, first, second)) in
+            [(1_000, big(30), big(1)), (61_000_000, big(1), big(2))].into_iter().enumerate()
+        {
+            clock.advance(Duration::from_micros(advance));
+            let now = clock_now(&clock);
+            let checks = round(first, second, &format!("s{step}"));
+            server.cmd(&["CONFIG", "RESETSTAT"]);
+            let started = std::time::Instant::now();
+            let answers = together(&store, &checks).await;
+            let took = started.elapsed();
+            assert!(took < Duration::from_secs(2), "step {step}: {took:?}");
+            for (i, (c, got)) in checks.iter().zip(answers).enumerate() {
+                let want = model.check_one_at(c, now).unwrap();
+                assert_eq!(got.unwrap(), want, "step {step}, check {i}");
+            }
+            // Two batches, and `big`'s two decisions on their own.
+            let stats = server.commandstats();
+            let calls = stats.get("evalsha").copied().unwrap_or(0) + stats.get("eval").copied().unwrap_or(0);
+            assert_eq!(calls, 4, "step {step}: {stats:?}");
+            if step == 0 {
+                // Both rejected (1,000 in the window): nothing written to `big`.
+                assert_eq!(server.cmd(&["ZCARD", name]), (l + 2).to_string());
+            } else {
+                // The expired members dropped by one command; the two commits share a µs.
+                assert_eq!(stats.get("zremrangebyscore"), Some(&1), "{stats:?}");
+                assert_eq!(server.cmd(&["ZCARD", name]), "3");
+            }
+        }
     });
 }
 
