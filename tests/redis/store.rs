@@ -689,6 +689,29 @@ async fn a_sliding_log_request_of_any_cost_is_one_member() {
     assert!(!d.allowed && d.remaining() == 1, "{d:?}");
 }
 
+/// A log's key lives until its newest member leaves the longest window it was committed
+/// under: a commit of a shorter tier never shortens its TTL (`PEXPIRE … GT`), on the
+/// server's clock (the TTL's end kept in the log) and on a client's (set on every commit).
+#[tokio::test]
+async fn a_log_keeps_the_longest_tiers_ttl() {
+    let server = RedisServer::start();
+    let clock = tollgate::clock::ManualClock::new(1_700_000_000_000_000);
+    let stores = [store_for(&server).await, store_for(&server).await.with_clock(clock)];
+    for (i, store) in stores.iter().enumerate() {
+        let key = format!("tiers{i}");
+        let name = format!("tollgate:{{{key}}}:r:swl:v5");
+        let pttl = || -> u64 { server.cmd(&["PTTL", &name]).parse().unwrap() };
+        let hour = check("r", &key, Algorithm::SlidingWindowLog, Quota::per_hour(10));
+        let minute = check("r", &key, Algorithm::SlidingWindowLog, Quota::per_minute(10));
+        assert!(store.check_one(&minute).await.unwrap().decision.allowed);
+        assert!((59_000..=70_001).contains(&pttl()), "{i}: PTTL {}", pttl());
+        assert!(store.check_one(&hour).await.unwrap().decision.allowed);
+        assert!((3_599_000..=3_610_001).contains(&pttl()), "{i}: PTTL {}", pttl());
+        assert!(store.check_one(&minute).await.unwrap().decision.allowed);
+        assert!(pttl() > 3_599_000, "{i}: the minute's commit shortened the hour's TTL to {} ms", pttl());
+    }
+}
+
 /// A raw check list naming one state twice is refused by both stores (it used to decide
 /// both against the state before either commit, over-admitting, and a Redis token bucket
 /// stored a negative level that failed every later check of the key).
