@@ -40,9 +40,15 @@ fn wall_micros() -> u64 {
 
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
-        static CLOCK: std::sync::OnceLock<system::Disciplined<system::Tsc>> = std::sync::OnceLock::new();
-        CLOCK.get_or_init(|| system::Disciplined::new(system::Tsc::new(), system::Tuning::DEFAULT)).now()
+        system_now()
     }
+}
+
+/// The system clock's reading (see [`SystemClock`]).
+#[inline]
+fn system_now() -> u64 {
+    static CLOCK: std::sync::OnceLock<system::Disciplined<system::Tsc>> = std::sync::OnceLock::new();
+    CLOCK.get_or_init(|| system::Disciplined::new(system::Tsc::new(), system::Tuning::DEFAULT)).now()
 }
 
 #[cfg(test)]
@@ -111,13 +117,26 @@ impl fmt::Debug for ManualClock {
     }
 }
 
-/// A shared, type-erased clock.
+/// A shared, type-erased clock: the system's, read with no dynamic call (an in-process
+/// decision reads it once), or any other.
 #[derive(Clone)]
-pub(crate) struct SharedClock(pub(crate) std::sync::Arc<dyn Clock>);
+pub(crate) enum SharedClock {
+    System,
+    Other(std::sync::Arc<dyn Clock>),
+}
 
 impl SharedClock {
+    /// `clock`, shared.
+    pub(crate) fn new(clock: impl Clock) -> Self {
+        Self::Other(std::sync::Arc::new(clock))
+    }
+
+    #[inline]
     pub(crate) fn now(&self) -> u64 {
-        self.0.now_micros()
+        match self {
+            SharedClock::System => system_now(),
+            SharedClock::Other(clock) => clock.now_micros(),
+        }
     }
 }
 

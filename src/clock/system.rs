@@ -151,6 +151,7 @@ impl<S: Source> Disciplined<S> {
     }
 
     /// µs since the Unix epoch; never less than an earlier reading.
+    #[inline]
     pub(crate) fn now(&self) -> u64 {
         let p = &self.pieces;
         let mut spins = 0u32;

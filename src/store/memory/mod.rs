@@ -19,7 +19,7 @@ use self::lane::{laned, LaneProbe, Lanes};
 use self::table::{guard_for, lock, Inner, Padded, Probe, Shard, Tabled, FULL_SWEEP_US, SWEEP_PERIOD_US};
 use super::{Check, LocalStore, Outcome, Refund, RuleName, Taken};
 use crate::algorithm::{by_algorithm, Algorithm, Kind};
-use crate::clock::{Clock, SharedClock, SystemClock};
+use crate::clock::{Clock, SharedClock};
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -66,13 +66,13 @@ impl MemoryStore {
     /// A store on the system clock.
     #[must_use]
     pub fn new() -> Self {
-        Self::build(SharedClock(Arc::new(SystemClock)), None)
+        Self::build(SharedClock::System, None)
     }
 
     /// A store whose time comes from `clock` (tests: `ManualClock`, feature `test-util`).
     #[must_use]
     pub fn with_clock(clock: impl Clock) -> Self {
-        Self::build(SharedClock(Arc::new(clock)), None)
+        Self::build(SharedClock::new(clock), None)
     }
 
     /// A new store like this one, holding at most `n` (rule, key) states: the bound for a

@@ -357,7 +357,7 @@ impl RedisStore {
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     #[must_use]
     pub fn with_clock(self, clock: impl crate::clock::Clock) -> Self {
-        let clock = SharedClock(Arc::new(clock));
+        let clock = SharedClock::new(clock);
         self.rebuild(|c| c.clock = Some(clock))
     }
 
