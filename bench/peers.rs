@@ -478,6 +478,14 @@ mod run {
             run_ok(Command::new("curl").args(["-sSfL", "-o"]).arg(&crate_file).arg(&url), "curl")?;
             run_ok(Command::new("tar").arg("xzf").arg(&crate_file).arg("-C").arg(&dir), "tar")?;
         }
+        // A workspace of its own: under this repository's `target/` cargo would take it for a
+        // member of the repository's workspace, and refuse to build it.
+        let manifest = src.join("Cargo.toml");
+        let text = std::fs::read_to_string(&manifest).map_err(|e| format!("cannot read {}: {e}", manifest.display()))?;
+        if !text.lines().any(|l| l.trim() == "[workspace]") {
+            std::fs::write(&manifest, format!("{text}\n[workspace]\n"))
+                .map_err(|e| format!("cannot write {}: {e}", manifest.display()))?;
+        }
         eprintln!("redis-cell: cargo rustc --release --lib --crate-type cdylib");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         run_ok(
