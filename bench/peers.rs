@@ -481,7 +481,8 @@ mod run {
         // A workspace of its own: under this repository's `target/` cargo would take it for a
         // member of the repository's workspace, and refuse to build it.
         let manifest = src.join("Cargo.toml");
-        let text = std::fs::read_to_string(&manifest).map_err(|e| format!("cannot read {}: {e}", manifest.display()))?;
+        let text =
+            std::fs::read_to_string(&manifest).map_err(|e| format!("cannot read {}: {e}", manifest.display()))?;
         if !text.lines().any(|l| l.trim() == "[workspace]") {
             std::fs::write(&manifest, format!("{text}\n[workspace]\n"))
                 .map_err(|e| format!("cannot write {}: {e}", manifest.display()))?;
