@@ -564,6 +564,18 @@ fn scenarios() -> Vec<Scenario> {
             vec![one(0, 5), one(0, 1), Peek(0, 1)],
         ],
     ));
+    // Review: two tiers of one rule and key (a second's quota and a minute's, as a plan
+    // change makes them): a refund under the second's tier after its units left its
+    // window gives nothing back, and must not forget the minute's units. MemoryStore
+    // forgets the whole log (its refund drops a state past the refund's own window).
+    out.push(scenario(
+        "review: sliding window log: a shorter tier's refund keeps a longer tier's units",
+        T0,
+        vec![rule("r", "k", log, Quota::per_second(10)), rule("r", "k", log, Quota::per_minute(10))],
+        vec![
+            vec![one(0, 4), one(1, 5), Advance(2 * SEC), Undo(2), Peek(1, 2), one(1, 8), one(1, 1), Peek(1, 1)],
+        ],
+    ));
     out
 }
 
@@ -954,4 +966,24 @@ async fn review_a_block_after_the_rule_stops_being_blockable_decides_alike() {
         failures.extend(compare(sc, "memory", &want, "redis", &got));
     }
     assert!(failures.is_empty(), "{} scenarios differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Review: the table's "a shorter tier's refund keeps a longer tier's units" scenario on
+/// its own, memory against standalone Redis. Fails today: MemoryStore forgets the minute's
+/// 9 units at the second's refund and admits 8 more (17 in a minute of 10); Redis keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_shorter_tiers_refund_keeps_a_longer_tiers_units() {
+    let sc = scenarios().into_iter().find(|s| s.name.starts_with("review: sliding window log: a shorter tier")).unwrap();
+    let memory_clock = ManualClock::new(T0);
+    let memory = MemoryStore::with_clock(memory_clock.clone());
+    let server = RedisServer::start();
+    let redis_clock = ManualClock::new(T0);
+    let redis =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(RESPONSE_TIMEOUT).with_clock(redis_clock.clone());
+    redis.ping().await.unwrap();
+    let want = run(&memory, &memory_clock, &sc, "rv").await;
+    let got = run(&redis, &redis_clock, &sc, "rv").await;
+    if let Some(msg) = compare(&sc, "memory", &want, "redis", &got) {
+        panic!("{msg}");
+    }
 }
