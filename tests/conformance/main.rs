@@ -572,9 +572,7 @@ fn scenarios() -> Vec<Scenario> {
         "review: sliding window log: a shorter tier's refund keeps a longer tier's units",
         T0,
         vec![rule("r", "k", log, Quota::per_second(10)), rule("r", "k", log, Quota::per_minute(10))],
-        vec![
-            vec![one(0, 4), one(1, 5), Advance(2 * SEC), Undo(2), Peek(1, 2), one(1, 8), one(1, 1), Peek(1, 1)],
-        ],
+        vec![vec![one(0, 4), one(1, 5), Advance(2 * SEC), Undo(2), Peek(1, 2), one(1, 8), one(1, 1), Peek(1, 1)]],
     ));
     out
 }
@@ -973,7 +971,8 @@ async fn review_a_block_after_the_rule_stops_being_blockable_decides_alike() {
 /// 9 units at the second's refund and admits 8 more (17 in a minute of 10); Redis keeps them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn review_a_shorter_tiers_refund_keeps_a_longer_tiers_units() {
-    let sc = scenarios().into_iter().find(|s| s.name.starts_with("review: sliding window log: a shorter tier")).unwrap();
+    let sc =
+        scenarios().into_iter().find(|s| s.name.starts_with("review: sliding window log: a shorter tier")).unwrap();
     let memory_clock = ManualClock::new(T0);
     let memory = MemoryStore::with_clock(memory_clock.clone());
     let server = RedisServer::start();

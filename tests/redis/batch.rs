@@ -892,6 +892,11 @@ fn review_batched_log_random_against_memory() {
         };
         let quotas = [Quota::per_minute(10), Quota::per_hour(25), Quota::per_second(4)];
         let mut taken: Vec<(Check, tollgate::store::Taken)> = Vec::new();
+        // Loads the batch script (two batches in flight, one retried after NOSCRIPT, run in
+        // the other order).
+        let warm: Vec<Check> =
+            (0..8).map(|i| check("w", &format!("w{i}"), Algorithm::SlidingWindowLog, quotas[0], 1)).collect();
+        let _ = together(&store, &warm).await;
         for round in 0..300 {
             match rnd(10) {
                 0 => clock.set(clock_now(&clock) - rnd(90) * 1_000_000),
@@ -951,82 +956,82 @@ fn review_batched_log_random_against_memory() {
 fn review_batched_log_random_hour_refunds_against_memory_seeds() {
     use tollgate::store::Refund;
     for seed0 in [1u64, 2, 3, 4, 5, 6, 7, 8] {
-    current_thread().block_on(async {
-        let p = format!("rv2p{}{}", std::process::id(), prefix());
-        let clock = ManualClock::new(T0);
-        let store = store(&p, &clock, 64);
-        let model = MemoryStore::with_clock(clock.clone());
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15 ^ (seed0 * 0x1234_5678_9abc);
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
-        let quotas = [Quota::per_minute(10), Quota::per_hour(25), Quota::per_second(4)];
-        let mut taken: Vec<(Check, tollgate::store::Taken)> = Vec::new();
-        // Loads the batch script: two batches in flight, the first retried after NOSCRIPT,
-        // would run in the other order (concurrent calls: either order is theirs to take).
-        let warm: Vec<Check> =
-            (0..8).map(|i| check("w", &format!("w{i}"), Algorithm::SlidingWindowLog, quotas[0], 1)).collect();
-        let _ = together(&store, &warm).await;
-        for round in 0..300 {
-            match rnd(10) {
-                0 => clock.set(clock_now(&clock) - rnd(90) * 1_000_000),
-                1..=3 => clock.advance(Duration::from_micros(rnd(70_000_000))),
-                4..=6 => clock.advance(Duration::from_micros(rnd(3_000_000))),
-                _ => {}
-            }
-            let now = clock_now(&clock);
-            let n = 1 + rnd(12) as usize;
-            let checks: Vec<Check> = (0..n)
-                .map(|_| {
-                    let key = ["a", "b"][rnd(2) as usize];
-                    let q = quotas[rnd(if key == "a" { 2 } else { 3 }) as usize];
-                    check("r", key, Algorithm::SlidingWindowLog, q, 1 + rnd(9))
-                })
-                .collect();
-            let answers = together(&store, &checks).await;
+        current_thread().block_on(async {
+            let p = format!("rv2p{}{}", std::process::id(), prefix());
+            let clock = ManualClock::new(T0);
+            let store = store(&p, &clock, 64);
+            let model = MemoryStore::with_clock(clock.clone());
+            let mut seed: u64 = 0x9e37_79b9_7f4a_7c15 ^ (seed0 * 0x1234_5678_9abc);
+            let mut rnd = move |n: u64| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed % n
+            };
+            let quotas = [Quota::per_minute(10), Quota::per_hour(25), Quota::per_second(4)];
+            let mut taken: Vec<(Check, tollgate::store::Taken)> = Vec::new();
+            // Loads the batch script: two batches in flight, the first retried after NOSCRIPT,
+            // would run in the other order (concurrent calls: either order is theirs to take).
+            let warm: Vec<Check> =
+                (0..8).map(|i| check("w", &format!("w{i}"), Algorithm::SlidingWindowLog, quotas[0], 1)).collect();
+            let _ = together(&store, &warm).await;
+            for round in 0..300 {
+                match rnd(10) {
+                    0 => clock.set(clock_now(&clock) - rnd(90) * 1_000_000),
+                    1..=3 => clock.advance(Duration::from_micros(rnd(70_000_000))),
+                    4..=6 => clock.advance(Duration::from_micros(rnd(3_000_000))),
+                    _ => {}
+                }
+                let now = clock_now(&clock);
+                let n = 1 + rnd(12) as usize;
+                let checks: Vec<Check> = (0..n)
+                    .map(|_| {
+                        let key = ["a", "b"][rnd(2) as usize];
+                        let q = quotas[rnd(if key == "a" { 2 } else { 3 }) as usize];
+                        check("r", key, Algorithm::SlidingWindowLog, q, 1 + rnd(9))
+                    })
+                    .collect();
+                let answers = together(&store, &checks).await;
 
-            for (i, (c, got)) in checks.iter().zip(answers).enumerate() {
-                let got = got.unwrap();
-                let want = model.check_one_at(c, now).unwrap();
-                assert_eq!(
-                    got, want,
-                    "seed {seed0} round {round}, check {i} ({:?}, {:?}, cost {})",
-                    c.params.quota, c.key, c.params.cost
-                );
-                if let Some(t) = got.taken {
-                    taken.push((c.clone(), t));
-                }
-            }
-            for _ in 0..rnd(3) {
-                if taken.is_empty() {
-                    break;
-                }
-                let (c, t) = taken.remove(rnd(taken.len() as u64) as usize);
-                // Hour-tier refunds only (MemoryStore forgets a longer tier's units on a
-                // shorter tier's refund: the test below).
-                if c.params.quota.period_micros() != 3_600_000_000 {
-                    continue;
-                }
-                store.refund(&[Refund { check: c.clone(), taken: t }]).await.unwrap();
-                model.refund_at(&[Refund { check: c, taken: t }], now);
-            }
-            for key in ["a", "b"] {
-                for q in quotas {
-                    let c = check("r", key, Algorithm::SlidingWindowLog, q, 1 + rnd(9));
+                for (i, (c, got)) in checks.iter().zip(answers).enumerate() {
+                    let got = got.unwrap();
+                    let want = model.check_one_at(c, now).unwrap();
                     assert_eq!(
-                        store.peek(&c).await.unwrap(),
-                        tollgate::store::LocalStore::peek_now(&model, &c).unwrap(),
-                        "seed {seed0} round {round}: peek {key} {q:?} {}",
-                        c.params.cost
+                        got, want,
+                        "seed {seed0} round {round}, check {i} ({:?}, {:?}, cost {})",
+                        c.params.quota, c.key, c.params.cost
                     );
+                    if let Some(t) = got.taken {
+                        taken.push((c.clone(), t));
+                    }
+                }
+                for _ in 0..rnd(3) {
+                    if taken.is_empty() {
+                        break;
+                    }
+                    let (c, t) = taken.remove(rnd(taken.len() as u64) as usize);
+                    // Hour-tier refunds only (MemoryStore forgets a longer tier's units on a
+                    // shorter tier's refund: the test below).
+                    if c.params.quota.period_micros() != 3_600_000_000 {
+                        continue;
+                    }
+                    store.refund(&[Refund { check: c.clone(), taken: t }]).await.unwrap();
+                    model.refund_at(&[Refund { check: c, taken: t }], now);
+                }
+                for key in ["a", "b"] {
+                    for q in quotas {
+                        let c = check("r", key, Algorithm::SlidingWindowLog, q, 1 + rnd(9));
+                        assert_eq!(
+                            store.peek(&c).await.unwrap(),
+                            tollgate::store::LocalStore::peek_now(&model, &c).unwrap(),
+                            "seed {seed0} round {round}: peek {key} {q:?} {}",
+                            c.params.cost
+                        );
+                    }
                 }
             }
-        }
-    });
-}
+        });
+    }
 }
 
 /// Review: a refund under a shorter tier (a second's quota) of a key whose log also holds a
