@@ -539,8 +539,16 @@ impl MemoryStore {
                     if let Some(e) = shard.find::<K>(h, c.rule, probe) {
                         e.state.refund(&c.params, r.taken.at, now);
                         // Given back to "never seen": forgotten, as Redis deletes the key (the
-                        // two differ once the clock steps back).
-                        if e.state.expires_at(&c.params) <= now {
+                        // two differ once the clock steps back). A window's expiry depends on
+                        // the period it is read with: a key shared by tiers of different
+                        // periods is forgotten only once the longest one's commits expired
+                        // too (an empty log at once, as Redis deletes it).
+                        let own = e.state.expires_at(&c.params);
+                        let windowed = matches!(
+                            c.algorithm,
+                            Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter
+                        );
+                        if own <= now && (!windowed || own == 0 || e.expires_at <= now) {
                             e.state = K::default();
                         }
                     }
