@@ -232,17 +232,17 @@ impl Cells {
 }
 
 /// A check of `p` on a word at `now`: the TAT it read and decided on, and, when it
-/// accepted with a cost and `commit` holds, the TAT it left (the commit's identity, for
+/// accepted with a cost, the TAT it left (the commit's identity, for
 /// [`refund`]). One compare-and-swap, again only if another thread moved the word between
 /// the read and the swap.
 #[inline]
-pub(super) fn check(word: &AtomicU64, p: &Params, now: u64, commit: bool) -> (u64, Option<u64>) {
+pub(super) fn check(word: &AtomicU64, p: &Params, now: u64) -> (u64, Option<u64>) {
     let (b, t, c) = (p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
     let mut tat = word.load(Relaxed);
     loop {
         let base = tat.max(now);
         // GCRA's rule (gcra.rs): accept iff c <= B and TAT' - now + c·T <= B·T.
-        if !(commit && c > 0 && c <= b && base - now + c * t <= b * t) {
+        if !(c > 0 && c <= b && base - now + c * t <= b * t) {
             return (tat, None);
         }
         let new = base + c * t;
@@ -307,6 +307,9 @@ pub(super) struct Lanes {
     rest: RwLock<hashbrown::HashMap<usize, Arc<Lane>>>,
     /// Every lane made, for the sweeps (which take this lock, never a decision).
     all: Mutex<Vec<Arc<Lane>>>,
+    /// Whether any key of the store was ever blocked: until then a lane's rule that reads
+    /// blocks looks for none.
+    pub(super) blocks_seen: std::sync::atomic::AtomicBool,
     /// The shards a lane has: a power of two.
     shards: usize,
 }
@@ -348,6 +351,7 @@ impl Lanes {
             chunks: std::array::from_fn(|_| OnceLock::new()),
             rest: RwLock::default(),
             all: Mutex::default(),
+            blocks_seen: std::sync::atomic::AtomicBool::new(false),
             shards,
         }
     }
@@ -503,7 +507,7 @@ mod tests {
         let p = Params::new(Quota::per_hour(3_600).burst(2_000));
         let t = p.quota.emission_interval_micros();
         let word = AtomicU64::new(0);
-        let (first_tat, first) = check(&word, &p, T0, true);
+        let (first_tat, first) = check(&word, &p, T0);
         assert_eq!((first_tat, first), (0, Some(T0 + t)));
         let (commits, charges, refunds): (u64, u64, u64) = std::thread::scope(|s| {
             let threads: Vec<_> = (0..4u64)
@@ -515,7 +519,7 @@ mod tests {
                         for n in 0..3_000u64 {
                             match (n + i) % 5 {
                                 0..=2 => {
-                                    if let (_, Some(at)) = check(word, p, T0, true) {
+                                    if let (_, Some(at)) = check(word, p, T0) {
                                         commits += 1;
                                         mine.push(at);
                                     }
@@ -580,7 +584,7 @@ mod review_tests {
         }
         // The lanes' shards alone (their tables' buckets not counted).
         let mut shard_bytes = 0;
-        store.inner.lanes.each(|lane| shard_bytes += lane.shards.len() * std::mem::size_of::<Padded>());
+        store.lanes.each(|lane| shard_bytes += lane.shards.len() * std::mem::size_of::<Padded>());
         let per_state = shard_bytes / rules;
         assert!(
             per_state <= 512,
@@ -607,7 +611,7 @@ mod review_tests {
             params: Params::new(Quota::per_second(10)),
         };
         assert!(store.check_one_at(&c, T0).unwrap().decision.allowed);
-        let slots: usize = store.inner.lanes.chunks.iter().filter_map(|c| c.get()).map(|c| c.len()).sum();
+        let slots: usize = store.lanes.chunks.iter().filter_map(|c| c.get()).map(|c| c.len()).sum();
         let bytes = slots * std::mem::size_of::<std::sync::OnceLock<std::sync::Arc<super::Lane>>>();
         assert!(bytes <= 4096, "one rule's lane index holds {slots} slots, {bytes} bytes");
     }

@@ -44,6 +44,8 @@ use crate::key::Key;
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
+    /// The GCRA and token-bucket states, a lane per (rule, algorithm).
+    lanes: Arc<Lanes>,
 }
 
 impl Default for MemoryStore {
@@ -108,13 +110,12 @@ impl MemoryStore {
                 next_sweep: AtomicU64::new(0),
                 cursor: AtomicUsize::new(0),
                 next_full_sweep: AtomicU64::new(0),
-                // A lane's keys are decided under its shards' read locks, which readers
-                // share: its shards need only spread the lock words (and the writes that
-                // make keys) over the cores, 2 a core, at least 4 — 512 bytes a rule on 2
-                // cores — where the shards above, locked outright, are 16 a core.
-                lanes: Lanes::new((n * 2).next_power_of_two().max(4)),
-                blocks_seen: std::sync::atomic::AtomicBool::new(false),
             }),
+            // A lane's keys are decided under its shards' read locks, which readers share:
+            // its shards need only spread the lock words (and the writes that make keys)
+            // over the cores, 2 a core, at least 4 — 512 bytes a rule on 2 cores — where
+            // the shards above, locked outright, are 16 a core.
+            lanes: Arc::new(Lanes::new((n * 2).next_power_of_two().max(4))),
         }
     }
 
@@ -122,7 +123,7 @@ impl MemoryStore {
     #[must_use]
     pub fn len(&self) -> usize {
         let mut lanes = 0;
-        self.inner.lanes.each(|lane| lanes += lane.len());
+        self.lanes.each(|lane| lanes += lane.len());
         self.inner.shards.iter().map(|s| lock(s).len()).sum::<usize>() + lanes
     }
 
@@ -168,7 +169,7 @@ impl MemoryStore {
         for _ in 0..due {
             let i = self.inner.cursor.fetch_add(1, Ordering::Relaxed) % shards;
             lock(&self.inner.shards[i]).sweep(now, &self.inner);
-            self.inner.lanes.each(|lane| lane.sweep_shard(i, now, &self.inner));
+            self.lanes.each(|lane| lane.sweep_shard(i, now, &self.inner));
         }
     }
 
@@ -181,8 +182,8 @@ impl MemoryStore {
     pub fn check_one_at(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
         if laned(check.algorithm) {
             self.sweep_due(now);
-            return match self.lane_check(check, now, true) {
-                Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.lane_check(check, now, true),
+            return match self.lane_check(check, now) {
+                Err(StoreError::Full(_)) if self.make_room_everywhere(now) => self.lane_check(check, now),
                 result => result,
             };
         }
@@ -190,25 +191,21 @@ impl MemoryStore {
     }
 
     /// Decides a GCRA or token-bucket check in its rule's lane, committing it when it
-    /// accepts and `commit` holds: one compare-and-swap on the key's word. A rule that
+    /// accepts: one compare-and-swap on the key's word. A rule that
     /// reads blocks reads the key's block from the shards first, once any key of the store
     /// was blocked.
-    fn lane_check(&self, check: &Check, now: u64, commit: bool) -> Result<Outcome, StoreError> {
+    fn lane_check(&self, check: &Check, now: u64) -> Result<Outcome, StoreError> {
         let p = &check.params;
-        let lane = self.inner.lanes.of(check.rule, check.algorithm);
+        let lane = self.lanes.of(check.rule, check.algorithm);
         let probe = LaneProbe::of(&check.key);
-        let blocked = if p.reads_block() && self.inner.blocks_seen.load(Ordering::Relaxed) {
-            self.at(check.rule, &check.key, |shard, h, probe| shard.block_of(h, check.rule, probe, now))
-        } else {
-            0
-        };
+        let blocked = self.lane_block(check, now);
         if blocked > now {
             // Refused by the block: nothing taken, no word made.
             let tat = lane.find(&self.inner, &probe, |w| w.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
             let d = lane::decide(tat, p, now);
             return Ok(Outcome { decision: crate::algorithm::blocking(d, blocked, p, now).0, taken: None });
         }
-        let (tat, new) = lane.with(&self.inner, &probe, now, |w| lane::check(w, p, now, commit))?;
+        let (tat, new) = lane.with(&self.inner, &probe, now, |w| lane::check(w, p, now))?;
         let decision = lane::decide(tat, p, now);
         if !decision.allowed && p.block_us > 0 {
             let (decision, start) = crate::algorithm::blocking(decision, 0, p, now);
@@ -218,6 +215,15 @@ impl MemoryStore {
             return Ok(Outcome { decision, taken: None });
         }
         Ok(Outcome { decision, taken: new.map(|at| Taken { at }) })
+    }
+
+    /// The end of a lane key's block (0: none), from the shards: read only by a rule that
+    /// reads blocks, once any key of the store was blocked.
+    fn lane_block(&self, check: &Check, now: u64) -> u64 {
+        if !check.params.reads_block() || !self.lanes.blocks_seen.load(Ordering::Relaxed) {
+            return 0;
+        }
+        self.at(check.rule, &check.key, |shard, h, probe| shard.block_of(h, check.rule, probe, now))
     }
 
     /// Starts a `block_for` penalty of a lane key until `until`: a state beside its word, in
@@ -231,13 +237,13 @@ impl MemoryStore {
         }
         let q = check.params.quota;
         let past = until.saturating_add(q.burst_size().saturating_mul(q.emission_interval_micros()));
-        let lane = self.inner.lanes.of(check.rule, check.algorithm);
+        let lane = self.lanes.of(check.rule, check.algorithm);
         let _ = lane.with(&self.inner, &LaneProbe::of(&check.key), now, |w| w.fetch_max(past, Ordering::Relaxed));
     }
 
     /// Gives back a lane commit (see [`lane::refund`]).
     fn lane_refund(&self, check: &Check, at: u64, now: u64) {
-        if let Some(lane) = self.inner.lanes.get(check.rule, check.algorithm) {
+        if let Some(lane) = self.lanes.get(check.rule, check.algorithm) {
             lane.find(&self.inner, &LaneProbe::of(&check.key), |w| lane::refund(w, &check.params, at, now));
         }
     }
@@ -251,7 +257,7 @@ impl MemoryStore {
             self.at(check.rule, &check.key, |shard, h, probe| shard.set_block(h, check.rule, probe, 0, now));
             return Ok(());
         }
-        self.inner.blocks_seen.store(true, Ordering::Relaxed);
+        self.lanes.blocks_seen.store(true, Ordering::Relaxed);
         let block = || {
             self.at(check.rule, &check.key, |shard, h, probe| {
                 by_algorithm!(check.algorithm, K => {
@@ -286,7 +292,7 @@ impl MemoryStore {
                         // A rejection that started a block: the key's, under every algorithm.
                         let started = (entry.blocked_until != blocked).then_some(entry.blocked_until);
                         if let Some(until) = started {
-                            self.inner.blocks_seen.store(true, Ordering::Relaxed);
+                            self.lanes.blocks_seen.store(true, Ordering::Relaxed);
                             shard.set_block(hash, check.rule, &probe, until, now);
                         }
                         return Ok(Outcome { decision, taken });
@@ -319,7 +325,7 @@ impl MemoryStore {
         for shard in &*self.inner.shards {
             lock(shard).make_room(now, &self.inner);
         }
-        self.inner.lanes.each(|lane| lane.make_room(now, &self.inner));
+        self.lanes.each(|lane| lane.make_room(now, &self.inner));
         true
     }
 
@@ -355,21 +361,12 @@ impl MemoryStore {
     fn check_with_lanes(&self, checks: &[Check], now: u64) -> Result<Vec<Outcome>, StoreError> {
         let laned_checks: SmallVec<[&Check; 4]> = checks.iter().filter(|c| laned(c.algorithm)).collect();
         let lanes: SmallVec<[lane::LaneRef<'_>; 4]> =
-            laned_checks.iter().map(|c| self.inner.lanes.of(c.rule, c.algorithm)).collect();
+            laned_checks.iter().map(|c| self.lanes.of(c.rule, c.algorithm)).collect();
         let spots: SmallVec<[lane::Spot<'_>; 4]> =
             laned_checks.iter().zip(&lanes).map(|(c, lane)| lane.spot(&self.inner, &c.key)).collect();
         // Blocks first, from the shards (no lock held): a blocked key takes nothing, so it
         // needs no word, and is refused on a full store too.
-        let blocks: SmallVec<[u64; 4]> = laned_checks
-            .iter()
-            .map(|c| {
-                if c.params.reads_block() && self.inner.blocks_seen.load(Ordering::Relaxed) {
-                    self.at(c.rule, &c.key, |shard, h, probe| shard.block_of(h, c.rule, probe, now))
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let blocks: SmallVec<[u64; 4]> = laned_checks.iter().map(|c| self.lane_block(c, now)).collect();
         let needed: SmallVec<[bool; 4]> = blocks.iter().map(|&b| b <= now).collect();
         let mut held = lane::Held::lock(&spots);
         let new = held.make_all(&spots, &needed, now, &self.inner)?;
@@ -466,7 +463,7 @@ impl MemoryStore {
                 });
                 // A rejection that started a block: the key's, under every algorithm.
                 if let Some(until) = started {
-                    self.inner.blocks_seen.store(true, Ordering::Relaxed);
+                    self.lanes.blocks_seen.store(true, Ordering::Relaxed);
                     shard.set_block(h, c.rule, p, until, now);
                 }
                 decision
@@ -512,7 +509,7 @@ impl MemoryStore {
             return Ok(());
         }
         if laned(c.algorithm) {
-            let lane = self.inner.lanes.of(c.rule, c.algorithm);
+            let lane = self.lanes.of(c.rule, c.algorithm);
             return lane.with(&self.inner, &LaneProbe::of(&c.key), now, |w| lane::charge(w, &c.params, now));
         }
         let probe = Probe::of(&c.key);
@@ -588,16 +585,11 @@ impl LocalStore for MemoryStore {
         if laned(check.algorithm) {
             let p = &check.params;
             let tat = self
-                .inner
                 .lanes
                 .get(check.rule, check.algorithm)
                 .and_then(|lane| lane.find(&self.inner, &LaneProbe::of(&check.key), |w| w.load(Ordering::Relaxed)));
             let d = lane::decide(tat.unwrap_or(0), p, now);
-            if !p.reads_block() {
-                return Ok(d);
-            }
-            let blocked = self.at(check.rule, &check.key, |shard, h, probe| shard.block_of(h, check.rule, probe, now));
-            return Ok(crate::algorithm::blocking(d, blocked, p, now).0);
+            return Ok(crate::algorithm::blocking(d, self.lane_block(check, now), p, now).0);
         }
         Ok(self.at(check.rule, &check.key, |shard, h, probe| {
             by_algorithm!(check.algorithm, K => match shard.find::<K>(h, check.rule, probe) {
@@ -617,7 +609,7 @@ impl LocalStore for MemoryStore {
         let Some(rule) = RuleName::existing(rule) else { return Ok(()) };
         let now = self.inner.clock.now();
         if laned(algorithm) {
-            if let Some(lane) = self.inner.lanes.get(rule, algorithm) {
+            if let Some(lane) = self.lanes.get(rule, algorithm) {
                 lane.remove(&self.inner, &LaneProbe::of(key));
             }
         }

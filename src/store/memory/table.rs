@@ -64,11 +64,6 @@ pub(super) struct Inner {
     pub(super) cursor: AtomicUsize,
     /// When the store, full, may next sweep every shard for room (µs).
     pub(super) next_full_sweep: AtomicU64,
-    /// The GCRA and token-bucket states, a lane per (rule, algorithm).
-    pub(super) lanes: super::lane::Lanes,
-    /// Whether any key of this store was ever blocked: until then a lane's rule that
-    /// reads blocks looks for none.
-    pub(super) blocks_seen: std::sync::atomic::AtomicBool,
 }
 
 /// A key as the table holds it: a number as itself (`Key::as_u64`: a `u64` key, or its
@@ -561,7 +556,7 @@ mod tests {
             real += held(&shard);
         }
         let mut lanes = 0;
-        store.inner.lanes.each(|lane| lanes += lane.len());
+        store.lanes.each(|lane| lanes += lane.len());
         real += lanes;
         counted += lanes;
         assert_eq!(store.len(), real, "len after {what}");
