@@ -189,7 +189,7 @@ mod child {
                 let (reset, allowed) = req.extensions().get::<Decision>().map_or((u64::MAX, true), |d| {
                     (u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX), d.allowed)
                 });
-                let by = match req.extensions().get::<DecidedBy>() {
+                let by = match req.extensions().get::<Decision>().map(Decision::decided_by) {
                     Some(DecidedBy::Store) => BY_STORE,
                     Some(DecidedBy::Slice) => BY_SLICE,
                     _ => BY_OTHER,

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::verdict::DecidedBy;
+
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -45,6 +47,8 @@ pub struct Decision {
     retry_us: u64,
     /// µs to wait before forwarding (the leaky bucket).
     delay_us: u64,
+    /// Who decided (a byte of the padding after `allowed`).
+    by: DecidedBy,
 }
 
 /// `refill_us`: worked out from `free` and `unit`.
@@ -62,7 +66,17 @@ impl Decision {
     /// a response hook): `remaining` of `limit` left, every duration zero, no retry time.
     #[must_use]
     pub const fn new(allowed: bool, limit: u64, remaining: u64) -> Self {
-        Self { allowed, limit, free: remaining, unit: 1, reset_us: 0, refill_us: 0, retry_us: NONE, delay_us: 0 }
+        Self {
+            allowed,
+            limit,
+            free: remaining,
+            unit: 1,
+            reset_us: 0,
+            refill_us: 0,
+            retry_us: NONE,
+            delay_us: 0,
+            by: DecidedBy::Store,
+        }
     }
 
     /// Units still available right now after this request (never below 0).
@@ -152,6 +166,7 @@ impl Decision {
             refill_us: refill_after_us.min(u64::MAX - 1),
             retry_us: NONE,
             delay_us: 0,
+            by: DecidedBy::Store,
         }
     }
 
@@ -167,6 +182,7 @@ impl Decision {
             refill_us: BY_UNIT,
             retry_us: NONE,
             delay_us: 0,
+            by: DecidedBy::Store,
         }
     }
 
@@ -182,6 +198,7 @@ impl Decision {
             refill_us: left,
             retry_us: left,
             delay_us: 0,
+            by: DecidedBy::Store,
         }
     }
 
@@ -208,6 +225,7 @@ impl Decision {
             refill_us: if retry_us == NONE { reset_us } else { retry_us },
             retry_us,
             delay_us: 0,
+            by: DecidedBy::Store,
         }
     }
 
@@ -230,6 +248,7 @@ impl Decision {
             refill_us: micros(refill_after),
             retry_us: retry_after.map_or(NONE, micros),
             delay_us: micros(delay),
+            by: DecidedBy::Store,
         }
     }
 
@@ -258,9 +277,21 @@ impl Decision {
     pub(crate) fn set_delay(&mut self, delay: Duration) {
         self.delay_us = micros(delay);
     }
+
+    /// Who decided: the store, or (through a [`Limiter`](crate::Limiter)) the fallback
+    /// while the store failed, the blocked-key cache, or a quota slice.
+    #[must_use]
+    pub fn decided_by(&self) -> DecidedBy {
+        self.by
+    }
+
+    /// Says who decided.
+    pub(crate) fn set_decided_by(&mut self, by: DecidedBy) {
+        self.by = by;
+    }
 }
 
-/// Two decisions are equal when everything read of them is.
+/// Two decisions are equal when what they say is (who decided is not compared).
 impl PartialEq for Decision {
     fn eq(&self, other: &Self) -> bool {
         self.allowed == other.allowed
@@ -285,6 +316,7 @@ impl std::fmt::Debug for Decision {
             .field("refill_after", &self.refill_after())
             .field("retry_after", &self.retry_after())
             .field("delay", &self.delay())
+            .field("decided_by", &self.by)
             .finish()
     }
 }

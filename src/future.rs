@@ -5,8 +5,9 @@
 //! applies to) waits, [`Kind::Unpolled`], holding its [`Lease`]: dropped there, the lease
 //! gives its units back. Its first poll forwards it: the inner service is called and the
 //! lease becomes [`Forwarded`], which lives beside the inner future ([`Kind::Running`])
-//! until the response settles it. A remote store's decision, and the rare wait for a leaky
-//! bucket's slot, run in a boxed future ([`Kind::Boxed`]).
+//! until the response settles it. A remote store's decision is boxed, the request waiting
+//! beside it ([`Kind::Deciding`]) until it becomes one of the above; the rare wait for a
+//! leaky bucket's slot runs in a boxed future ([`Kind::Boxed`]).
 
 use std::fmt;
 use std::future::Future;
@@ -21,7 +22,9 @@ use crate::charge::Charge;
 use crate::limiter::{Forwarded, Lease};
 use crate::report::Report;
 use crate::response::{OnRejected, OnUnavailable};
+use crate::service::{with_body, Admitted, Step, Waiting};
 use crate::store::Store;
+use crate::verdict::Verdict;
 
 /// The boxed future of the paths that wait (a remote store, a leaky bucket's slot).
 pub(crate) type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -34,7 +37,7 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        kind: Kind<S, B, St>,
+        kind: Kind<S, B, St, R, U>,
         // What the response's headers say (none when no rule applied).
         report: Option<Report<St, R, U>>,
     }
@@ -42,13 +45,16 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<S, B, St>
+    enum Kind<S, B, St, R, U>
     where
         S: Service<Request<B>>,
         St: Store,
     {
         Ready { output: Option<Result<S::Response, S::Error>> },
         Boxed { future: Boxed<Result<S::Response, S::Error>> },
+        // A remote store's decision (boxed), and the request waiting for it; `None` once
+        // decided.
+        Deciding { decision: Boxed<Verdict>, waiting: Option<Waiting<S, B, St, R, U>> },
         // The inner service (made ready by `poll_ready`) and the request, not yet
         // forwarded; `None` once taken by the first poll.
         Unpolled { forward: Option<(S, Request<B>, Option<Lease<St>>)> },
@@ -70,6 +76,11 @@ where
         Self { kind: Kind::Boxed { future }, report: None }
     }
 
+    /// The request `waiting` for a remote store's `decision`.
+    pub(crate) fn deciding(decision: Boxed<Verdict>, waiting: Waiting<S, B, St, R, U>) -> Self {
+        Self { kind: Kind::Deciding { decision, waiting: Some(waiting) }, report: None }
+    }
+
     /// `req` for `inner` at the first poll, holding `lease` until then, its response
     /// answered with the headers of `report`.
     pub(crate) fn unpolled(
@@ -84,10 +95,14 @@ where
 
 impl<S, B, St, R, U, ResBody> Future for ResponseFuture<S, B, St, R, U>
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
     St: Store,
+    B: Send + 'static,
     R: OnRejected<ResBody>,
     U: OnUnavailable<ResBody>,
+    ResBody: Default + Send + 'static,
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
@@ -99,17 +114,31 @@ where
                     return Poll::Ready(output.take().expect("ResponseFuture polled after completion"))
                 }
                 KindProj::Boxed { future } => return future.as_mut().poll(cx),
-                KindProj::Unpolled { forward } => {
-                    let (mut inner, mut req, lease) = forward.take().expect("ResponseFuture polled after completion");
-                    if let Some(report) = this.report.as_ref() {
-                        req.extensions_mut().insert(*report.most_restrictive());
-                        if let Some(by) = report.decided_by() {
-                            req.extensions_mut().insert(by);
+                KindProj::Deciding { decision, waiting } => {
+                    let verdict = ready!(decision.as_mut().poll(cx));
+                    let Waiting { shared, set, inner, head, body } =
+                        waiting.take().expect("ResponseFuture polled after completion");
+                    match Step::of(&shared, verdict, set, &head) {
+                        Step::Refused(res) => {
+                            this.kind.set(Kind::Ready { output: None });
+                            return Poll::Ready(Ok(res));
+                        }
+                        // Forwarded at once: this is its first poll since it was decided.
+                        Step::Admitted(Admitted { report, lease, slot: None }) => {
+                            *this.report = report;
+                            let running = forward(inner, with_body(head, body), Some(lease), this.report.as_ref());
+                            this.kind.set(running);
+                        }
+                        // A leaky bucket's slot to wait for (rare): boxed.
+                        Step::Admitted(admitted) => {
+                            this.kind.set(Kind::Boxed { future: Box::pin(admitted.run(inner, head, body)) });
                         }
                     }
-                    let forwarded = lease.and_then(Lease::forward);
-                    let future = inner.call(req);
-                    this.kind.set(Kind::Running { future, forwarded });
+                }
+                KindProj::Unpolled { forward: waiting } => {
+                    let (inner, req, lease) = waiting.take().expect("ResponseFuture polled after completion");
+                    let running = forward(inner, req, lease, this.report.as_ref());
+                    this.kind.set(running);
                 }
                 KindProj::Running { future, forwarded } => {
                     let res = ready!(future.poll(cx));
@@ -129,6 +158,25 @@ where
             }
         }
     }
+}
+
+/// `req` forwarded to `inner`, with the decision the handler reads (`report`'s), and what
+/// it holds until its response.
+fn forward<S, B, St, R, U>(
+    mut inner: S,
+    mut req: Request<B>,
+    lease: Option<Lease<St>>,
+    report: Option<&Report<St, R, U>>,
+) -> Kind<S, B, St, R, U>
+where
+    S: Service<Request<B>>,
+    St: Store,
+{
+    if let Some(report) = report {
+        req.extensions_mut().insert(*report.most_restrictive());
+    }
+    let forwarded = lease.and_then(Lease::forward);
+    Kind::Running { future: inner.call(req), forwarded }
 }
 
 impl<S, B, St, R, U> fmt::Debug for ResponseFuture<S, B, St, R, U>

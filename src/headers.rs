@@ -100,7 +100,7 @@ pub(crate) fn number(n: u64) -> HeaderValue {
 }
 
 /// `n` as a header value, for a value that mostly repeats from one response to the next
-/// on a thread (`X-RateLimit-Reset`'s second, `X-RateLimit-Limit`): the last value made on
+/// on a thread (`X-RateLimit-Limit`): the last value made on
 /// this thread in `slot` is shared (a reference count), not formatted and allocated again.
 fn repeated(slot: &'static LocalKey<RefCell<(u64, HeaderValue)>>, n: u64) -> HeaderValue {
     slot.with_borrow_mut(|(last, value)| {
@@ -112,8 +112,27 @@ fn repeated(slot: &'static LocalKey<RefCell<(u64, HeaderValue)>>, n: u64) -> Hea
     })
 }
 
+/// `n` as a header value, for a value drawn from a few recent ones on a thread
+/// (`X-RateLimit-Reset`'s epoch second: each key's own, within a window of now): a
+/// direct-mapped cache of [`RECENT`] values, each shared (a reference count) while it stays.
+fn recent(n: u64) -> HeaderValue {
+    RESETS.with_borrow_mut(|slots| {
+        #[allow(clippy::cast_possible_truncation, reason = "the remainder is below RECENT")]
+        let (last, value) = &mut slots[(n % RECENT as u64) as usize];
+        if *last != n {
+            *value = number(n);
+            *last = n;
+        }
+        value.clone()
+    })
+}
+
+/// The slots of [`recent`]'s cache: 64 seconds, a minute's window of resets.
+const RECENT: usize = 64;
+
 thread_local! {
-    static LAST_RESET: RefCell<(u64, HeaderValue)> = const { RefCell::new((0, HeaderValue::from_static("0"))) };
+    static RESETS: RefCell<[(u64, HeaderValue); RECENT]> =
+        const { RefCell::new([const { (0, HeaderValue::from_static("0")) }; RECENT]) };
     static LAST_LIMIT: RefCell<(u64, HeaderValue)> = const { RefCell::new((0, HeaderValue::from_static("0"))) };
 }
 
@@ -187,9 +206,11 @@ pub(crate) fn apply(
         if !(inner_refused || inner.is_some_and(|left| left <= d.remaining())) {
             // The wall clock as the crate's clock reads it: a counter read, no system call.
             let now = SystemClock.now_micros() / 1_000_000;
+            // Room for the three at once (an empty response's map would grow twice).
+            headers.reserve(3);
             headers.insert(X_RATELIMIT_LIMIT, repeated(&LAST_LIMIT, d.limit));
             headers.insert(X_RATELIMIT_REMAINING, number(d.remaining()));
-            headers.insert(X_RATELIMIT_RESET, repeated(&LAST_RESET, now + d.reset_secs()));
+            headers.insert(X_RATELIMIT_RESET, recent(now + d.reset_secs()));
             // Over an inner layer's headers, say whose these are; and no other rule's name
             // (an inner layer's, an upstream's) is left over these numbers.
             let rule = (name_rule || inner.is_some()).then_some(most.rule).filter(|r| !r.is_empty());
@@ -321,13 +342,15 @@ mod tests {
         assert!(h.get(RATELIMIT).is_none());
     }
 
-    /// Repeated values are cached per thread, one slot per header: a new value gets a new
-    /// header value, going back to an earlier one is no stale hit, and one header's value
-    /// never shows in the other's.
+    /// Repeated and recent values are cached per thread: a new value gets a new header
+    /// value, going back to an earlier one is no stale hit (also when two values share a
+    /// slot of the recent cache, 64 apart), and one header's value never shows in the
+    /// other's.
     #[test]
     fn repeated_values_are_cached_but_never_stale() {
-        for n in [1_700_000_000, 1_700_000_000, 1_700_000_001, 1_700_000_000, 5, 5, 12_345] {
-            assert_eq!(repeated(&LAST_RESET, n), n.to_string().as_str());
+        let values = [1_700_000_000, 1_700_000_000, 1_700_000_001, 1_700_000_064, 1_700_000_000, 5, 5, 69, 12_345];
+        for n in values {
+            assert_eq!(recent(n), n.to_string().as_str());
             let limit = n / 3 + 1;
             assert_eq!(repeated(&LAST_LIMIT, limit), limit.to_string().as_str());
         }

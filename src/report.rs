@@ -11,9 +11,9 @@ use crate::decision::Decision;
 use crate::head::RequestHead;
 use crate::limiter::{Limiter, RuleSet};
 use crate::response::{Names, Responder};
+use crate::verdict::Decided;
 #[cfg(doc)]
 use crate::verdict::Verdict;
-use crate::verdict::{Decided, DecidedBy};
 
 /// What every clone of the service and every request's future share: one reference
 /// count to move per clone (servers clone the service per request, on every thread).
@@ -31,8 +31,6 @@ pub(crate) struct Report<St, R, U> {
     decided: SmallVec<[Decided; 1]>,
     /// The most restrictive decision, the one the headers describe (an index in `decided`).
     most: usize,
-    /// Who decided, for the handler (beside the [`Decision`] in the request's extensions).
-    by: Option<DecidedBy>,
 }
 
 impl<St, R, U> Report<St, R, U> {
@@ -43,14 +41,8 @@ impl<St, R, U> Report<St, R, U> {
         decided: SmallVec<[Decided; 1]>,
         most: usize,
         set: Arc<RuleSet<RequestHead>>,
-        by: Option<DecidedBy>,
     ) -> Self {
-        Self { shared, set, decided, most, by }
-    }
-
-    /// Who decided the request ([`Verdict::decided_by`]), for the request's extensions.
-    pub(crate) fn decided_by(&self) -> Option<DecidedBy> {
-        self.by
+        Self { shared, set, decided, most }
     }
 
     /// The decision handlers find in the request's extensions.

@@ -111,24 +111,28 @@ where
                 Step::Admitted(admitted) => ResponseFuture::boxed(Box::pin(admitted.run(inner, head, body))),
             },
             Now::Later(plan) => {
-                let shared = self.shared.clone();
-                ResponseFuture::boxed(Box::pin(async move {
-                    // The request is answered under the rules it was decided by, whatever
-                    // a swap does.
-                    let set = plan.set.clone();
-                    let verdict = shared.limiter.decide(plan).await;
-                    match Step::of(&shared, verdict, set, &head) {
-                        Step::Refused(res) => Ok(res),
-                        Step::Admitted(admitted) => admitted.run(inner, head, body).await,
-                    }
-                }))
+                // The request is answered under the rules it was decided by, whatever a
+                // swap does. Only the decision is boxed: the request waits beside it.
+                let set = plan.set.clone();
+                let limiter = self.shared.limiter.clone();
+                let deciding = Box::pin(async move { limiter.decide_remote(plan).await });
+                ResponseFuture::deciding(deciding, Waiting { shared: self.shared.clone(), set, inner, head, body })
             }
         }
     }
 }
 
+/// A request waiting for a remote store's decision: what answers it, once decided.
+pub(crate) struct Waiting<S, B, St, R, U> {
+    pub(crate) shared: Arc<Shared<St, R, U>>,
+    pub(crate) set: Arc<RuleSet<RequestHead>>,
+    pub(crate) inner: S,
+    pub(crate) head: RequestHead,
+    pub(crate) body: B,
+}
+
 #[allow(clippy::large_enum_variant, reason = "made once per request and matched at once: boxing would allocate")]
-enum Step<St: Store, R, U, ResBody> {
+pub(crate) enum Step<St: Store, R, U, ResBody> {
     Refused(Response<ResBody>),
     Admitted(Admitted<St, R, U>),
 }
@@ -139,7 +143,12 @@ where
     U: OnUnavailable<ResBody>,
     ResBody: Default,
 {
-    fn of(shared: &Arc<Shared<St, R, U>>, verdict: Verdict, set: Arc<RuleSet<RequestHead>>, req: &RequestHead) -> Self {
+    pub(crate) fn of(
+        shared: &Arc<Shared<St, R, U>>,
+        verdict: Verdict,
+        set: Arc<RuleSet<RequestHead>>,
+        req: &RequestHead,
+    ) -> Self {
         match &verdict.ruling {
             Ruling::Rejected { worst, key } => {
                 let blocks = !set.rules[verdict.decided[*worst].rule].block.is_zero();
@@ -153,9 +162,9 @@ where
                 let slot = (!delay.is_zero()).then(|| Instant::now() + delay);
                 let most = verdict.most();
                 // Taken apart, not moved whole: each part goes where it is kept.
-                let Verdict { decided, held, source, .. } = verdict;
+                let Verdict { decided, held, .. } = verdict;
                 let lease = shared.limiter.lease(held, "a request dropped before it was forwarded");
-                let report = most.map(|most| Report::new(shared.clone(), decided, most, set, source));
+                let report = most.map(|most| Report::new(shared.clone(), decided, most, set));
                 Step::Admitted(Admitted { report, lease, slot })
             }
         }
@@ -163,10 +172,10 @@ where
 }
 
 /// An admitted request, before it is forwarded.
-struct Admitted<St: Store, R, U> {
-    report: Option<Report<St, R, U>>,
-    lease: Lease<St>,
-    slot: Option<Instant>,
+pub(crate) struct Admitted<St: Store, R, U> {
+    pub(crate) report: Option<Report<St, R, U>>,
+    pub(crate) lease: Lease<St>,
+    pub(crate) slot: Option<Instant>,
 }
 
 impl<St: Store, R, U> Admitted<St, R, U> {
@@ -174,16 +183,20 @@ impl<St: Store, R, U> Admitted<St, R, U> {
     /// the wait, then the unboxed [`ResponseFuture`] an in-process decision's request
     /// takes at once.
     #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see above)")]
-    fn run<S, B, ResBody>(
+    pub(crate) fn run<S, B, ResBody>(
         self,
         mut inner: S,
         head: RequestHead,
         body: B,
     ) -> impl Future<Output = Result<Response<ResBody>, S::Error>>
     where
-        S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+        S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send,
+        S::Error: Send + 'static,
+        B: Send + 'static,
         R: OnRejected<ResBody>,
         U: OnUnavailable<ResBody>,
+        ResBody: Default + Send + 'static,
     {
         async move {
             let Admitted { report, lease, slot } = self;
@@ -198,7 +211,7 @@ impl<St: Store, R, U> Admitted<St, R, U> {
 }
 
 /// The request again, from its head and its body.
-fn with_body<B>(head: RequestHead, body: B) -> Request<B> {
+pub(crate) fn with_body<B>(head: RequestHead, body: B) -> Request<B> {
     Request::from_parts(head.into_parts().0, body)
 }
 

@@ -3,8 +3,10 @@
 //! the fallback when it fails), then the fail mode, metrics, the cache of rejections, and
 //! what the input holds ([`Held`]).
 
+use std::future::Future;
 use std::sync::Arc;
 
+use futures_util::future::Either;
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
@@ -30,25 +32,33 @@ pub(crate) enum Now<I: ?Sized> {
 }
 
 impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
-    /// Decides a plan: the blocked-key cache, then one guarded store call for every check
-    /// (shadow checks inside it), the fail mode when the store cannot decide.
-    pub(crate) async fn decide(&self, plan: Plan<I>) -> Verdict {
-        let plan = match self.decide_now(plan) {
-            Now::Decided(verdict, _) => return verdict,
-            Now::Later(plan) => plan,
-        };
+    /// Decides a plan: at once for an in-process store (a ready future), else the
+    /// blocked-key cache, then one guarded store call for every check (shadow checks
+    /// inside it), the fail mode when the store cannot decide.
+    ///
+    /// Not an `async fn`: the plan goes to whichever path decides it, and is held once.
+    pub(crate) fn decide(&self, plan: Plan<I>) -> impl Future<Output = Verdict> + Send + '_ {
+        match self.decide_now(plan) {
+            Now::Decided(verdict, _) => Either::Left(std::future::ready(verdict)),
+            Now::Later(plan) => Either::Right(self.decide_remote(plan)),
+        }
+    }
+
+    /// [`Limiter::decide`] by a remote store, the clock read once before it is asked.
+    pub(crate) async fn decide_remote(&self, plan: Plan<I>) -> Verdict {
+        let started = Instant::now();
         if self.runtime.settings.cache_enabled {
-            if let Some(verdict) = self.blocked(&plan) {
+            if let Some(verdict) = self.blocked(&plan, self.runtime.us_at(started)) {
                 return verdict;
             }
         }
-        // Timed only for the debug event that reports it (two clock reads a decision).
-        let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        let answer = match self.take_slices(&plan) {
-            Some(sliced) => self.ask_with(&plan, sliced).await,
-            None => self.ask(&plan).await,
+        let answer = match self.take_slices(&plan, started) {
+            // Boxed: the rare path's state would double the size of every decision's future.
+            Some(sliced) => Box::pin(self.ask_with(&plan, sliced, started)).await,
+            None => self.ask(&plan, started).await,
         };
-        self.conclude(&plan, answer, started)
+        // Timed for the debug event that reports it.
+        self.conclude(&plan, answer, tracing::enabled!(tracing::Level::DEBUG).then_some(started))
     }
 
     /// Whether check `i` of `plan` is decided from quota slices: an enforced check of a
@@ -68,16 +78,15 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     /// The units `plan`'s sliced checks take from this server's open slices (each counts
     /// as demand, and may start a slice's request), when any does.
-    fn take_slices(&self, plan: &Plan<I>) -> Option<FromSlices<St>> {
+    fn take_slices(&self, plan: &Plan<I>, started: Instant) -> Option<FromSlices<St>> {
         let rt = &self.runtime;
-        let now = rt.mono_us();
         let mut units: SliceUnits = SmallVec::new();
         for i in 0..plan.checks.len() {
             let Some((id, servers)) = self.sliced(plan, i) else {
                 units.push(None);
                 continue;
             };
-            let take = rt.slices.take(id, &plan.checks[i], servers, now);
+            let take = rt.slices.take(id, &plan.checks[i], servers, rt.us_at(started));
             if let Some((k, epoch)) = take.fetch {
                 self.ask_slice(plan, i, (id, epoch), k, servers);
             }
@@ -170,7 +179,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// `plan` decided with the units `sliced` took from slices, and the store (or the
     /// fallback) for the rest: all or nothing, as one store call is — a request the rest
     /// refuses gives the slices' units back.
-    async fn ask_with(&self, plan: &Plan<I>, mut sliced: FromSlices<St>) -> Answer {
+    async fn ask_with(&self, plan: &Plan<I>, mut sliced: FromSlices<St>, started: Instant) -> Answer {
         let n = plan.checks.len();
         if plan.enforced == n && sliced.units.iter().all(Option::is_some) {
             let mut answered = Answered::new(DecidedBy::Slice);
@@ -189,7 +198,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             set: plan.set.clone(),
         };
         // Dropped here, `sliced` gives its units back.
-        let answered = self.ask(&sub).await?;
+        let answered = self.ask(&sub, started).await?;
         let refused = answered.outcomes[..sub.enforced].iter().any(|o| o.as_ref().is_none_or(|o| !o.decision.allowed));
         let Answered { outcomes, by, fallback, copies, .. } = answered;
         let mut merged = Answered::new(by);
@@ -292,7 +301,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             let Some(Outcome { decision: d, taken }) = &outcomes[i] else { continue };
             let shadow = i >= enforced;
             let slice = slices.get(i).cloned().flatten();
-            record(check, d, shadow, started, if slice.is_some() { DecidedBy::Slice } else { by });
+            let who = if slice.is_some() { DecidedBy::Slice } else { by };
+            record(check, d, shadow, started, who);
             if let Some(taken) = *taken {
                 let exit = match &set.rules[rule].count_if {
                     Some(counts) => Exit::UnlessCounted(counts.clone()),
@@ -309,7 +319,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     worst.offer(d.retry_after(), (verdict.decided.len(), &check.key));
                 }
                 let (quota, cost) = (check.params.quota, check.params.cost);
-                let decided = Decided { rule, name: check.rule, quota, decision: *d, cost };
+                let mut decision = *d;
+                decision.set_decided_by(who);
+                let decided = Decided { rule, name: check.rule, quota, decision, cost };
                 verdict.decided.push(decided);
             }
         }
@@ -337,20 +349,23 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// One guarded call to a remote store, with the fallback limiter for the rules that
     /// fall back when it fails; its answers, in time or late, teach the blocked-key cache
     /// and the fallback's shares.
-    async fn ask(&self, plan: &Plan<I>) -> Answer {
+    ///
+    /// `started`: when the caller began to decide (the clock is read once before the call
+    /// and once after it).
+    async fn ask(&self, plan: &Plan<I>, started: Instant) -> Answer {
         let rt = &self.runtime;
         // Taken before the store decides: a refund while it decides voids the cache's
         // record of its rejection.
         let epoch = rt.cache.epoch();
-        let asked = rt.mono_us();
-        let (answer, late) = rt.call(&self.holders.store, &plan.checks, plan.set.deadline).await;
+        let asked = rt.us_at(started);
+        let (answer, late, ended) = rt.call(&self.holders.store, &plan.checks, plan.set.deadline, started).await;
+        let now = rt.us_at(ended);
         let servers = rt.servers(&*self.holders.store);
         let err = match answer {
             Ok(outcomes) => {
                 let cache = rt.settings.cache_enabled.then_some(&*rt.cache);
                 let slices = (rt.settings.slices, self.holders.store.real_clock());
-                let teach =
-                    Teach { cache, shares: &rt.shares, now: rt.mono_us(), asked, epoch, servers, late: false, slices };
+                let teach = Teach { cache, shares: &rt.shares, now, asked, epoch, servers, late: false, slices };
                 teach.learn(&plan.set, &plan.checks, &plan.rules[..plan.enforced], &outcomes);
                 // What the fallback admitted while the store could not be reached, now that it answers.
                 if rt.unsent.any() {
@@ -359,7 +374,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 // What the store said remains sizes the next slice of a sliced key.
                 for (i, o) in outcomes.iter().enumerate() {
                     if let (Some((id, _)), Some(o)) = (self.sliced(plan, i), o) {
-                        rt.slices.learn(id, &plan.checks[i], o, asked, rt.mono_us());
+                        rt.slices.learn(id, &plan.checks[i], o, asked, now);
                     }
                 }
                 return Ok(Answered { outcomes, ..Answered::new(DecidedBy::Store) });
@@ -487,8 +502,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// A rejection from the blocked-key cache, when one of the enforced keys is blocked:
     /// of several, the one that makes the caller wait longest (one that can never accept
     /// counts as longest; the last of equals), as the store's rejection named it.
-    fn blocked(&self, plan: &Plan<I>) -> Option<Verdict> {
-        let now = self.runtime.mono_us();
+    fn blocked(&self, plan: &Plan<I>, now: u64) -> Option<Verdict> {
         let set = &plan.set;
         let mut worst = Longest::new();
         for (check, rule) in plan.enforced() {
@@ -505,7 +519,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 None => {}
             }
         }
-        let (check, rule, decision) = worst.take()?;
+        let (check, rule, mut decision) = worst.take()?;
+        decision.set_decided_by(DecidedBy::LocalCache);
         crate::metrics::decision(check.rule, "local_rejected", "cache");
         let mut verdict = Verdict::empty(Ruling::Rejected { worst: 0, key: check.key.clone() }, set.held());
         verdict.source = Some(DecidedBy::LocalCache);

@@ -15,6 +15,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::Either;
+use futures_util::FutureExt as _;
 use tokio::time::Instant;
 
 pub use self::builder::LimiterBuilder;
@@ -137,10 +139,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
 
     /// [`Limiter::decide`] for a caller of the limiter's API: what the verdict holds is
     /// kept unless refunded (a layer's units wait for the response's status instead).
-    async fn handed(&self, plan: Plan<I>) -> Verdict {
-        let verdict = self.decide(plan).await;
-        self.holders.kept(&verdict.held.units);
-        verdict
+    fn handed(&self, plan: Plan<I>) -> impl Future<Output = Verdict> + Send + '_ {
+        self.decide(plan).map(|verdict| {
+            self.holders.kept(&verdict.held.units);
+            verdict
+        })
     }
 
     /// Waits until `input` is admitted, or until waiting longer would pass `max_wait`:
@@ -193,12 +196,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// # Ok(()) }
     /// ```
     pub fn check_key(&self, rule: &str, key: impl Into<Key>, cost: u64) -> impl Future<Output = Verdict> + Send + '_ {
-        let plan = self.plan_key(rule, key.into(), cost);
-        async move {
-            match plan {
-                Ok(plan) => self.handed(plan).await,
-                Err(verdict) => verdict,
-            }
+        // No `async` block: it would hold the plan beside the future it is moved into.
+        match self.plan_key(rule, key.into(), cost) {
+            Ok(plan) => Either::Left(self.handed(plan)),
+            Err(verdict) => Either::Right(std::future::ready(verdict)),
         }
     }
 

@@ -155,50 +155,60 @@ impl Runtime {
         self.base.us()
     }
 
+    /// [`Runtime::mono_us`] of a time read earlier.
+    pub(crate) fn us_at(&self, t: Instant) -> u64 {
+        self.base.us_at(t)
+    }
+
     /// One call to a remote store, guarded: refused at once while the circuit is open or
     /// too many calls are in flight, and bounded by the deadline. Dropping the future at
     /// any point leaves nothing behind: the in-flight count and the breaker's probe are
     /// handed back by guards. A call the deadline cuts is given back as [`Late`] (unless
     /// too many are already): it still runs, and its answer is the store's decision.
+    ///
+    /// `started`: when the caller asked (the clock is read once for the breaker, the
+    /// deadline and the latency). Also gives back when the call ended, read once.
     pub(crate) async fn call<St: Store>(
         &self,
         store: &Arc<St>,
         checks: &[Check],
         deadline: Duration,
-    ) -> (Result<Outcomes, StoreError>, Option<Late>) {
+        started: Instant,
+    ) -> (Result<Outcomes, StoreError>, Option<Late>, Instant) {
         let s = &self.settings;
-        let permit = match self.breaker.admit(self.mono_us()) {
+        let permit = match self.breaker.admit(self.us_at(started)) {
             Ok(permit) => permit,
-            Err(open) => return (Err(StoreError::CircuitOpen(open)), None),
+            Err(open) => return (Err(StoreError::CircuitOpen(open)), None, started),
         };
         let Some(_in_flight) = Slot::enter(&self.in_flight, s.max_in_flight) else {
-            return (Err(StoreError::Overloaded(s.max_in_flight)), None);
+            return (Err(StoreError::Overloaded(s.max_in_flight)), None, started);
         };
-        let started = Instant::now();
         // Dropped before its answer (the caller went away), the call may still be sent and
         // committed: the guard lets it finish and gives back what it took.
         let mut asked = Sent { asked: Some(owned_ask(store, checks)), store, checks, runtime: self };
         let slack = (deadline / 5).max(STALL_SLACK);
-        let mut answer = tokio::time::timeout(deadline, asked.ask()).await;
+        let mut answer = tokio::time::timeout_at(started + deadline, asked.ask()).await;
+        let mut ended = Instant::now();
         // Whether the store then had the slack, with this process running, to answer.
         let mut watched = false;
-        if answer.is_err() && started.elapsed() > deadline + slack {
+        if answer.is_err() && ended - started > deadline + slack {
             // The deadline's timer fired late: this process was stalled (descheduled,
             // CPU-throttled), and the reply may be waiting for the connection's task.
-            let looked = Instant::now();
-            answer = tokio::time::timeout(slack, asked.ask()).await;
-            watched = answer.is_err() && looked.elapsed() <= slack * 2;
+            let looked = ended;
+            answer = tokio::time::timeout_at(looked + slack, asked.ask()).await;
+            ended = Instant::now();
+            watched = answer.is_err() && ended - looked <= slack * 2;
         }
         let asked = asked.defuse();
         let cut = answer.is_err();
         let r = answer.unwrap_or_else(|_| Err(store.timed_out(checks, deadline)));
-        crate::metrics::store_latency(started.elapsed());
+        crate::metrics::store_latency(ended - started);
         // A timeout (this call's, or the connection's own timer, late as well) when this
         // process stalled past the deadline is not held against the store, unless the
         // store then had the slack, with this process running, and still did not answer;
         // and at most `threshold` in a row: a dead store on a throttled host still opens
         // the circuit.
-        let stalled = matches!(r, Err(StoreError::Timeout(_))) && started.elapsed() > deadline + slack && !watched;
+        let stalled = matches!(r, Err(StoreError::Timeout(_))) && ended - started > deadline + slack && !watched;
         let stalled = stalled && self.stalls.fetch_add(1, Ordering::Relaxed) < self.breaker.threshold;
         if stalled {
             crate::metrics::store_stall();
@@ -211,15 +221,15 @@ impl Runtime {
             // ones too), the call failed at once (nothing to spare), or this process
             // stalled past the deadline (see above): not counted against the store.
             Err(StoreError::NodeUnavailable(_) | StoreError::NodeTimeout(_) | StoreError::NotConnected(_)) => {
-                permit.neutral(self.mono_us())
+                permit.neutral(self.us_at(ended))
             }
-            Err(_) if stalled => permit.neutral(self.mono_us()),
-            Err(_) => permit.failure(self.mono_us()),
+            Err(_) if stalled => permit.neutral(self.us_at(ended)),
+            Err(_) => permit.failure(self.us_at(ended)),
         }
         // Cut by the deadline, not failed: the call goes on (it may still be running in the
         // store), in a slot of its own.
         let slot = if cut { Slot::enter(Arc::clone(&self.late), s.max_in_flight) } else { None };
-        (r, slot.map(|slot| Late { asked, slot }))
+        (r, slot.map(|slot| Late { asked, slot }), ended)
     }
 
     /// Whether the circuit breaker lets calls through (a slice is not asked for while it
@@ -390,7 +400,11 @@ pub(crate) struct Mono(Instant);
 
 impl Mono {
     pub(crate) fn us(self) -> u64 {
-        u64::try_from(self.0.elapsed().as_micros()).unwrap_or(u64::MAX)
+        self.us_at(Instant::now())
+    }
+
+    pub(crate) fn us_at(self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.0).as_micros()).unwrap_or(u64::MAX)
     }
 }
 
@@ -534,12 +548,12 @@ mod tests {
         // The cap is full when the probe comes: it is refused, and must be handed back.
         let full = Slot::enter(&rt.in_flight, 1).unwrap();
         assert!(matches!(
-            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50)).await.0,
+            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50), Instant::now()).await.0,
             Err(StoreError::Overloaded(1))
         ));
         drop(full);
         assert!(
-            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50)).await.0.is_ok(),
+            rt.call(&store, std::slice::from_ref(&check), Duration::from_millis(50), Instant::now()).await.0.is_ok(),
             "the circuit stayed open"
         );
         assert_eq!(rt.in_flight.load(Ordering::Relaxed), 0);

@@ -111,7 +111,7 @@ async fn a_successful_login_decided_by_the_fallback_leaves_nothing_in_the_store(
     for i in 0..2 {
         let res = svc.clone().oneshot(req("/")).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK, "login {i} during the pause");
-        assert_eq!(res.extensions().get::<DecidedBy>(), None, "extensions are the request's, not the response's");
+        assert_eq!(res.extensions().get::<Decision>(), None, "extensions are the request's, not the response's");
         settle().await;
     }
     store.set(Mode::Up);
@@ -123,8 +123,8 @@ async fn a_successful_login_decided_by_the_fallback_leaves_nothing_in_the_store(
     assert!(d.allowed && d.remaining() == 1, "two failed logins, yet the store counts {counted} units: {d:?}");
 }
 
-/// The handler finds who decided beside the `Decision`: the store, or the fallback while
-/// the store fails.
+/// The handler finds who decided in the `Decision`: the store, or the fallback while the
+/// store fails.
 #[tokio::test]
 async fn the_handler_sees_who_decided() {
     let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
@@ -134,14 +134,13 @@ async fn the_handler_sees_who_decided() {
         .circuit_breaker(1_000, Duration::from_secs(1))
         .build()
         .unwrap();
-    // Per request: who decided, and whether the Decision was there too.
-    type Seen = Vec<(Option<DecidedBy>, bool)>;
+    // Per request: who decided, as the handler's Decision says.
+    type Seen = Vec<Option<DecidedBy>>;
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let app = {
         let seen = seen.clone();
         tower::service_fn(move |req: http::Request<axum::body::Body>| {
-            let by = req.extensions().get::<DecidedBy>().copied();
-            seen.lock().unwrap().push((by, req.extensions().get::<Decision>().is_some()));
+            seen.lock().unwrap().push(req.extensions().get::<Decision>().map(Decision::decided_by));
             async { Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty())) }
         })
     };
@@ -150,7 +149,7 @@ async fn the_handler_sees_who_decided() {
     assert_eq!(svc.clone().oneshot(req()).await.unwrap().status(), StatusCode::OK);
     store.set(Mode::Failing);
     assert_eq!(svc.clone().oneshot(req()).await.unwrap().status(), StatusCode::OK);
-    assert_eq!(*seen.lock().unwrap(), [(Some(DecidedBy::Store), true), (Some(DecidedBy::Fallback), true)]);
+    assert_eq!(*seen.lock().unwrap(), [Some(DecidedBy::Store), Some(DecidedBy::Fallback)]);
 }
 
 /// A block by hand while the store is down (issue 38, item 5): the call fails with the

@@ -344,6 +344,10 @@ async fn a_reset_on_one_server_reaches_another_servers_cache_within_a_second() {
     // Answered from B's cache from now on: no store call, a wait of most of the hour.
     let cached = b.check("acme").await;
     assert_eq!(cached.decided_by(), Some(tollgate::verdict::DecidedBy::LocalCache), "{cached}");
+    // The decision itself says so too (the one a handler reads).
+    let by = cached.rejected_by().map(|d| d.decision.decided_by());
+    assert_eq!(by, Some(tollgate::verdict::DecidedBy::LocalCache), "{cached}");
+    assert_eq!(refused.rejected_by().map(|d| d.decision.decided_by()), Some(tollgate::verdict::DecidedBy::Store));
     a.reset("hourly", "acme").await.unwrap();
     let reset_at = std::time::Instant::now();
     loop {

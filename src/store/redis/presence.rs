@@ -64,6 +64,9 @@ pub(super) struct Presence {
     pub(super) first: std::sync::OnceLock<std::time::Instant>,
     /// When `count` last rose or was confirmed (ms after `first`).
     pub(super) high_at: AtomicU64,
+    /// Whether the first [`LAPSE`] after `first` is over (for good): read on every
+    /// decision, it spares the clock.
+    settled: AtomicBool,
 }
 
 impl Presence {
@@ -84,8 +87,14 @@ impl Presence {
     /// (see the module docs).
     pub(super) fn servers(&self) -> Option<u64> {
         let n = self.count.load(Ordering::Relaxed);
-        let young = self.first.get().is_some_and(|t| t.elapsed() < LAPSE);
-        (n > 0).then(|| n + u64::from(young))
+        if n == 0 {
+            return None;
+        }
+        let young = !self.settled.load(Ordering::Relaxed) && self.first.get().is_some_and(|t| t.elapsed() < LAPSE);
+        if !young && self.first.get().is_some() {
+            self.settled.store(true, Ordering::Relaxed);
+        }
+        Some(n + u64::from(young))
     }
 
     /// A count came back: taken at once when it is higher, and only once the higher one
