@@ -443,12 +443,15 @@ mod run {
     // The peers: redis-cell, rate-limiter-flexible
     // ------------------------------------------------------------------------------
 
-    /// The target directory (this program is `<target>/release/examples/peers`).
+    /// The target directory (this program is `<target>/release/examples/peers`; a copy
+    /// elsewhere uses `./target`), absolute: redis-server runs in a directory of its own.
     fn target_dir() -> PathBuf {
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.ancestors().nth(3).map(Path::to_path_buf))
-            .unwrap_or_else(|| PathBuf::from("target"))
+        let exe = std::env::current_exe().ok();
+        let dir = exe.as_deref().and_then(|exe| exe.ancestors().nth(3)).filter(|d| d.join("release/examples").is_dir());
+        match dir {
+            Some(dir) => dir.to_path_buf(),
+            None => std::env::current_dir().map_or_else(|_| PathBuf::from("target"), |cwd| cwd.join("target")),
+        }
     }
 
     fn run_ok(cmd: &mut Command, what: &str) -> Result<(), String> {

@@ -404,7 +404,9 @@ impl Mono {
     }
 
     pub(crate) fn us_at(self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.0).as_micros()).unwrap_or(u64::MAX)
+        // Whole seconds and µs apart: no 128-bit arithmetic (read several times a decision).
+        let d = t.saturating_duration_since(self.0);
+        d.as_secs().saturating_mul(1_000_000).saturating_add(u64::from(d.subsec_micros()))
     }
 }
 
