@@ -10,7 +10,7 @@
 //!
 //! Runs, each on a fresh server: `bare` (no layer), `bare, 3 static headers` (no layer, the
 //! handler adding the layer's three `X-RateLimit-*` headers: their cost alone), `memory` with a high limit (every
-//! request accepted) and with a low one (nearly every request answered 429), the same two
+//! request accepted; also with `HeaderStyle::None`) and with a low one (nearly every request answered 429), the same two
 //! behind tower_governor (governor's keyed GCRA, the in-memory peer, keyed by the same
 //! header, with its rate-limit headers on), and, with
 //! feature `redis` and `REDIS_URL` set, the same two on `RedisStore`. Each run has a 2 s
@@ -21,6 +21,9 @@
 //! from `/proc/self/task/*/schedstat`) is shown too: on a shared machine it moves less
 //! than req/s does. Latencies are wrk's (closed loop: one request at a time per
 //! connection, no coordinated-omission correction).
+//!
+//! Last, issue 44's goals: each ratio taken within one round (its runs follow each other),
+//! min–median–max over the rounds, and the layer's user time per request beyond bare's.
 //!
 //! Environment: `DURATION`, `ROUNDS`, `CONNECTIONS` (64), `WRK_THREADS` (1),
 //! `SERVER_THREADS` (2), `ALGORITHM` (the layer's default, `sliding_window_counter`),
@@ -36,7 +39,7 @@ use std::time::Duration;
 use axum::Router;
 use http::{HeaderName, HeaderValue};
 use tollgate::store::Store;
-use tollgate::{key, Algorithm, Quota, RateLimitLayer};
+use tollgate::{key, Algorithm, HeaderStyle, Quota, RateLimitLayer};
 use tollgate_bench::http::{hello, tower_governor};
 
 const KEYS: usize = 10_000;
@@ -66,6 +69,14 @@ struct Config {
     name: String,
     backend: Backend,
     quota: Option<Quota>,
+    /// The layer's headers (its default, legacy, unless said).
+    headers: HeaderStyle,
+}
+
+impl Config {
+    fn new(name: &str, backend: Backend, quota: Option<Quota>) -> Self {
+        Config { name: name.into(), backend, quota, headers: HeaderStyle::default() }
+    }
 }
 
 struct Opts {
@@ -88,6 +99,8 @@ struct Run {
     p99_us: u64,
     /// CPU time of this process (the server; wrk is another process) during the run.
     server_cpu_ns: u64,
+    /// Of which user time (the process's `utime`, in clock ticks of 10 ms).
+    server_user_ns: u64,
 }
 
 impl Run {
@@ -100,6 +113,12 @@ impl Run {
     #[allow(clippy::cast_precision_loss)]
     fn cpu_us(&self) -> f64 {
         self.server_cpu_ns as f64 / 1e3 / self.requests.max(1) as f64
+    }
+
+    /// Server user time per request, µs.
+    #[allow(clippy::cast_precision_loss)]
+    fn user_us(&self) -> f64 {
+        self.server_user_ns as f64 / 1e3 / self.requests.max(1) as f64
     }
 }
 
@@ -116,11 +135,12 @@ fn static_headers() -> [(HeaderName, HeaderValue); 3] {
     ]
 }
 
-fn limited<St: Store>(store: St, quota: Quota, algorithm: Algorithm) -> Router {
+fn limited<St: Store>(store: St, quota: Quota, algorithm: Algorithm, headers: HeaderStyle) -> Router {
     hello().layer(
         RateLimitLayer::builder(store)
             .rule("default", quota, key::header("x-api-key"))
             .algorithm(algorithm)
+            .headers(headers)
             .build()
             .unwrap(),
     )
@@ -134,7 +154,7 @@ fn router(config: &Config, algorithm: Algorithm) -> Result<Router, Box<dyn std::
             Router::new().route("/", axum::routing::get(|| async { (static_headers(), "hello") }))
         }
         Backend::TowerGovernor => hello().layer(tower_governor(quota)?),
-        Backend::Memory => limited(tollgate::MemoryStore::new(), quota, algorithm),
+        Backend::Memory => limited(tollgate::MemoryStore::new(), quota, algorithm, config.headers),
         #[cfg(feature = "redis")]
         Backend::Redis(url) => {
             // A prefix of its own per run, so one run's counts never meet another's (nor the
@@ -142,7 +162,7 @@ fn router(config: &Config, algorithm: Algorithm) -> Result<Router, Box<dyn std::
             let name: String = config.name.chars().filter(char::is_ascii_alphanumeric).collect();
             let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
             let prefix = format!("tollgate-bench-{name}-{run}");
-            limited(tollgate::RedisStore::from_url(url)?.prefix(&prefix)?, quota, algorithm)
+            limited(tollgate::RedisStore::from_url(url)?.prefix(&prefix)?, quota, algorithm, config.headers)
         }
         #[cfg(not(feature = "redis"))]
         Backend::Redis(_) => return Err("REDIS_URL needs --features redis".into()),
@@ -213,6 +233,7 @@ fn wrk(addr: SocketAddr, script: &Path, seconds: u64, opts: &Opts) -> Result<Run
         p50_us: field("p50_us")?,
         p99_us: field("p99_us")?,
         server_cpu_ns: 0,
+        server_user_ns: 0,
     })
 }
 
@@ -227,8 +248,12 @@ fn run(config: &Config, script: &Path, opts: &Opts) -> Result<Run, Box<dyn std::
         Ok::<_, Box<dyn std::error::Error>>((addr, server))
     })?;
     wrk(addr, script, 2, opts)?;
-    let cpu = cpu_ns();
-    let result = wrk(addr, script, opts.duration, opts).map(|r| Run { server_cpu_ns: cpu_ns() - cpu, ..r });
+    let (cpu, user) = (cpu_ns(), user_ns());
+    let result = wrk(addr, script, opts.duration, opts).map(|r| Run {
+        server_cpu_ns: cpu_ns() - cpu,
+        server_user_ns: user_ns().saturating_sub(user),
+        ..r
+    });
     server.abort();
     rt.shutdown_timeout(Duration::from_secs(1));
     result
@@ -241,6 +266,16 @@ fn cpu_ns() -> u64 {
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// User time of this process, ns (`utime` of `/proc/self/stat`, in ticks of 10 ms: the
+/// kernel's USER_HZ is 100 on Linux).
+fn user_ns() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0 };
+    // The fields after the command (which may hold spaces) and its closing parenthesis:
+    // state is field 3, utime field 14.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after.split_whitespace().nth(11).and_then(|t| t.parse::<u64>().ok()).map_or(0, |ticks| ticks * 10_000_000)
 }
 
 fn fmt_ms(us: u64) -> String {
@@ -264,20 +299,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         algorithm: std::env::var("ALGORITHM").map_or(Ok(Algorithm::default()), |a| a.parse())?,
     };
     let mut configs = vec![
-        Config { name: "bare".into(), backend: Backend::Bare, quota: None },
-        Config { name: "bare, 3 static headers".into(), backend: Backend::BareWithHeaders, quota: None },
-        Config { name: "memory, high limit".into(), backend: Backend::Memory, quota: Some(HIGH) },
-        Config { name: "memory, low limit".into(), backend: Backend::Memory, quota: Some(LOW) },
-        Config { name: "tower_governor, high limit".into(), backend: Backend::TowerGovernor, quota: Some(HIGH) },
-        Config { name: "tower_governor, low limit".into(), backend: Backend::TowerGovernor, quota: Some(LOW) },
+        Config::new("bare", Backend::Bare, None),
+        Config::new("bare, 3 static headers", Backend::BareWithHeaders, None),
+        Config::new("memory, high limit", Backend::Memory, Some(HIGH)),
+        Config {
+            headers: HeaderStyle::None,
+            ..Config::new("memory, high limit, no headers", Backend::Memory, Some(HIGH))
+        },
+        Config::new("memory, low limit", Backend::Memory, Some(LOW)),
+        Config::new("tower_governor, high limit", Backend::TowerGovernor, Some(HIGH)),
+        Config::new("tower_governor, low limit", Backend::TowerGovernor, Some(LOW)),
     ];
     if let Ok(url) = std::env::var("REDIS_URL") {
-        configs.push(Config {
-            name: "redis, high limit".into(),
-            backend: Backend::Redis(url.clone()),
-            quota: Some(HIGH),
-        });
-        configs.push(Config { name: "redis, low limit".into(), backend: Backend::Redis(url), quota: Some(LOW) });
+        configs.push(Config::new("redis, high limit", Backend::Redis(url.clone()), Some(HIGH)));
+        configs.push(Config::new("redis, low limit", Backend::Redis(url), Some(LOW)));
     }
     if let Ok(only) = std::env::var("ONLY") {
         // Keep `bare` as the reference for the ratios.
@@ -312,6 +347,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let _ = std::fs::remove_file(&script);
+    let goals = goals(&configs, &runs);
 
     // Per configuration, the round with the median req/s.
     let median: Vec<Run> = runs
@@ -382,5 +418,56 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             low.cpu_us() / high.cpu_us()
         );
     }
+    println!();
+    println!("{goals}");
     Ok(())
+}
+
+/// Issue 44's goals, each ratio taken within one round (the two runs of a round follow
+/// each other), min–median–max over the rounds; and the layer's user and CPU time per
+/// request beyond bare's, in the same round.
+fn goals(configs: &[Config], runs: &[Vec<Run>]) -> String {
+    let of = |name: &str| configs.iter().position(|c| c.name == name).map(|i| &runs[i]);
+    let mmm = |mut v: Vec<f64>| -> Option<(f64, f64, f64)> {
+        v.sort_by(f64::total_cmp);
+        Some((*v.first()?, v[v.len() / 2], *v.last()?))
+    };
+    let per_round = |a: &str, b: &str, f: &dyn Fn(&Run, &Run) -> f64| -> Option<(f64, f64, f64)> {
+        let (a, b) = (of(a)?, of(b)?);
+        mmm(a.iter().zip(b).map(|(a, b)| f(a, b)).collect())
+    };
+    let mut out = String::from(
+        "| goal (issue 44), ratios within each round | min–median–max | target | |\n|---|---:|---:|---|\n",
+    );
+    let rows: [(&str, &str, &str, f64); 3] = [
+        (
+            "200 path, default (legacy headers) ÷ tower_governor with its headers",
+            "memory, high limit",
+            "tower_governor, high limit",
+            1.0,
+        ),
+        ("200 path, `HeaderStyle::None` ÷ bare axum", "memory, high limit, no headers", "bare", 0.9),
+        ("429 path ÷ tower_governor's 429 path", "memory, low limit", "tower_governor, low limit", 2.0),
+    ];
+    for (what, ours, theirs, target) in rows {
+        if let Some((lo, med, hi)) = per_round(ours, theirs, &|a, b| a.rps() / b.rps()) {
+            let status = if med >= target { "met" } else { "MISSED" };
+            out += &format!("| {what} | {lo:.2}–{med:.2}–{hi:.2} | ≥ {target:.1} | {status} (median) |\n");
+        }
+    }
+    for (what, ours) in [
+        (
+            "the layer's user time per request beyond bare's (µs; the issue's analysis asks 0.25–0.3)",
+            "memory, high limit",
+        ),
+        ("the same, `HeaderStyle::None`", "memory, high limit, no headers"),
+    ] {
+        if let Some((lo, med, hi)) = per_round(ours, "bare", &|a, b| a.user_us() - b.user_us()) {
+            out += &format!("| {what} | {lo:.2}–{med:.2}–{hi:.2} | | |\n");
+        }
+    }
+    if let Some((lo, med, hi)) = per_round("memory, high limit", "bare", &|a, b| a.cpu_us() - b.cpu_us()) {
+        out += &format!("| the layer's server CPU (user and system) per request beyond bare's (µs) | {lo:.2}–{med:.2}–{hi:.2} | | |\n");
+    }
+    out
 }
