@@ -222,35 +222,83 @@ pub(crate) fn apply(
         }
     }
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let mut policy = String::with_capacity(32 * all.len());
-        for (i, o) in all.iter().enumerate() {
-            if i > 0 {
-                policy.push_str(", ");
-            }
-            let (q, w) = self::policy(o.quota);
-            let _ = write!(policy, "{};q={q}", sf_string(o.rule));
-            if let Some(w) = w {
-                let _ = write!(policy, ";w={w}");
-            }
-        }
         let d = most.decision;
-        let mut limit = format!("{};r={};t={}", sf_string(most.rule), d.remaining(), d.reset_secs());
-        // An inner layer's: its policies first (they were there first), and its
-        // `RateLimit` first when it is the more restrictive.
-        if let Some(inner) = headers.get(RATELIMIT_POLICY).and_then(|v| v.to_str().ok()) {
-            policy = format!("{inner}, {policy}");
-        }
-        if let Some(inner) = headers.get(RATELIMIT).and_then(|v| v.to_str().ok()) {
-            let inner_first = inner_refused || first_remaining(inner).is_some_and(|left| left <= d.remaining());
-            limit = if inner_first { format!("{inner}, {limit}") } else { format!("{limit}, {inner}") };
-        }
-        if let Ok(v) = HeaderValue::from_str(&policy) {
+        // An inner layer's (rare: copied out): its policies first (they were there first).
+        let inner = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok()).map(str::to_owned);
+        let (inner_policy, inner_limit) = (inner(RATELIMIT_POLICY), inner(RATELIMIT));
+        let inner_limit = inner_limit.as_deref();
+        let policy = match inner_policy {
+            None => policy_value(all),
+            Some(inner) => HeaderValue::from_str(&format!("{inner}, {}", policy_list(all))).ok(),
+        };
+        if let Some(v) = policy {
             headers.insert(RATELIMIT_POLICY, v);
         }
-        if let Ok(v) = HeaderValue::from_str(&limit) {
+        let limit = RENDERED.with_borrow_mut(|buf| {
+            buf.clear();
+            // Its `RateLimit` first when it is the more restrictive.
+            let inner_first = inner_limit
+                .filter(|inner| inner_refused || first_remaining(inner).is_some_and(|left| left <= d.remaining()));
+            if let Some(inner) = inner_first {
+                buf.push_str(inner);
+                buf.push_str(", ");
+            }
+            push_sf_string(buf, most.rule);
+            let mut digits = itoa::Buffer::new();
+            buf.push_str(";r=");
+            buf.push_str(digits.format(d.remaining()));
+            buf.push_str(";t=");
+            buf.push_str(digits.format(d.reset_secs()));
+            if let Some(inner) = inner_limit.filter(|_| inner_first.is_none()) {
+                buf.push_str(", ");
+                buf.push_str(inner);
+            }
+            HeaderValue::from_str(buf).ok()
+        });
+        if let Some(v) = limit {
             headers.insert(RATELIMIT, v);
         }
     }
+}
+
+/// `RateLimit-Policy`'s list for `all`: `"name";q=…;w=…` each, comma-separated.
+fn policy_list(all: &[RuleDecision<'_>]) -> String {
+    let mut policy = String::with_capacity(32 * all.len());
+    for (i, o) in all.iter().enumerate() {
+        if i > 0 {
+            policy.push_str(", ");
+        }
+        let (q, w) = self::policy(o.quota);
+        push_sf_string(&mut policy, o.rule);
+        let _ = write!(policy, ";q={q}");
+        if let Some(w) = w {
+            let _ = write!(policy, ";w={w}");
+        }
+    }
+    policy
+}
+
+/// `RateLimit-Policy` for `all`, rendered once a thread for as long as the rules and
+/// their quotas are those of the last response (they rarely change between requests):
+/// a reference count, not a list formatted and allocated again.
+fn policy_value(all: &[RuleDecision<'_>]) -> Option<HeaderValue> {
+    LAST_POLICY.with_borrow_mut(|(key, value)| {
+        let same = key.len() == all.len() && key.iter().zip(all).all(|((r, q), o)| r == o.rule && *q == o.quota);
+        if !same {
+            *value = HeaderValue::from_str(&policy_list(all)).ok();
+            *key = all.iter().map(|o| (o.rule.to_owned(), o.quota)).collect();
+        }
+        value.clone()
+    })
+}
+
+/// [`policy_value`]'s last rules (name, quota) and their header value.
+type KeptPolicy = (Vec<(String, Quota)>, Option<HeaderValue>);
+
+thread_local! {
+    static LAST_POLICY: RefCell<KeptPolicy> = const { RefCell::new((Vec::new(), None)) };
+    /// Where `RateLimit` is written before it is copied into its header value.
+    static RENDERED: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
 /// The `r` parameter of the first member of a `RateLimit` list (`"name";r=5;t=10, …`, or a
@@ -283,8 +331,9 @@ fn first_remaining(value: &str) -> Option<u64> {
 }
 
 /// A structured-field string: `"…"` with `\` and `"` escaped, non-printable bytes dropped.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
+/// `s` as a structured-field string (quoted, `"` and `\\` escaped, what is not printable
+/// ASCII left out), appended to `out`.
+fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars().filter(|c| (' '..='~').contains(c)) {
         if c == '"' || c == '\\' {
@@ -293,7 +342,6 @@ fn sf_string(s: &str) -> String {
         out.push(c);
     }
     out.push('"');
-    out
 }
 
 #[cfg(test)]
@@ -325,6 +373,32 @@ mod tests {
         assert_eq!(h[&RATELIMIT_POLICY], r#""per-min";q=100;w=60, "say \"hi\"";q=1000;w=86400"#);
         assert_eq!(h[&RATELIMIT], r#""per-min";r=45;t=30"#);
         assert!(h.get(X_RATELIMIT_LIMIT).is_none());
+    }
+
+    /// The policy rendered once a thread is rendered again when the rules or their quotas
+    /// change (a tier, a swap), never served stale; an inner layer's goes first.
+    #[test]
+    fn the_kept_policy_follows_the_rules() {
+        let a = decision(5, 1_000);
+        let policy = |rules: &[(&'static str, Quota)], inner: Option<&'static str>| {
+            let all: Vec<_> =
+                rules.iter().map(|&(rule, quota)| RuleDecision { rule, quota, decision: &a, taken: None }).collect();
+            let mut h = HeaderMap::new();
+            if let Some(inner) = inner {
+                h.insert(RATELIMIT_POLICY, HeaderValue::from_static(inner));
+            }
+            apply(&mut h, HeaderStyle::Ietf, &all[0], &all, true, false);
+            (h[&RATELIMIT_POLICY].to_str().unwrap().to_owned(), h[&RATELIMIT].to_str().unwrap().to_owned())
+        };
+        let (m, h) = (Quota::per_minute(100), Quota::per_hour(1000));
+        assert_eq!(policy(&[("a", m)], None).0, r#""a";q=100;w=60"#);
+        assert_eq!(policy(&[("a", m)], None).0, r#""a";q=100;w=60"#);
+        assert_eq!(policy(&[("a", h)], None).0, r#""a";q=1000;w=3600"#, "another tier's quota");
+        assert_eq!(policy(&[("b", h)], None).0, r#""b";q=1000;w=3600"#, "another rule");
+        assert_eq!(policy(&[("b", h), ("a", m)], None).0, r#""b";q=1000;w=3600, "a";q=100;w=60"#);
+        assert_eq!(policy(&[("b", h)], None).0, r#""b";q=1000;w=3600"#, "fewer rules");
+        assert_eq!(policy(&[("b", h)], Some(r#""up";q=1;w=1"#)).0, r#""up";q=1;w=1, "b";q=1000;w=3600"#);
+        assert_eq!(policy(&[("b", h)], None), (r#""b";q=1000;w=3600"#.to_owned(), r#""b";r=5;t=1"#.to_owned()));
     }
 
     #[test]
