@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 use std::thread::LocalKey;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::clock::{Clock, SystemClock};
@@ -78,14 +79,25 @@ static DIGITS: LazyLock<&'static str> = LazyLock::new(|| {
 /// Numbers below this become header values with no allocation.
 const SMALL: u64 = 10_000;
 
-/// `n` as a header value. Below [`SMALL`] (counts, limits, seconds to wait: nearly every
-/// value sent) it is a slice of [`DIGITS`] and costs no allocation; larger numbers are
-/// formatted on the stack and copied once (`HeaderValue::from(u64)` allocates twice: a
-/// buffer, then the shared header it freezes into).
+/// `n` as a header value, with no allocation of its own. Below [`SMALL`] (counts, limits,
+/// seconds to wait: most values sent) it is a slice of [`DIGITS`]; larger numbers are
+/// written into this thread's [`ARENA`], a 4 KiB buffer shared (a reference count) by the
+/// values cut from it, so one allocation serves a few hundred of them
+/// (`HeaderValue::from(u64)` allocates twice a value: a buffer, then the shared header it
+/// freezes into).
 pub(crate) fn number(n: u64) -> HeaderValue {
     if n >= SMALL {
         let mut digits = itoa::Buffer::new();
-        return HeaderValue::from_str(digits.format(n)).expect("digits are a valid header value");
+        let digits = digits.format(n).as_bytes();
+        let bytes = ARENA.with_borrow_mut(|arena| {
+            if arena.capacity() - arena.len() < digits.len() {
+                // A fresh chunk: the values cut from the old one keep it alive until dropped.
+                *arena = BytesMut::with_capacity(ARENA_CHUNK);
+            }
+            arena.extend_from_slice(digits);
+            arena.split().freeze()
+        });
+        return HeaderValue::from_maybe_shared(bytes).expect("digits are a valid header value");
     }
     // Where n starts in DIGITS: after every shorter number.
     let (first, width, start) = match n {
@@ -130,7 +142,12 @@ fn recent(n: u64) -> HeaderValue {
 /// The slots of [`recent`]'s cache: 64 seconds, a minute's window of resets.
 const RECENT: usize = 64;
 
+/// The size of [`ARENA`]'s chunks.
+const ARENA_CHUNK: usize = 4096;
+
 thread_local! {
+    /// Where [`number`] writes numbers of [`SMALL`] and above.
+    static ARENA: RefCell<BytesMut> = RefCell::new(BytesMut::new());
     static RESETS: RefCell<[(u64, HeaderValue); RECENT]> =
         const { RefCell::new([const { (0, HeaderValue::from_static("0")) }; RECENT]) };
     static LAST_LIMIT: RefCell<(u64, HeaderValue)> = const { RefCell::new((0, HeaderValue::from_static("0"))) };
@@ -455,8 +472,11 @@ mod tests {
     fn numbers_are_their_decimal_digits() {
         let mut check: Vec<u64> = (0..=10_001).collect();
         check.extend([99_999, 1 << 40, u64::MAX]);
-        for n in check {
-            assert_eq!(number(n), n.to_string().as_str(), "{n}");
+        // Past the arena's chunks: a value cut from an old chunk stays as it was.
+        check.extend((0..2_000).map(|i| 1_000_000_007 * i + 10_000));
+        let kept: Vec<(u64, HeaderValue)> = check.iter().map(|&n| (n, number(n))).collect();
+        for (n, value) in kept {
+            assert_eq!(value, n.to_string().as_str(), "{n}");
         }
     }
 
