@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures_util::future::Either;
+use futures_util::FutureExt as _;
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
@@ -36,12 +37,15 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// blocked-key cache, then one guarded store call for every check (shadow checks
     /// inside it), the fail mode when the store cannot decide.
     ///
-    /// Not an `async fn`: the plan goes to whichever path decides it, and is held once.
+    /// Nothing is decided before the first poll, as of any future. Not an `async fn`: the
+    /// plan goes to whichever path decides it, and is held once (an `async` block would
+    /// hold it beside the future it is moved into).
     pub(crate) fn decide(&self, plan: Plan<I>) -> impl Future<Output = Verdict> + Send + '_ {
-        match self.decide_now(plan) {
+        futures_util::future::lazy(move |_| match self.decide_now(plan) {
             Now::Decided(verdict, _) => Either::Left(std::future::ready(verdict)),
             Now::Later(plan) => Either::Right(self.decide_remote(plan)),
-        }
+        })
+        .flatten()
     }
 
     /// [`Limiter::decide`] by a remote store, the clock read once before it is asked.

@@ -333,6 +333,25 @@ async fn jobs_asking_by_key_and_requests_share_one_count() {
     assert!(jobs.check_key("per-account", "globex", 1).await.is_rejected());
 }
 
+/// A check by key (or of an input) decides when first polled, as any future does: one made
+/// and dropped unpolled takes nothing, on an in-process store too (which decides at once
+/// when polled), and one polled decides, whoever decided.
+#[tokio::test]
+async fn a_check_never_polled_takes_nothing() {
+    let limiter = Limiter::builder(MemoryStore::with_clock(ManualClock::new(T0)))
+        .rule("per-account", Quota::per_minute(2), key::header("x-account"))
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        drop(limiter.check_key("per-account", "acme", 1));
+        drop(limiter.check(&Request::builder().header("x-account", "acme").body(()).unwrap()));
+    }
+    let first = limiter.check_key("per-account", "acme", 1).await;
+    assert!(first.is_allowed(), "{first}");
+    assert_eq!(first.decisions().next().unwrap().decision.remaining(), 1, "the unpolled checks took nothing");
+    assert_eq!(first.decisions().next().unwrap().decision.decided_by(), tollgate::verdict::DecidedBy::Store);
+}
+
 /// Asking by key under a rule the limiter lacks refuses, and says so, whatever the fail
 /// mode; a cost above the capacity is refused with no retry; a shadow rule never refuses.
 #[tokio::test]
