@@ -48,7 +48,7 @@ instructions() {
   local pid=$!
   for _ in $(seq 1 150); do redis-cli -p "$port" ping > /dev/null 2>&1 && break; sleep 0.2; done
   local sha
-  sha=$(redis-cli -p "$port" script load "$script")
+  sha=$(redis-cli -p "$port" script load "$script" 2>/dev/null)
   sed "s/@SHA@/$sha/" "$cmds" | redis-cli -p "$port" > "$work/out.$port"
   if grep -q ERR "$work/out.$port"; then
     echo "redis answered an error: $(grep -m1 ERR "$work/out.$port")" >&2

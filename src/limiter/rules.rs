@@ -59,7 +59,7 @@ fn identity<I: ?Sized>(rule: &Rule<I>, algorithm: Algorithm) -> RuleId {
 }
 
 /// What names a rule's count in the fallback's shares: its name and algorithm, as the
-/// store names the count's state (`<prefix>:{<key>}:<rule>:<algorithm>:v5`). Its blocks
+/// store names the count's state (`<prefix>:{<key>}:<rule>:<algorithm>:v6`). Its blocks
 /// and the leaky bucket's longest delay change how a rejection reads, not what the key
 /// used: a swap that only makes a rule blockable, or changes its penalty, keeps the
 /// share of what the store said remains (the store keeps counting the same state).

@@ -240,7 +240,7 @@ async fn a_password_in_the_url_authenticates() {
     let store = connected(&url("", PASSWORD, server.port())).await;
     assert_decides(&store, "pw").await;
     // The decisions are in this server, under the store's keys.
-    assert_eq!(server.cmd(&["EXISTS", "tollgate:{pw}:default:gcra:v5"]), "1");
+    assert_eq!(server.cmd(&["EXISTS", "tollgate:{pw}:default:gcra:v6"]), "1");
 }
 
 #[tokio::test]

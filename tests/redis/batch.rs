@@ -169,7 +169,7 @@ async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
         match op {
             Op::Advance(us) => clock.advance(Duration::from_micros(*us)),
             Op::Corrupt { key, algorithm, rule } => {
-                let name = format!("{prefix}:{{k{key}}}:r{rule}:{}:v5", TAGS[*algorithm]);
+                let name = format!("{prefix}:{{k{key}}}:r{rule}:{}:v6", TAGS[*algorithm]);
                 redis().cmd(&["DEL", &name]);
                 redis().cmd(&["LPUSH", &name, "not a limiter state"]);
                 corrupt.insert((*key, *algorithm, *rule));
@@ -314,7 +314,7 @@ fn a_batched_log_decision_is_at_most_three_commands() {
                 stats.iter().filter(|(c, _)| !c.starts_with("config") && !c.starts_with("info")).map(|(_, n)| n).sum();
             assert_eq!(all, 3 + 3 + 40 + 40 + pexpire, "{stats:?}");
             // Each key holds its members (one a round, or two the warm-up's) and three marks.
-            let name = "tollgate:{user-1}:log:swl:v5";
+            let name = "tollgate:{user-1}:log:swl:v6";
             assert_eq!(server.cmd(&["ZCARD", name]), (round + 1 + 3).to_string());
             let ttl: u64 = server.cmd(&["PTTL", name]).parse().unwrap();
             assert!(ttl > 60_000 && ttl <= 70_001, "{name}: PTTL {ttl}");
@@ -348,7 +348,7 @@ fn a_long_log_goes_alone_and_its_batch_stays_bounded() {
             assert!(store.check_one(&big(1)).await.unwrap().decision.allowed);
             assert!(model.check_one_at(&big(1), now).unwrap().decision.allowed);
         }
-        let name = "tollgate:{big}:r:swl:v5";
+        let name = "tollgate:{big}:r:swl:v6";
         assert_eq!(server.cmd(&["ZCARD", name]), (l + 2).to_string(), "L members and two marks");
         // Loads the script a decision on its own runs (a peek writes nothing).
         store.peek(&big(1)).await.unwrap();
@@ -402,7 +402,7 @@ fn one_bad_key_fails_only_its_own_decision() {
         let quota = Quota::per_minute(10);
         let checks: Vec<Check> =
             ["a", "bad", "b"].iter().map(|k| check("r", k, Algorithm::TokenBucket, quota, 3)).collect();
-        let bad = format!("{prefix}:{{bad}}:r:tb:v5");
+        let bad = format!("{prefix}:{{bad}}:r:tb:v6");
         redis().cmd(&["LPUSH", &bad, "x"]);
         let answers = together(&store, &checks).await;
         assert!(answers[0].as_ref().is_ok_and(|o| o.decision.allowed && o.taken.is_some()), "{answers:?}");
@@ -724,7 +724,7 @@ fn review_batched_log_one_key_refunds_and_step_back_match_memory() {
             model.refund_at(&[Refund { check: c, taken: t }], now);
         }
         assert_eq!(store.peek(&a(12)).await.unwrap(), tollgate::store::LocalStore::peek_now(&model, &a(12)).unwrap());
-        let name = format!("{p}:{{a}}:r:swl:v5");
+        let name = format!("{p}:{{a}}:r:swl:v6");
         let keys = redis().cmd(&["KEYS", &format!("{p}:*")]);
         let _ = name;
         assert_eq!(keys.trim(), "", "keys left: {keys}");
@@ -813,7 +813,7 @@ fn review_batched_log_server_clock_tiers_keep_the_longest_ttl() {
             .unwrap();
         let minute = |k: &str, cost| check("r", k, Algorithm::SlidingWindowLog, Quota::per_minute(6), cost);
         let hour = |k: &str, cost| check("r", k, Algorithm::SlidingWindowLog, Quota::per_hour(14), cost);
-        let pttl = |k: &str| -> i64 { server.cmd(&["PTTL", &format!("tollgate:{{{k}}}:r:swl:v5")]).parse().unwrap() };
+        let pttl = |k: &str| -> i64 { server.cmd(&["PTTL", &format!("tollgate:{{{k}}}:r:swl:v6")]).parse().unwrap() };
         for (k, order) in [("x", [true, false]), ("y", [false, true])] {
             let checks: Vec<Check> = order.iter().map(|&m| if m { minute(k, 1) } else { hour(k, 1) }).collect();
             let answers = together(&store, &checks).await;
@@ -826,7 +826,7 @@ fn review_batched_log_server_clock_tiers_keep_the_longest_ttl() {
                 store.refund(&[Refund { check: c.clone(), taken: t }]).await.unwrap();
                 assert!(pttl(k) > 3_599_000 || pttl(k) == -2, "{k}: PTTL {}", pttl(k));
             }
-            let all = server.cmd(&["ZRANGE", &format!("tollgate:{{{k}}}:r:swl:v5"), "0", "-1", "WITHSCORES"]);
+            let all = server.cmd(&["ZRANGE", &format!("tollgate:{{{k}}}:r:swl:v6"), "0", "-1", "WITHSCORES"]);
             assert!(pttl(k) <= 3_610_001, "{k}: PTTL {} {all}", pttl(k));
         }
     });

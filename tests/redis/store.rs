@@ -268,8 +268,8 @@ async fn keys_with_any_bytes_are_independent() {
     }
     let names = server.cmd(&["--no-raw", "KEYS", "*"]);
     assert_eq!(names.lines().count(), keys.len(), "{names}");
-    assert!(names.contains("tollgate:{a%7Bb%7Dc}:rule%3A%7Bx%7D:swl:v5"), "{names}");
-    assert!(names.contains("tollgate:{a%257Bb%257Dc}:rule%3A%7Bx%7D:swl:v5"), "{names}");
+    assert!(names.contains("tollgate:{a%7Bb%7Dc}:rule%3A%7Bx%7D:swl:v6"), "{names}");
+    assert!(names.contains("tollgate:{a%257Bb%257Dc}:rule%3A%7Bx%7D:swl:v6"), "{names}");
     assert!(names.contains("tollgate:{%E}:"), "{names}");
     assert!(names.contains("tollgate:{%H"), "{names}");
     // Long keys are stored as a digest: names stay short.
@@ -321,7 +321,7 @@ async fn an_application_pool_is_used_without_per_request_checkouts() {
     let calls = stats.get("evalsha").copied().unwrap_or(0) + stats.get("eval").copied().unwrap_or(0);
     assert!((1..=200).contains(&calls), "{stats:?}");
     assert!(!stats.contains_key("ping") && !stats.contains_key("unwatch"), "{stats:?}");
-    assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v5"));
+    assert!(server.cmd(&["KEYS", "app:*"]).starts_with("app:{k}:p:tb:v6"));
     // The password appears nowhere in the store's Debug.
     let shown = format!("{store:?}");
     assert!(!shown.contains("s3cret"), "{shown}");
@@ -375,14 +375,23 @@ async fn single_rule_scripts_match_the_generic_script() {
         );
         format!(
             "local function G(KEYS, ARGV, redis)\n{generic}\nend\n\
-             local function S(KEYS, ARGV, redis)\n{single}\nend\n{}",
+             local function S(KEYS, ARGV, redis)\n{single}\nend\nlocal twin = {twin}\n{}",
             r"
+-- A GCRA or token-bucket state (packed doubles) shown as 'tat' or 'tat:left'.
+local function shown(v)
+  if twin and v and #v == 8 then return string.format('%d', struct.unpack('d', v)) end
+  if twin and v and #v == 16 then
+    local tat, left = struct.unpack('dd', v)
+    return string.format('%d:%d', tat, left)
+  end
+  return tostring(v)
+end
 local log = {}
 local fake = setmetatable({ call = function(...)
   local a = { ... }
   if a[1] ~= 'GET' and a[1] ~= 'TIME' then
     local t = { a[1] }
-    for i = 3, #a do t[#t + 1] = a[i] end
+    for i = 3, #a do t[#t + 1] = (i == 3 and a[1] == 'SET') and shown(a[i]) or a[i] end
     log[#log + 1] = table.concat(t, ' ')
   end
   return redis.call(...)
@@ -403,8 +412,8 @@ local pa, pb = redis.call('PTTL', KEYS[1]), redis.call('PTTL', KEYS[2])
 -- The test's clock is not Redis's: no real-time expiry (the PX arguments are compared).
 redis.call('PERSIST', KEYS[1])
 redis.call('PERSIST', KEYS[2])
-return { rg, lg, tostring(redis.call('GET', KEYS[1])), tostring(pa),
-         rs, ls, tostring(redis.call('GET', KEYS[2])), tostring(pb) }
+return { rg, lg, shown(redis.call('GET', KEYS[1])), tostring(pa),
+         rs, ls, shown(redis.call('GET', KEYS[2])), tostring(pb) }
 "
         )
     };
@@ -538,8 +547,11 @@ async fn a_kept_ttl_always_outlives_the_state() {
 
 /// One key's walk (see above); returns how many writes kept the key's TTL.
 async fn ttl_walk(algorithm: Algorithm, url: String, batch: usize, mut seed: u64) -> usize {
+    // A GCRA or token-bucket state (packed doubles, ARGV[1] 'tat') shown as its TAT.
     const PROBE: &str = "local t = redis.call('TIME') \
-        return { t[1] * 1000000 + t[2], tostring(redis.call('GET', KEYS[1])), redis.call('PTTL', KEYS[1]) }";
+        local v = redis.call('GET', KEYS[1]) \
+        if v and ARGV[1] == 'tat' then v = string.format('%d', struct.unpack('d', v)) end \
+        return { t[1] * 1000000 + t[2], tostring(v), redis.call('PTTL', KEYS[1]) }";
     let store = RedisStore::from_url(&url).unwrap().response_timeout(Duration::from_secs(2)).max_batch(batch).unwrap();
     let mut con = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
     let probe = redis::Script::new(PROBE);
@@ -563,7 +575,7 @@ async fn ttl_walk(algorithm: Algorithm, url: String, batch: usize, mut seed: u64
         Algorithm::FixedWindow => "fw",
         _ => "swc",
     };
-    let name = format!("tollgate:{{{key}}}:r:{tag}:v5");
+    let name = format!("tollgate:{{{key}}}:r:{tag}:v6");
     // When a state of `value` is "never seen" again under quota `q`, µs.
     let needed = |value: &str, q: Quota| -> u64 {
         let f: Vec<u64> = value.split(':').map(|x| x.parse::<i64>().unwrap().max(0).unsigned_abs()).collect();
@@ -598,7 +610,8 @@ async fn ttl_walk(algorithm: Algorithm, url: String, batch: usize, mut seed: u64
             }
             _ => store.charge(std::slice::from_ref(&c)).await.unwrap(),
         }
-        let (now, value, pttl): (u64, String, i64) = probe.key(&name).invoke_async(&mut con).await.unwrap();
+        let twin = if matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket) { "tat" } else { "" };
+        let (now, value, pttl): (u64, String, i64) = probe.key(&name).arg(twin).invoke_async(&mut con).await.unwrap();
         if value != "false" {
             assert!(pttl >= 0, "{algorithm}: {value} has no TTL ({pttl})");
             let expiry = now + pttl.unsigned_abs() * 1000;
@@ -677,7 +690,7 @@ async fn a_sliding_log_request_of_any_cost_is_one_member() {
     let mut c = check("big", "k", Algorithm::SlidingWindowLog, Quota::per_hour(2_000_000));
     c.params = c.params.cost(1_000_000);
     assert!(store.check_one(&c).await.unwrap().decision.allowed);
-    let name = "tollgate:{k}:big:swl:v5";
+    let name = "tollgate:{k}:big:swl:v6";
     // On the server's clock: the total, the newest timestamp and the TTL's end are marks.
     assert_eq!(server.cmd(&["ZCARD", name]), "4", "one member for the units and three marks");
     let bytes: u64 = server.cmd(&["MEMORY", "USAGE", name]).parse().unwrap();
@@ -699,7 +712,7 @@ async fn a_log_keeps_the_longest_tiers_ttl() {
     let stores = [store_for(&server).await, store_for(&server).await.with_clock(clock)];
     for (i, store) in stores.iter().enumerate() {
         let key = format!("tiers{i}");
-        let name = format!("tollgate:{{{key}}}:r:swl:v5");
+        let name = format!("tollgate:{{{key}}}:r:swl:v6");
         let pttl = || -> u64 { server.cmd(&["PTTL", &name]).parse().unwrap() };
         let hour = check("r", &key, Algorithm::SlidingWindowLog, Quota::per_hour(10));
         let minute = check("r", &key, Algorithm::SlidingWindowLog, Quota::per_minute(10));

@@ -1,4 +1,4 @@
-//! Redis key names: `<prefix>:{<key>}:<rule>:<algorithm tag>:v5`.
+//! Redis key names: `<prefix>:{<key>}:<rule>:<algorithm tag>:v6`.
 //!
 //! The hash tag is the escaped client key alone, so every rule of one key lives in one
 //! cluster slot. Key and rule are escaped (`%` → `%25`, `{` → `%7B`, `}` → `%7D`,
@@ -21,8 +21,9 @@ use crate::key::Key;
 /// `v4`: the window algorithms' states say when they were first written (a refund of a
 /// commit from before a reset gives nothing back); `v3`: GCRA's latest commit, blocks
 /// (`Rule::block_for`), hashed names; `v5`: GCRA's state is its TAT alone (a refund is all
-/// or nothing) and the token bucket's is its GCRA twin's, a TAT (issue 40).
-const VERSION: &[u8] = b"v5";
+/// or nothing) and the token bucket's is its GCRA twin's, a TAT (issue 40); `v6`: GCRA's
+/// and the token bucket's states are packed doubles, not decimal text (issue 41).
+const VERSION: &[u8] = b"v6";
 
 pub(crate) const SLOTS: u16 = 16384;
 
@@ -216,21 +217,21 @@ mod tests {
     #[test]
     fn layout() {
         let got = name("tollgate", "per-minute", &Key::from("1.2.3.4"), Algorithm::SlidingWindowCounter);
-        assert_eq!(got, b"tollgate:{1.2.3.4}:per-minute:swc:v5");
+        assert_eq!(got, b"tollgate:{1.2.3.4}:per-minute:swc:v6");
         let got = name("p", "a:b", &Key::from("x{y}:%"), Algorithm::FixedWindow);
-        assert_eq!(got, b"p:{x%7By%7D%3A%25}:a%3Ab:fw:v5");
-        assert_eq!(name("p", "r", &Key::from(""), Algorithm::Gcra), b"p:{%E}:r:gcra:v5");
+        assert_eq!(got, b"p:{x%7By%7D%3A%25}:a%3Ab:fw:v6");
+        assert_eq!(name("p", "r", &Key::from(""), Algorithm::Gcra), b"p:{%E}:r:gcra:v6");
         let long = Key::new(&[b'z'; 200]);
         let got = n("r", &long);
         assert!(got.starts_with(b"tollgate:{%H"), "{}", String::from_utf8_lossy(&got));
-        assert_eq!(got.len(), "tollgate:{%H".len() + 64 + "}:r:gcra:v5".len());
+        assert_eq!(got.len(), "tollgate:{%H".len() + 64 + "}:r:gcra:v6".len());
     }
 
     /// A key held as a number is named by its digits, as when it was held as text.
     #[test]
     fn a_number_is_named_by_its_digits() {
         for (number, text) in [(0, "0"), (42, "42"), (u64::MAX, "18446744073709551615")] {
-            let want = format!("tollgate:{{{text}}}:r:gcra:v5").into_bytes();
+            let want = format!("tollgate:{{{text}}}:r:gcra:v6").into_bytes();
             assert_eq!(n("r", &Key::from(number)), want);
             assert_eq!(n("r", &Key::from(text)), want);
             assert_eq!(Names::new("tollgate".into()).slot(&Key::from(number)), slot(&want));
@@ -239,12 +240,12 @@ mod tests {
             let mac = Hmac::<Sha256>::new_from_slice(b"s").unwrap().chain_update([0]).chain_update(text).finalize();
             let mut want = b"tollgate:{%K".to_vec();
             hex_into(&mut want, &mac.into_bytes()[..16]);
-            want.extend_from_slice(b"}:r:gcra:v5");
+            want.extend_from_slice(b"}:r:gcra:v6");
             assert_eq!(names.name("r", &Key::from(number), Algorithm::Gcra), want);
             assert_eq!(names.slot(&Key::from(number)), slot(&want));
         }
         // Not a number: text, named as before.
-        assert_eq!(n("r", &Key::from("042")), b"tollgate:{042}:r:gcra:v5");
+        assert_eq!(n("r", &Key::from("042")), b"tollgate:{042}:r:gcra:v6");
         assert_ne!(n("r", &Key::from("042")), n("r", &Key::from(42u64)));
     }
 
@@ -309,8 +310,8 @@ mod tests {
         let got = names.name("api", &key, Algorithm::Gcra);
         let shown = String::from_utf8(got.clone()).unwrap();
         assert!(!shown.contains("sk_live"), "{shown}");
-        assert!(shown.starts_with("tollgate:{%K") && shown.ends_with("}:api:gcra:v5"), "{shown}");
-        assert_eq!(shown.len(), "tollgate:{%K".len() + 32 + "}:api:gcra:v5".len());
+        assert!(shown.starts_with("tollgate:{%K") && shown.ends_with("}:api:gcra:v6"), "{shown}");
+        assert_eq!(shown.len(), "tollgate:{%K".len() + 32 + "}:api:gcra:v6".len());
         // One key's rules share a slot, which is that of its hashed tag.
         assert_eq!(slot(&got), slot(&names.name("per-day", &key, Algorithm::FixedWindow)));
         assert_eq!(slot(&got), names.slot(&key));

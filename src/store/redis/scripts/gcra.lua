@@ -1,13 +1,13 @@
 -- GCRA (src/algorithm/gcra.rs), and the token bucket as its twin (token_bucket.rs): the
--- same code under the tag 'tb', whose keys are its own. State 'tat[:left]': the
--- theoretical arrival time (µs), and, when gcra_single.lua wrote it, how long after the
--- TAT the key expires (this script's writes leave it out).
+-- same code under the tag 'tb', whose keys are its own. State: the theoretical arrival
+-- time (µs), and, when gcra_single.lua wrote it, how long after the TAT the key expires
+-- (this script's writes leave it out), packed as doubles (see tat_state, floordiv.lua).
 ALG.gcra = {}
 
 function ALG.gcra.read(key)
-  local s = load(key)
-  if not s then return nil end
-  return { s[1] }
+  local v = redis.call('GET', key)
+  if not v then return nil end
+  return { (tat_state(v)) }
 end
 
 function ALG.gcra.default()
@@ -32,7 +32,7 @@ end
 -- leaves is the commit's identity for a refund (Rust computes it from the reply).
 function ALG.gcra.commit(key, s, p, now)
   local tat = max(s[1], now) + p.c * p.T
-  put(key, fmt(tat), tat, now)
+  put(key, struct.pack('d', tat), tat, now)
 end
 
 -- p.at: the TAT the commit left. All or nothing (Gcra::refund): when no commit was made
@@ -40,7 +40,7 @@ end
 function ALG.gcra.refund(key, s, p, now)
   if s[1] ~= p.at then return end
   local tat = max(p.at - p.c * p.T, now)
-  put_keep(key, fmt(tat), tat, now)
+  put_keep(key, struct.pack('d', tat), tat, now)
 end
 
 ALG.tb = ALG.gcra

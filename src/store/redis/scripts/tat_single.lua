@@ -14,15 +14,13 @@ local function tat_decide(key, o, tag, name)
   -- ARGV[o + 4 .. o + 6]: burst B, emission interval T (µs), cost c.
   local p = rule(o, tag, name, 4, 5, 6)
   local B, T, c = p[1], p[2], p[3]
-  -- State 'tat[:left]' (the key expires `left` µs after the TAT, when this script set its
-  -- expiry), or none.
+  -- State: the TAT, and `left` when this script set the key's expiry (the key expires
+  -- `left` µs after the TAT), as doubles (`struct.pack('d')`: exact below 2^53, and no
+  -- number printed or parsed, which was a fifth of this script's cost in Redis), or none.
   local tat, left = 0, nil
   local v = redis.call('GET', key)
   if v then
-    local l
-    tat, l = string.match(v, '^([^:]+):?([^:]*)$')
-    tat = tat + 0
-    if l ~= '' then left = l + 0 end
+    tat, left = tat_state(v)
   end
   local base = tat > now and tat or now
   -- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T
@@ -37,11 +35,11 @@ local function tat_decide(key, o, tag, name)
     -- once its TAT has moved on by as much.
     local expires = left and tat + left
     if server_time and expires and new <= expires then
-      redis.call('SET', key, string.format('%d:%d', new, expires - new), 'KEEPTTL')
+      redis.call('SET', key, struct.pack('dd', new, expires - new), 'KEEPTTL')
     else
       local slack = new - now
       if slack > 10000000 then slack = 10000000 end
-      redis.call('SET', key, string.format('%d:%d', new, slack), 'PX', px(new + slack))
+      redis.call('SET', key, struct.pack('dd', new, slack), 'PX', px(new + slack))
     end
   end
   local r = ok and 1 or 0
