@@ -16,6 +16,7 @@ mod layer;
 mod limiter;
 mod metrics;
 mod notice;
+mod permit;
 mod quota;
 mod report;
 pub mod response;
@@ -45,6 +46,7 @@ pub use limiter::{Limiter, LimiterBuilder, LimiterHandle};
 /// [`RateLimitLayer::from_limiter`]): its rules read a request's head. The name to write in
 /// an application's state or a job loop's signature, as `Arc<HttpLimiter<RedisStore>>`.
 pub type HttpLimiter<St> = Limiter<St, RequestHead>;
+pub use permit::Permit;
 pub use quota::Quota;
 pub use rule::{FailMode, Rule};
 pub use service::RateLimit;

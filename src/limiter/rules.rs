@@ -134,6 +134,7 @@ impl<I: ?Sized> Draft<I> {
         }
         for (i, r) in self.rules.iter().enumerate() {
             check_rule_name(&r.name)?;
+            r.check_kind()?;
             if self.rules[..i].iter().any(|o| o.name == r.name) {
                 return Err(BuildError::DuplicateRule(r.name.to_string()));
             }

@@ -9,6 +9,7 @@ use std::sync::LazyLock;
 use redis::Value;
 
 use super::keys;
+use crate::algorithm::concurrency::Concurrency;
 use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::leaky_bucket::LeakyBucket;
@@ -37,7 +38,7 @@ impl Script {
 macro_rules! generic_script {
     ($main:literal) => {
         generic_script!($main: "fixed_window", "sliding_window_log", "sliding_window_counter", "leaky_bucket",
-            "gcra")
+            "gcra", "concurrency")
     };
     ($main:literal: $($alg:literal),+) => {
         concat!(
@@ -58,6 +59,8 @@ pub(crate) struct Scripts {
     pub(crate) multi: Script,
     /// `State::refund` for any number of rules of any algorithms.
     pub(crate) refund: Script,
+    /// Renews permits of concurrency rules (issue 42).
+    pub(crate) renew: Script,
 }
 
 /// A straight-line script: the shared `now` prologue, what the algorithm's script builds on
@@ -114,6 +117,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     ],
     multi: Script::new(generic_script!("check")),
     refund: Script::new(generic_script!("refund")),
+    renew: Script::new(generic_script!("renew")),
 });
 
 impl Scripts {
@@ -135,8 +139,13 @@ impl Scripts {
 
 /// Whether the straight-line scripts (`scripts/<alg>_single.lua`) decide `check`: they know
 /// nothing of blocks, nor of probes (cost 0), which are decided and never written.
+/// A concurrency rule's check (issue 42) has no straight-line script: the generic one
+/// decides it.
 fn straight_line(check: &Check) -> bool {
-    !check.params.reads_block() && check.params.cost > 0 && !check.params.shadow
+    !check.params.reads_block()
+        && check.params.cost > 0
+        && !check.params.shadow
+        && check.algorithm != Algorithm::Concurrent
 }
 
 /// The algorithm's place in [`Scripts`]' tables.
@@ -148,6 +157,8 @@ pub(crate) fn index(algorithm: Algorithm) -> usize {
         Algorithm::TokenBucket => 3,
         Algorithm::LeakyBucket => 4,
         Algorithm::Gcra => 5,
+        // No straight-line script (see `straight_line`): only sorted by.
+        Algorithm::Concurrent => 6,
     }
 }
 
@@ -367,6 +378,7 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
         Algorithm::TokenBucket => TokenBucket(Gcra { tat: f1 }).decide(p, now),
         Algorithm::LeakyBucket => LeakyBucket { next: f1 }.decide(p, now),
         Algorithm::Gcra => Gcra { tat: f1 }.decide(p, now),
+        Algorithm::Concurrent => concurrency_read(f1, f2).decide(p, now),
     };
     let (d, _) = crate::algorithm::blocking(d, read.blocked_until, p, now);
     if d.allowed != read.allowed {
@@ -389,9 +401,22 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
             Algorithm::SlidingWindowCounter => {
                 SlidingWindowCounter { window: f1, prev: f2, curr: f3, born: 0 }.commit(p, now)
             }
+            // The permit's id (`concurrency.lua`'s `conc_id`).
+            Algorithm::Concurrent => f3.max(now),
         },
     });
     Ok(Outcome { decision: d, taken })
+}
+
+/// A concurrency state as the script read it: `used` permits held, and its median hold
+/// time (0: none) as its one recorded hold.
+fn concurrency_read(used: u64, median: u64) -> Concurrency {
+    let mut s = Concurrency::default();
+    if used > 0 {
+        s.held.push(crate::algorithm::concurrency::Held { id: 0, units: used, since: 0 });
+    }
+    s.holds[0] = median;
+    s
 }
 
 /// One decision's answer in a batch script's reply.
@@ -455,6 +480,7 @@ mod tests {
             include_str!("scripts/sliding_window_counter.lua"),
             include_str!("scripts/leaky_bucket.lua"),
             include_str!("scripts/gcra.lua"),
+            include_str!("scripts/concurrency.lua"),
         );
         let refund = format!("{LIB}{ALL}{}", include_str!("scripts/refund.lua"));
         let multi = format!("{LIB}{ALL}{}", include_str!("scripts/check.lua"));

@@ -63,6 +63,12 @@ impl Store for RedisStore {
             .await
     }
 
+    /// One call per cluster slot (issue 42): every permit this server holds there.
+    async fn renew(&self, permits: &[Refund]) -> Result<(), StoreError> {
+        let permits: Vec<&Refund> = permits.iter().collect();
+        self.inner.per_slot(&permits, |r| &r.check.key, |group| async move { self.inner.run_renew(&group).await }).await
+    }
+
     async fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
         // One forced call per slot, each on its own: a charge is no decision, so there is
         // nothing to roll back when another slot fails.
