@@ -9,6 +9,7 @@ mod auth;
 mod batch;
 mod cluster;
 mod cluster_stall;
+mod concurrency;
 mod degradation;
 mod failover;
 mod fallback_counts;

@@ -1,0 +1,174 @@
+//! Issue 42 on Redis: concurrency rules shared by servers (each its own `RedisStore`) on
+//! standalone Redis and a 3-node Cluster; a release sent twice gives back once; a held
+//! permit is renewed past its hold limit; a server killed with `kill -9` holding permits
+//! loses them within the hold limit.
+#![cfg(feature = "redis")]
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use tollgate::{FailMode, Limiter, Quota, RedisStore, Rule};
+
+use support::redis::{RedisCluster, RedisServer};
+
+fn user(u: &str) -> Option<String> {
+    Some(u.to_owned())
+}
+
+/// A server's limiter: `n` in flight per user (hold limit `hold`), and 1000 a minute.
+fn limiter(store: RedisStore, n: u64, hold: Duration) -> Limiter<RedisStore, str> {
+    Limiter::builder(store)
+        .add_rule(Rule::new("per-minute", Quota::per_minute(1000), user))
+        .add_rule(Rule::concurrent("in-flight", n, user).hold_limit(hold))
+        .fail_mode(FailMode::Closed)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+fn store(url: &str) -> RedisStore {
+    RedisStore::from_url(url).unwrap().response_timeout(Duration::from_secs(2))
+}
+
+/// Three servers share `n` = 5 permits of one key: the sixth entry anywhere is refused,
+/// and a permit dropped on one server makes room on another.
+async fn three_servers_share_n(stores: Vec<RedisStore>) {
+    let servers: Vec<_> = stores.into_iter().map(|s| limiter(s, 5, Duration::from_secs(60))).collect();
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let p = servers[i % 3].enter("ada").await;
+        assert!(p.is_allowed(), "{p:?}");
+        assert_eq!(p.permits(), 1);
+        held.push(p);
+    }
+    for s in &servers {
+        let refused = s.enter("ada").await;
+        assert!(refused.is_rejected(), "{refused:?}");
+        assert_eq!(refused.rejected_by().unwrap().rule, "in-flight");
+        assert!(refused.retry_after().unwrap() >= Duration::from_millis(10));
+    }
+    drop(held.remove(0)); // on server 0
+    let mut again = None;
+    for _ in 0..100 {
+        // The release is sent from a task: it lands within a few ms.
+        let p = servers[2].enter("ada").await;
+        if p.is_allowed() {
+            again = Some(p);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(again.is_some(), "a permit released on one server is free on another");
+    assert!(servers[1].enter("ada").await.is_rejected());
+    // Refused entries took no rate units: 6 admitted, of 1000.
+    let left = servers[0].peek("per-minute", "ada").await.unwrap().remaining();
+    assert_eq!(left, 1000 - 6 - 1, "peek counts the unit it would take");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_share_n_permits_on_standalone_redis() {
+    let redis = RedisServer::start();
+    three_servers_share_n((0..3).map(|_| store(&redis.url())).collect()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_share_n_permits_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let stores =
+        (0..3).map(|_| RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_secs(2))).collect();
+    three_servers_share_n(stores).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_twice_gives_back_once() {
+    use tollgate::store::{Check, Params, Refund, Store, Taken};
+    let redis = RedisServer::start();
+    let s = store(&redis.url());
+    let check = Check {
+        rule: tollgate::store::RuleName::new("twice"),
+        key: "ada".into(),
+        algorithm: tollgate::Algorithm::Concurrent,
+        params: Params::new(Quota::new(2, Duration::from_secs(60))),
+    };
+    let a = s.check(std::slice::from_ref(&check)).await.unwrap()[0].clone().unwrap();
+    let b = s.check(std::slice::from_ref(&check)).await.unwrap()[0].clone().unwrap();
+    let (ta, tb) = (a.taken.unwrap(), b.taken.unwrap());
+    assert_ne!(ta, tb, "each permit has its own id");
+    let full = s.check(std::slice::from_ref(&check)).await.unwrap()[0].clone().unwrap();
+    assert!(!full.decision.allowed);
+    let release = Refund { check: check.clone(), taken: ta };
+    s.refund(std::slice::from_ref(&release)).await.unwrap();
+    s.refund(std::slice::from_ref(&release)).await.unwrap(); // resent: "sent, outcome unknown"
+    let c = s.check(std::slice::from_ref(&check)).await.unwrap()[0].clone().unwrap();
+    assert!(c.decision.allowed, "the first release made room");
+    let d = s.check(std::slice::from_ref(&check)).await.unwrap()[0].clone().unwrap();
+    assert!(!d.decision.allowed, "the second gave nothing back: b and c hold both permits");
+    let _ = Taken { at: 0 };
+    assert!(tb.at > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_permit_is_renewed_past_its_hold_limit() {
+    let redis = RedisServer::start();
+    let holder = limiter(store(&redis.url()), 1, Duration::from_millis(300));
+    let other = limiter(store(&redis.url()), 1, Duration::from_millis(300));
+    let p = holder.enter("ada").await;
+    assert!(p.is_allowed());
+    tokio::time::sleep(Duration::from_millis(1_000)).await; // over three hold limits
+    assert!(other.enter("ada").await.is_rejected(), "renewed every 100 ms: still held");
+    drop(p);
+    let started = Instant::now();
+    while other.enter("ada").await.is_rejected() {
+        assert!(started.elapsed() < Duration::from_secs(2), "the release did not land");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The child process of [`a_server_killed_holding_permits_loses_them_within_the_hold_limit`]:
+/// with `TOLLGATE_CHILD_REDIS` set, it takes 3 permits, says so, and waits to be killed.
+/// Without it (any ordinary test run) it does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_holding_permits() {
+    let Ok(url) = std::env::var("TOLLGATE_CHILD_REDIS") else { return };
+    let l = limiter(store(&url), 3, Duration::from_millis(600));
+    let held = [l.enter("ada").await, l.enter("ada").await, l.enter("ada").await];
+    assert!(held.iter().all(|p| p.is_allowed()));
+    println!("HOLDING");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_holding_permits_loses_them_within_the_hold_limit() {
+    use std::io::BufRead;
+    let redis = RedisServer::start();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "concurrency::child_holding_permits", "--nocapture", "--test-threads=1"])
+        .env("TOLLGATE_CHILD_REDIS", redis.url())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.contains("HOLDING"))), "the child never held its permits");
+    let me = limiter(store(&redis.url()), 3, Duration::from_millis(600));
+    // Held and renewed (every 200 ms) while the child lives, past a hold limit.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(me.enter("ada").await.is_rejected(), "the child's permits are renewed while it lives");
+    let killed = std::process::Command::new("kill").args(["-9", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let _ = child.wait();
+    let dead = Instant::now();
+    let back = loop {
+        let p = me.enter("ada").await;
+        if p.is_allowed() {
+            break p;
+        }
+        assert!(dead.elapsed() < Duration::from_secs(2), "the dead server's permits never came back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(dead.elapsed() <= Duration::from_millis(600 + 100), "back within the hold limit: {:?}", dead.elapsed());
+    let more = [me.enter("ada").await, me.enter("ada").await];
+    assert!(more.iter().all(|p| p.is_allowed()), "all three came back");
+    drop(back);
+}
