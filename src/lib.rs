@@ -11,6 +11,7 @@ mod error;
 mod future;
 mod head;
 pub mod headers;
+pub mod hold;
 pub mod key;
 mod layer;
 mod limiter;
@@ -35,6 +36,7 @@ pub use error::{BuildError, StoreError};
 pub use future::ResponseFuture;
 pub use head::RequestHead;
 pub use headers::HeaderStyle;
+pub use hold::HoldPermitsLayer;
 /// The `http` crate, re-exported: its `Request`, `Response` and header types are this
 /// crate's (`tollgate::http::Request` in a key extractor of an app that does not name
 /// `http` itself).
