@@ -10,6 +10,7 @@ mod batch;
 mod cluster;
 mod cluster_stall;
 mod concurrency;
+mod concurrency_load;
 mod degradation;
 mod failover;
 mod fallback_counts;
