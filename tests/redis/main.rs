@@ -11,6 +11,7 @@ mod cluster;
 mod cluster_stall;
 mod concurrency;
 mod concurrency_load;
+mod concurrency_model;
 mod degradation;
 mod failover;
 mod fallback_counts;
