@@ -5,7 +5,7 @@
 //!
 //! The rate-limit layer's response keeps its own type (users without concurrency rules
 //! see no change): when a response settles with permits, the layer puts them in the
-//! response's extensions ([`attach`]). [`HoldPermits`] takes them out and moves them into
+//! response's extensions. [`HoldPermits`] takes them out and moves them into
 //! its [`PermitBody`], which gives them back when the body ends (its last frame, an
 //! error) or is dropped (the client went away mid-stream). Without `HoldPermitsLayer`,
 //! permits are given back when the server drops the response's head: once the headers

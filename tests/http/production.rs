@@ -501,3 +501,28 @@ async fn a_reloaded_limits_file_keeps_the_internal_pass_and_the_code_rules() {
     }
     assert_rejected_by(&send(&a.public, internal("wrong")).await, "ip");
 }
+
+/// Issue 42: `POST /api/completions` holds at most 3 of an API key's completions in
+/// flight; the fourth is a 429 with `Retry-After` whose headers describe the per-minute
+/// rule; once they end, the key may send again.
+#[tokio::test]
+async fn completions_hold_three_in_flight_per_api_key() {
+    let a = app();
+    let post = |key: &str| {
+        let req = Request::post("/api/completions").header("x-api-key", key).body(Body::empty()).unwrap();
+        from_ip(req, "203.0.113.7")
+    };
+    let running: Vec<_> = (0..3).map(|_| tokio::spawn(a.public.clone().oneshot(post("pro-1")))).collect();
+    tokio::time::sleep(example::COMPLETION_TIME / 4).await;
+    let refused = send(&a.public, post("pro-1")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key(http::header::RETRY_AFTER));
+    assert_eq!(header(&refused, &X_RATELIMIT_LIMIT), "60", "the headers describe the per-minute rule");
+    assert_eq!(send(&a.public, post("pro-2")).await.status(), StatusCode::OK, "another key is not held back");
+    for r in running {
+        let res = r.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(body(res).await, "Once upon a time…\n");
+    }
+    assert_eq!(send(&a.public, post("pro-1")).await.status(), StatusCode::OK);
+}
