@@ -216,3 +216,39 @@ async fn while_the_store_is_down_each_server_holds_its_share_of_n() {
     assert!(l.enter("ada").await.is_allowed(), "given back to the fallback, and not cached as refused");
     drop(in_store);
 }
+
+/// Entries of a concurrency rule alone are group-committed as single-rule checks are:
+/// 40 entries at once, at most 16 a call, are 3 script calls; releases then give every
+/// permit back.
+#[tokio::test(flavor = "current_thread")]
+async fn entries_are_group_committed() {
+    use tollgate::store::{Check, Params, Refund, RuleName, Store};
+    let server = RedisServer::start();
+    let s =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(Duration::from_secs(2)).max_batch(16).unwrap();
+    let check = |key: String| Check {
+        rule: RuleName::new("in-flight"),
+        key: key.into(),
+        algorithm: tollgate::Algorithm::Concurrent,
+        params: Params::new(Quota::new(1, Duration::from_secs(60))),
+    };
+    let checks: Vec<Check> = (0..40).map(|i| check(format!("user-{}", i % 20))).collect();
+    // Loads the script (EVAL after NOSCRIPT).
+    drop(s.check_one(&check("warm".into())).await.unwrap());
+    server.cmd(&["CONFIG", "RESETSTAT"]);
+    let outcomes = futures_util::future::join_all(checks.iter().map(|c| s.check_one(c))).await;
+    let stats = server.commandstats();
+    assert_eq!(stats.get("evalsha"), Some(&3), "{stats:?}");
+    // Each of the 20 keys: its first entry admitted, its second refused (n = 1).
+    let admitted: Vec<Refund> = checks
+        .iter()
+        .zip(&outcomes)
+        .filter_map(|(c, o)| o.as_ref().unwrap().taken.map(|taken| Refund { check: c.clone(), taken }))
+        .collect();
+    assert_eq!(admitted.len(), 20);
+    s.refund(&admitted).await.unwrap();
+    for i in 0..20 {
+        let o = s.check_one(&check(format!("user-{i}"))).await.unwrap();
+        assert!(o.decision.allowed, "user-{i}'s permit went back");
+    }
+}

@@ -52,9 +52,9 @@ macro_rules! generic_script {
 
 /// Every script, hashed once.
 pub(crate) struct Scripts {
-    single: [Script; 6],
+    single: [Script; 7],
     /// Group commit: one decision per key, each a single-rule check on its own.
-    batch: [Script; 6],
+    batch: [Script; 7],
     /// Any number of rules of any algorithms, all or nothing.
     pub(crate) multi: Script,
     /// `State::refund` for any number of rules of any algorithms.
@@ -106,6 +106,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Script::new(single_script!("token_bucket", "single_main", "tat")),
         Script::new(single_script!("leaky_bucket", "single_main")),
         Script::new(single_script!("gcra", "single_main", "tat")),
+        Script::new(single_script!("concurrency", "single_main")),
     ],
     batch: [
         Script::new(single_script!("fixed_window", "batch_main")),
@@ -114,6 +115,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Script::new(single_script!("token_bucket", "batch_main", "tat")),
         Script::new(single_script!("leaky_bucket", "batch_main")),
         Script::new(single_script!("gcra", "batch_main", "tat")),
+        Script::new(single_script!("concurrency", "batch_main")),
     ],
     multi: Script::new(generic_script!("check")),
     refund: Script::new(generic_script!("refund")),
@@ -139,13 +141,8 @@ impl Scripts {
 
 /// Whether the straight-line scripts (`scripts/<alg>_single.lua`) decide `check`: they know
 /// nothing of blocks, nor of probes (cost 0), which are decided and never written.
-/// A concurrency rule's check (issue 42) has no straight-line script: the generic one
-/// decides it.
 fn straight_line(check: &Check) -> bool {
-    !check.params.reads_block()
-        && check.params.cost > 0
-        && !check.params.shadow
-        && check.algorithm != Algorithm::Concurrent
+    !check.params.reads_block() && check.params.cost > 0 && !check.params.shadow
 }
 
 /// The algorithm's place in [`Scripts`]' tables.
@@ -157,7 +154,6 @@ pub(crate) fn index(algorithm: Algorithm) -> usize {
         Algorithm::TokenBucket => 3,
         Algorithm::LeakyBucket => 4,
         Algorithm::Gcra => 5,
-        // No straight-line script (see `straight_line`): only sorted by.
         Algorithm::Concurrent => 6,
     }
 }
