@@ -56,6 +56,9 @@ impl FromStr for FailMode {
 /// A concurrency rule's default hold limit ([`Rule::hold_limit`]).
 pub(crate) const DEFAULT_HOLD_LIMIT: Duration = Duration::from_secs(60);
 
+/// The shortest hold limit of a concurrency rule.
+const MIN_HOLD_LIMIT: Duration = Duration::from_millis(3);
+
 /// Longest rule name, in bytes.
 pub(crate) const MAX_RULE_NAME: usize = 64;
 
@@ -110,6 +113,9 @@ pub struct Rule<I: ?Sized> {
     /// A concurrency rule ([`Rule::concurrent`]): the `n` it was given (0 is refused when
     /// the limiter is built). Its quota is `n` permits per hold limit.
     pub(crate) concurrent: Option<u64>,
+    /// A concurrency rule's hold limit as given (checked when the limiter is built; the
+    /// quota's period once valid).
+    pub(crate) hold: Duration,
 }
 
 /// How many of a rule's first inputs may give it no key (or no quota from its
@@ -172,6 +178,7 @@ impl<I: ?Sized> Clone for Rule<I> {
             count_if: self.count_if.clone(),
             watch: self.watch.clone(),
             concurrent: self.concurrent,
+            hold: self.hold,
         }
     }
 }
@@ -221,6 +228,7 @@ impl<I: ?Sized> Rule<I> {
             count_if: None,
             watch: Arc::default(),
             concurrent: None,
+            hold: DEFAULT_HOLD_LIMIT,
         }
     }
 
@@ -265,16 +273,12 @@ impl<I: ?Sized> Rule<I> {
     /// A concurrency rule: how long a permit held by a remote store lives unless its server
     /// renews it (default 60 s). Each server renews the permits it holds every third of
     /// it, so only a server that died (or could not reach the store for that long) loses
-    /// them. Ignored by a rate rule.
-    ///
-    /// # Panics
-    ///
-    /// When `hold` is shorter than 3 ms (a renewal every third of it would be below a
-    /// millisecond).
+    /// them. Ignored by a rate rule. Shorter than 3 ms (a renewal every third of it would
+    /// be below a millisecond) is a build error.
     #[must_use]
     pub fn hold_limit(mut self, hold: Duration) -> Self {
-        assert!(hold >= Duration::from_millis(3), "a hold limit needs at least 3 ms, got {hold:?}");
-        if self.concurrent.is_some() {
+        self.hold = hold;
+        if self.concurrent.is_some() && hold >= MIN_HOLD_LIMIT {
             self.quota = Quota::new(self.quota.limit(), hold);
         }
         self
@@ -291,8 +295,8 @@ impl<I: ?Sized> Rule<I> {
     #[must_use]
     pub fn permits_fn(mut self, f: impl Fn(&I) -> Option<u64> + Send + Sync + 'static) -> Self {
         if self.concurrent.is_some() {
-            let hold = self.quota.period();
-            self.quota_fn = Some(Arc::new(move |input: &I| f(input).map(|n| Quota::new(n.max(1), hold))));
+            // The period is the rule's hold limit, whenever that is set (see `params`).
+            self.quota_fn = Some(Arc::new(move |input: &I| f(input).map(|n| Quota::new(n.max(1), DEFAULT_HOLD_LIMIT))));
         }
         self
     }
@@ -484,6 +488,9 @@ impl<I: ?Sized> Rule<I> {
             Some(0) => {
                 bad("a concurrency rule needs n of at least 1 permit in flight (Rule::concurrent(name, n, key))")
             }
+            Some(_) if self.hold < MIN_HOLD_LIMIT => {
+                bad(&format!("a hold limit needs at least 3 ms (renewed every third of it), got {:?}", self.hold))
+            }
             Some(_) if self.algorithm != Some(Algorithm::Concurrent) => {
                 bad("a concurrency rule has no algorithm (it is not a rate): remove .algorithm(..)")
             }
@@ -501,6 +508,11 @@ impl<I: ?Sized> Rule<I> {
     /// The parameters of a check of this rule.
     pub(crate) fn params(&self, quota: Quota, cost: u64) -> crate::algorithm::Params {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        // A concurrency rule's tier sets n; the period is always its hold limit.
+        let quota = match self.concurrent {
+            Some(_) => Quota::new(quota.limit(), self.quota.period()),
+            None => quota,
+        };
         crate::algorithm::Params {
             quota,
             cost,
@@ -508,6 +520,28 @@ impl<I: ?Sized> Rule<I> {
             block_us: micros(self.block),
             blockable: self.blockable,
             shadow: self.shadow,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Rule;
+
+    #[test]
+    fn a_tier_of_a_concurrency_rule_keeps_its_hold_limit_whatever_the_order() {
+        let user = |u: &str| Some(u.to_owned());
+        let hold = Duration::from_millis(300);
+        for rule in [
+            Rule::<str>::concurrent("jobs", 1, user).permits_fn(|_| Some(5)).hold_limit(hold),
+            Rule::<str>::concurrent("jobs", 1, user).hold_limit(hold).permits_fn(|_| Some(5)),
+        ] {
+            let tier = (rule.quota_fn.as_ref().unwrap())("ada").unwrap();
+            let p = rule.params(tier, 1);
+            assert_eq!((p.quota.limit(), p.quota.period()), (5, hold));
+            assert_eq!(rule.hold_limit_of(), Some(hold));
         }
     }
 }

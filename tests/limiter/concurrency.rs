@@ -150,4 +150,5 @@ fn bad_concurrency_rules_are_build_errors_that_say_why() {
         .contains("Rule::concurrent"));
     assert!(said(err(Rule::concurrent("jobs", 2, user).charged())).contains("charged"));
     assert!(said(err(Rule::concurrent("jobs", 2, user).block_for(Duration::from_secs(1)))).contains("block"));
+    assert!(said(err(Rule::concurrent("jobs", 2, user).hold_limit(Duration::from_millis(2)))).contains("3 ms"));
 }
