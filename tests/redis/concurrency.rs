@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tollgate::{FailMode, Limiter, Quota, RedisStore, Rule};
 
 use support::redis::{RedisCluster, RedisServer};
+use support::sentinel::SentinelGroup;
 
 fn user(u: &str) -> Option<String> {
     Some(u.to_owned())
@@ -91,6 +92,38 @@ async fn three_servers_share_n_permits_on_a_cluster() {
     let stores =
         (0..3).map(|_| RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_secs(2))).collect();
     three_servers_share_n(stores).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_share_n_permits_through_sentinel() {
+    let group = tokio::task::spawn_blocking(|| SentinelGroup::start(Some("s3cret"), None)).await.unwrap();
+    let stores = (0..3)
+        .map(|_| RedisStore::from_url(&group.url()).unwrap().response_timeout(Duration::from_secs(2)))
+        .collect::<Vec<_>>();
+    stores[0].ping().await.unwrap();
+    three_servers_share_n(stores).await;
+}
+
+/// An entry dropped while its store call is on its way (Redis stalled): the call runs on
+/// when Redis resumes, and the permit it took is given back — nothing leaks at that await.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_dropped_while_the_store_decides_holds_nothing() {
+    let redis = RedisServer::start();
+    let l = limiter(store(&redis.url()), 1, Duration::from_secs(60));
+    drop(l.enter("warm").await);
+    redis.pause();
+    let gone = tokio::time::timeout(Duration::from_millis(100), l.enter("ada")).await;
+    assert!(gone.is_err(), "the entry was still waiting on the store");
+    redis.resume();
+    let started = Instant::now();
+    loop {
+        let p = l.enter("ada").await;
+        if p.is_allowed() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "the dropped entry's permit was never given back: {p:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
