@@ -2,7 +2,8 @@
 //! kills and the passing of time, by three servers (each its own `RedisStore`, on one
 //! Redis, on one manual clock) on one key, against a small reference model: a permit is
 //! held from its entry until it is released or, unless renewed, for its hold limit; a dead
-//! server neither renews nor releases. Every entry's decision must be the model's.
+//! server neither renews nor releases. Every entry's decision must be the model's. The
+//! same operations on a `MemoryStore`, where nothing lapses, follow the model too.
 #![cfg(feature = "redis")]
 
 use crate::support;
@@ -71,6 +72,31 @@ fn run(n: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                     .with_clock(clock.clone())
             })
             .collect();
+        drive(n, ops, &stores, &clock, true).await
+    })
+}
+
+/// The same on one `MemoryStore` shared by the three servers (in process nothing lapses:
+/// the model's permits live until released).
+fn run_in_memory(n: u64, ops: &[Op]) -> Result<(), TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let clock = ManualClock::new(T0);
+        let store = tollgate::MemoryStore::with_clock(clock.clone());
+        drive(n, ops, &[store.clone(), store.clone(), store], &clock, false).await
+    })
+}
+
+/// Runs `ops` on `stores` (one per server) against the model; `lapses`: whether a
+/// permit not renewed lapses after the hold limit.
+async fn drive<S: Store>(
+    n: u64,
+    ops: &[Op],
+    stores: &[S],
+    clock: &ManualClock,
+    lapses: bool,
+) -> Result<(), TestCaseError> {
+    {
         let check = |cost| Check {
             rule: RuleName::new("in-flight"),
             key: "acme".into(),
@@ -78,7 +104,7 @@ fn run(n: u64, ops: &[Op]) -> Result<(), TestCaseError> {
             params: Params::new(Quota::new(n, HOLD)).cost(cost),
         };
         let (mut now, mut alive, mut held) = (T0, [true; 3], Vec::<Held>::new());
-        let w = u64::try_from(HOLD.as_micros()).unwrap();
+        let w = if lapses { u64::try_from(HOLD.as_micros()).unwrap() } else { 1 << 60 };
         for (step, op) in ops.iter().enumerate() {
             // Lapsed permits are gone.
             held.retain(|h| h.lapse > now);
@@ -128,7 +154,7 @@ fn run(n: u64, ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
         Ok(())
-    })
+    }
 }
 
 fn cases() -> u32 {
@@ -141,5 +167,10 @@ proptest! {
     #[test]
     fn permits_on_redis_follow_the_reference_model(n in 1..6u64, ops in prop::collection::vec(op(), 1..60)) {
         run(n, &ops)?;
+    }
+
+    #[test]
+    fn permits_in_memory_follow_the_reference_model(n in 1..6u64, ops in prop::collection::vec(op(), 1..60)) {
+        run_in_memory(n, &ops)?;
     }
 }
