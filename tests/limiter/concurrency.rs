@@ -151,4 +151,10 @@ fn bad_concurrency_rules_are_build_errors_that_say_why() {
     assert!(said(err(Rule::concurrent("jobs", 2, user).charged())).contains("charged"));
     assert!(said(err(Rule::concurrent("jobs", 2, user).block_for(Duration::from_secs(1)))).contains("block"));
     assert!(said(err(Rule::concurrent("jobs", 2, user).hold_limit(Duration::from_millis(2)))).contains("3 ms"));
+    let default = Limiter::<_, str>::builder(MemoryStore::new())
+        .add_rule(Rule::new("api", Quota::per_minute(1), user))
+        .algorithm(tollgate::Algorithm::Concurrent)
+        .build()
+        .unwrap_err();
+    assert!(said(default).contains("default algorithm"));
 }
