@@ -157,8 +157,21 @@ async fn a_release_sent_twice_gives_back_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_permit_is_renewed_past_its_hold_limit() {
     let redis = RedisServer::start();
-    let holder = limiter(store(&redis.url()), 1, Duration::from_millis(300));
-    let other = limiter(store(&redis.url()), 1, Duration::from_millis(300));
+    renewed(store(&redis.url()), store(&redis.url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_permit_is_renewed_past_its_hold_limit_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let on = || RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_secs(2));
+    renewed(on(), on()).await;
+}
+
+/// One server holds a permit (n = 1, hold limit 300 ms) for a second: renewed every
+/// 100 ms, the other server is refused all along; released, the other gets it.
+async fn renewed(a: RedisStore, b: RedisStore) {
+    let holder = limiter(a, 1, Duration::from_millis(300));
+    let other = limiter(b, 1, Duration::from_millis(300));
     let p = holder.enter("ada").await;
     assert!(p.is_allowed());
     tokio::time::sleep(Duration::from_millis(1_000)).await; // over three hold limits
