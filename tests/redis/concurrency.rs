@@ -306,3 +306,26 @@ async fn entries_are_group_committed() {
         assert!(o.decision.allowed, "user-{i}'s permit went back");
     }
 }
+
+/// Renewals are one call per server (and cluster slot) per renewal period, however many
+/// keys it holds permits on: 10 keys held for a second with a 300 ms hold limit are about
+/// 10 calls, not 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_one_call_per_period() {
+    let redis = RedisServer::start();
+    let l = limiter(store(&redis.url()), 1, Duration::from_millis(300));
+    let mut held = Vec::new();
+    for i in 0..10 {
+        let p = l.enter(&format!("user-{i}")).await;
+        assert!(p.is_allowed());
+        held.push(p);
+    }
+    // The renew script is loaded by the first renewal.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    redis.cmd(&["CONFIG", "RESETSTAT"]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = redis.commandstats();
+    let calls = stats.get("evalsha").copied().unwrap_or(0);
+    assert!((5..=12).contains(&calls), "{calls} renewal calls in a second: {stats:?}");
+    drop(held);
+}
