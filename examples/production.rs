@@ -18,6 +18,7 @@
 //! | `GET /health` | none: load balancers must always reach it |
 //! | `POST /auth/login`, `POST /auth/token` | 10 failed attempts a minute per client address, per route; fail-closed |
 //! | `GET /api/me`, `GET /api/orders/{id}` | per IP, per API key (both from [`LIMITS_TOML`]), and per account per minute and per day by tier — all in one store call |
+//! | `POST /api/completions` | the above, and an LLM-style limit per API key: 3 in flight (held until the streamed answer ends) and 60 a minute |
 //!
 //! Internal listener (`ADMIN_PORT`, default 9000; loopback only, never public):
 //! `GET /metrics` (Prometheus), `GET /admin/limits/{rule}/{key}` (a key's state under a
@@ -159,19 +160,30 @@ pub struct Limits<St> {
     pub api: RateLimitLayer<St>,
     /// `/auth/*`: failed attempts per client address and route.
     pub auth: RateLimitLayer<St>,
+    /// `/api/completions`: 3 in flight and 60 a minute per API key.
+    pub completions: RateLimitLayer<St>,
     /// What code adds to each configured rule (the internal callers' pass), for reloads.
     allow_internal: Arc<dyn Fn(Rule<RequestHead>) -> Rule<RequestHead> + Send + Sync>,
 }
 
 impl<St> Clone for Limits<St> {
     fn clone(&self) -> Self {
-        Self { api: self.api.clone(), auth: self.auth.clone(), allow_internal: self.allow_internal.clone() }
+        Self {
+            api: self.api.clone(),
+            auth: self.auth.clone(),
+            completions: self.completions.clone(),
+            allow_internal: self.allow_internal.clone(),
+        }
     }
 }
 
 impl<St: std::fmt::Debug> std::fmt::Debug for Limits<St> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Limits").field("api", &self.api).field("auth", &self.auth).finish_non_exhaustive()
+        f.debug_struct("Limits")
+            .field("api", &self.api)
+            .field("auth", &self.auth)
+            .field("completions", &self.completions)
+            .finish_non_exhaustive()
     }
 }
 
@@ -245,6 +257,13 @@ pub fn limits<St: Store + Clone>(
         let ip = key::PeerIp.extract(req)?;
         Some([route.as_bytes(), b" ", &ip.as_bytes()].concat())
     };
+    // An LLM-style endpoint: a few slow, expensive calls hurt more than many cheap ones.
+    // At most 3 of an API key's completions in flight on every server (a permit each,
+    // held until the streamed answer ends: see `public_router`), and 60 a minute.
+    let completions = RateLimitLayer::builder(store.clone())
+        .add_rule(Rule::concurrent("completions-in-flight", 3, key::header("x-api-key")))
+        .add_rule(Rule::new("completions-minute", Quota::per_minute(60), key::header("x-api-key")))
+        .build()?;
     let auth = RateLimitLayer::builder(store)
         .add_rule(
             Rule::new("login", Quota::per_minute(10), route_and_ip)
@@ -255,7 +274,7 @@ pub fn limits<St: Store + Clone>(
         )
         .build()?
         .headers(HeaderStyle::Both);
-    Ok(Limits { api, auth, allow_internal: Arc::new(bypass) })
+    Ok(Limits { api, auth, completions, allow_internal: Arc::new(bypass) })
 }
 
 /// Finds the account of the request's API key and puts it into the extensions. It runs
@@ -271,9 +290,14 @@ pub async fn authenticate(State(accounts): State<Accounts>, mut req: Request, ne
 
 /// The public app.
 pub fn public_router<St: Store + Clone>(limits: &Limits<St>, accounts: Accounts) -> Router {
+    // `hold_permits`: a completion's permit is held until its body ends, not only until
+    // its headers are written.
+    let completions =
+        Router::new().route("/completions", post(complete)).route_layer(limits.completions.clone().hold_permits());
     let api = Router::new()
         .route("/me", get(me))
         .route("/orders/{id}", get(order))
+        .merge(completions)
         // `route_layer`: only requests that match a route meet the limits, so a 404 spends
         // no quota (a wrong method on a real path, 405, does: axum layers each path's
         // method router as a whole), and `MatchedPath` is known to the key extractors.
@@ -283,6 +307,15 @@ pub fn public_router<St: Store + Clone>(limits: &Limits<St>, accounts: Accounts)
     let auth = Router::new().route("/login", post(login)).route("/token", post(token)).route_layer(limits.auth.clone());
     Router::new().route("/health", get(|| async { "ok\n" })).nest("/api", api).nest("/auth", auth)
 }
+
+/// `POST /api/completions`: a slow answer (a real one would stream tokens as they come).
+async fn complete() -> &'static str {
+    tokio::time::sleep(COMPLETION_TIME).await;
+    "Once upon a time…\n"
+}
+
+/// How long [`complete`] takes.
+pub const COMPLETION_TIME: Duration = Duration::from_millis(200);
 
 /// The internal app: metrics and admin routes. Serve it on a port only operators reach.
 pub fn internal_router<St: Store + Clone>(limits: Limits<St>, metrics: PrometheusHandle) -> Router {

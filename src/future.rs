@@ -151,7 +151,10 @@ where
                     if let Some(forwarded) = forwarded {
                         // Units the handler reports it used are taken after the response.
                         let charge = res.extensions().get::<Charge>().map(|&Charge(units)| units);
-                        forwarded.settle(res.status(), charge);
+                        // Issue 42: a concurrency rule's permits go with the response (see `hold`).
+                        if let Some(permits) = forwarded.settle(res.status(), charge) {
+                            crate::hold::attach(&mut res, Box::new(permits));
+                        }
                     }
                     return Poll::Ready(Ok(res));
                 }

@@ -269,6 +269,18 @@ impl<St: Store, R, U> RateLimitLayer<St, R, U> {
     }
 }
 
+impl<St, R, U> RateLimitLayer<St, R, U> {
+    /// This layer, each response's permits of concurrency rules
+    /// ([`Rule::concurrent`](crate::Rule::concurrent)) held until its body ends (a
+    /// [`HoldPermitsLayer`](crate::HoldPermitsLayer): the body becomes a
+    /// [`PermitBody`](crate::hold::PermitBody)). Without it, permits are given back when
+    /// the server drops the response's head (once its headers are written), before a
+    /// streamed body ends.
+    pub fn hold_permits(self) -> crate::hold::HoldPermitsLayer<Self> {
+        crate::hold::HoldPermitsLayer::new(self)
+    }
+}
+
 impl<S, St, R, U> Layer<S> for RateLimitLayer<St, R, U> {
     type Service = RateLimit<S, St, R, U>;
 

@@ -11,11 +11,13 @@ mod error;
 mod future;
 mod head;
 pub mod headers;
+pub mod hold;
 pub mod key;
 mod layer;
 mod limiter;
 mod metrics;
 mod notice;
+mod permit;
 mod quota;
 mod report;
 pub mod response;
@@ -34,6 +36,7 @@ pub use error::{BuildError, StoreError};
 pub use future::ResponseFuture;
 pub use head::RequestHead;
 pub use headers::HeaderStyle;
+pub use hold::HoldPermitsLayer;
 /// The `http` crate, re-exported: its `Request`, `Response` and header types are this
 /// crate's (`tollgate::http::Request` in a key extractor of an app that does not name
 /// `http` itself).
@@ -45,6 +48,7 @@ pub use limiter::{Limiter, LimiterBuilder, LimiterHandle};
 /// [`RateLimitLayer::from_limiter`]): its rules read a request's head. The name to write in
 /// an application's state or a job loop's signature, as `Arc<HttpLimiter<RedisStore>>`.
 pub type HttpLimiter<St> = Limiter<St, RequestHead>;
+pub use permit::Permit;
 pub use quota::Quota;
 pub use rule::{FailMode, Rule};
 pub use service::RateLimit;

@@ -30,6 +30,13 @@ pub(crate) fn slice_units(rule: RuleName, outcome: &'static str, units: u64) {
     metrics::counter!("tollgate_slice_units_total", "rule" => rule.as_str(), "outcome" => outcome).increment(units);
 }
 
+/// Permits of a concurrency rule this limiter holds (`tollgate_permits_held{rule}`, a
+/// gauge): `delta` more (or fewer, negative).
+pub(crate) fn permits_held(rule: RuleName, delta: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tollgate_permits_held", "rule" => rule.as_str()).increment(delta);
+}
+
 pub(crate) fn near_limit(rule: RuleName) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_near_limit_total", "rule" => rule.as_str()).increment(1);

@@ -343,10 +343,21 @@ impl<R, U> Responder<R, U> {
         if style == HeaderStyle::None {
             return;
         }
-        let all: SmallVec<[RuleDecision<'_>; 2]> =
-            decided.iter().map(|d| d.as_shown(&names.public[d.rule], None)).collect();
+        // Issue 42: a concurrency rule is never the one the headers describe, nor listed in
+        // the IETF policy (it has no window): a refusal by one describes the most
+        // restrictive rate rule, if any.
+        let most = match decided[most].permits {
+            false => most,
+            true => match crate::verdict::fewest_left(decided) {
+                Some(i) => i,
+                None => return,
+            },
+        };
+        let rates = || decided.iter().filter(|d| !d.permits);
+        let all: SmallVec<[RuleDecision<'_>; 2]> = rates().map(|d| d.as_shown(&names.public[d.rule], None)).collect();
+        let shown = rates().position(|d| std::ptr::eq(d, &decided[most])).unwrap_or(0);
         // Several rules: say which one the legacy headers describe.
-        headers::apply(h, style, &all[most], &all, names.public.len() > 1, inner_refused);
+        headers::apply(h, style, &all[shown], &all, names.public.len() > 1, inner_refused);
     }
 
     /// The response when the store cannot decide and the fail mode refuses: the refusal

@@ -53,6 +53,12 @@ impl FromStr for FailMode {
     }
 }
 
+/// A concurrency rule's default hold limit ([`Rule::hold_limit`]).
+pub(crate) const DEFAULT_HOLD_LIMIT: Duration = Duration::from_secs(60);
+
+/// The shortest hold limit of a concurrency rule.
+const MIN_HOLD_LIMIT: Duration = Duration::from_millis(3);
+
 /// Longest rule name, in bytes.
 pub(crate) const MAX_RULE_NAME: usize = 64;
 
@@ -104,6 +110,12 @@ pub struct Rule<I: ?Sized> {
     pub(crate) count_if: Option<Arc<dyn Fn(StatusCode) -> bool + Send + Sync>>,
     /// Whether the rule's first inputs gave it a key (and a quota): see [`KeyWatch`].
     pub(crate) watch: Arc<KeyWatch>,
+    /// A concurrency rule ([`Rule::concurrent`]): the `n` it was given (0 is refused when
+    /// the limiter is built). Its quota is `n` permits per hold limit.
+    pub(crate) concurrent: Option<u64>,
+    /// A concurrency rule's hold limit as given (checked when the limiter is built; the
+    /// quota's period once valid).
+    pub(crate) hold: Duration,
 }
 
 /// How many of a rule's first inputs may give it no key (or no quota from its
@@ -165,6 +177,8 @@ impl<I: ?Sized> Clone for Rule<I> {
             bypass: self.bypass.clone(),
             count_if: self.count_if.clone(),
             watch: self.watch.clone(),
+            concurrent: self.concurrent,
+            hold: self.hold,
         }
     }
 }
@@ -186,6 +200,7 @@ impl<I: ?Sized> fmt::Debug for Rule<I> {
             .field("charged", &self.charged)
             .field("bypass", &self.bypass.as_ref().map(|_| "fn"))
             .field("count_if", &self.count_if.as_ref().map(|_| "fn"))
+            .field("concurrent", &self.concurrent)
             .finish_non_exhaustive()
     }
 }
@@ -212,7 +227,78 @@ impl<I: ?Sized> Rule<I> {
             bypass: None,
             count_if: None,
             watch: Arc::default(),
+            concurrent: None,
+            hold: DEFAULT_HOLD_LIMIT,
         }
+    }
+
+    /// A concurrency rule named `name`: at most `n` of a key's inputs **in flight** at
+    /// once, on every server that shares the store — not a rate (no period, no
+    /// algorithm). Its unit is a *permit*: an admitted input takes one (or its
+    /// [`cost`](Rule::cost) in permits) and gives them back when its work ends — the HTTP
+    /// layer when the response's body ends or is dropped, a job when the
+    /// [`Permit`](crate::Permit) of [`Limiter::enter_key`](crate::Limiter::enter_key) is
+    /// dropped. It composes with rate rules in one decision (an input refused by any rule
+    /// holds nothing), may be [`shadow`](Rule::shadow), and takes tiers from
+    /// [`Rule::permits_fn`].
+    ///
+    /// A refusal's `retry_after` is the key's recent median hold time, at least 10 ms. A
+    /// permit a remote store holds lapses after the [`hold_limit`](Rule::hold_limit)
+    /// (default 60 s) unless its server renews it: a server that dies frees its permits
+    /// within it.
+    ///
+    /// ```
+    /// use tollgate::{key, Quota, RequestHead, Rule};
+    ///
+    /// // An LLM-style endpoint: 3 in flight and 60 a minute per API key.
+    /// let in_flight: Rule<RequestHead> = Rule::concurrent("llm-in-flight", 3, key::header("x-api-key"));
+    /// let per_minute: Rule<RequestHead> = Rule::new("llm-per-minute", Quota::per_minute(60), key::header("x-api-key"));
+    /// # let _ = (in_flight, per_minute);
+    /// ```
+    ///
+    /// An `n` of 0 is refused when the limiter is built ([`BuildError::InvalidQuota`]).
+    pub fn concurrent(name: impl Into<String>, n: u64, key: impl KeyExtractor<I>) -> Self {
+        let mut rule = Self::new(name, Quota::new(n.max(1), DEFAULT_HOLD_LIMIT), key);
+        rule.algorithm = Some(Algorithm::Concurrent);
+        rule.concurrent = Some(n);
+        rule
+    }
+
+    /// Whether this is a concurrency rule ([`Rule::concurrent`]).
+    #[must_use]
+    pub fn is_concurrent(&self) -> bool {
+        self.concurrent.is_some()
+    }
+
+    /// A concurrency rule: how long a permit held by a remote store lives unless its server
+    /// renews it (default 60 s). Each server renews the permits it holds every third of
+    /// it, so only a server that died (or could not reach the store for that long) loses
+    /// them. Ignored by a rate rule. Shorter than 3 ms (a renewal every third of it would
+    /// be below a millisecond) is a build error.
+    #[must_use]
+    pub fn hold_limit(mut self, hold: Duration) -> Self {
+        self.hold = hold;
+        if self.concurrent.is_some() && hold >= MIN_HOLD_LIMIT {
+            self.quota = Quota::new(self.quota.limit(), hold);
+        }
+        self
+    }
+
+    /// A concurrency rule's hold limit (see [`Rule::hold_limit`]); `None` for a rate rule.
+    #[must_use]
+    pub fn hold_limit_of(&self) -> Option<Duration> {
+        self.concurrent.map(|_| self.quota.period())
+    }
+
+    /// A concurrency rule: chooses `n` per input (tiers); `None` means "no limit for this
+    /// one", and 0 is taken as 1. Ignored by a rate rule (use [`Rule::quota_fn`]).
+    #[must_use]
+    pub fn permits_fn(mut self, f: impl Fn(&I) -> Option<u64> + Send + Sync + 'static) -> Self {
+        if self.concurrent.is_some() {
+            // The period is the rule's hold limit, whenever that is set (see `params`).
+            self.quota_fn = Some(Arc::new(move |input: &I| f(input).map(|n| Quota::new(n.max(1), DEFAULT_HOLD_LIMIT))));
+        }
+        self
     }
 
     /// The rule's name.
@@ -242,6 +328,7 @@ impl<I: ?Sized> Rule<I> {
     }
 
     /// The algorithm (default: the limiter's, itself defaulting to the sliding window counter).
+    /// A concurrency rule ([`Rule::concurrent`]) has none: setting one is a build error.
     #[must_use]
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = Some(algorithm);
@@ -389,9 +476,43 @@ impl<I: ?Sized> Rule<I> {
         self.algorithm.unwrap_or(default)
     }
 
+    /// What is wrong with this rule as a concurrency rule, or with a rate rule given the
+    /// concurrency rules' algorithm: checked when a limiter is built.
+    pub(crate) fn check_kind(&self) -> Result<(), BuildError> {
+        let bad = |why: &str| Err(BuildError::InvalidQuota(format!("rule {:?}: {why}", &*self.name)));
+        match self.concurrent {
+            None if self.algorithm == Some(Algorithm::Concurrent) => {
+                bad("Algorithm::Concurrent is not a rate: build a concurrency rule with Rule::concurrent")
+            }
+            None => Ok(()),
+            Some(0) => {
+                bad("a concurrency rule needs n of at least 1 permit in flight (Rule::concurrent(name, n, key))")
+            }
+            Some(_) if self.hold < MIN_HOLD_LIMIT => {
+                bad(&format!("a hold limit needs at least 3 ms (renewed every third of it), got {:?}", self.hold))
+            }
+            Some(_) if self.algorithm != Some(Algorithm::Concurrent) => {
+                bad("a concurrency rule has no algorithm (it is not a rate): remove .algorithm(..)")
+            }
+            Some(_) if self.charged => bad("a concurrency rule cannot be charged: permits are given back, not spent"),
+            Some(_) if self.count_if.is_some() => {
+                bad("a concurrency rule cannot count by outcome: every permit is given back when its work ends")
+            }
+            Some(_) if self.block > Duration::ZERO || self.blockable => {
+                bad("a concurrency rule cannot block keys: a refusal lasts until a permit is given back")
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
     /// The parameters of a check of this rule.
     pub(crate) fn params(&self, quota: Quota, cost: u64) -> crate::algorithm::Params {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        // A concurrency rule's tier sets n; the period is always its hold limit.
+        let quota = match self.concurrent {
+            Some(_) => Quota::new(quota.limit(), self.quota.period()),
+            None => quota,
+        };
         crate::algorithm::Params {
             quota,
             cost,
@@ -399,6 +520,28 @@ impl<I: ?Sized> Rule<I> {
             block_us: micros(self.block),
             blockable: self.blockable,
             shadow: self.shadow,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Rule;
+
+    #[test]
+    fn a_tier_of_a_concurrency_rule_keeps_its_hold_limit_whatever_the_order() {
+        let user = |u: &str| Some(u.to_owned());
+        let hold = Duration::from_millis(300);
+        for rule in [
+            Rule::<str>::concurrent("jobs", 1, user).permits_fn(|_| Some(5)).hold_limit(hold),
+            Rule::<str>::concurrent("jobs", 1, user).hold_limit(hold).permits_fn(|_| Some(5)),
+        ] {
+            let tier = (rule.quota_fn.as_ref().unwrap())("ada").unwrap();
+            let p = rule.params(tier, 1);
+            assert_eq!((p.quota.limit(), p.quota.period()), (5, hold));
+            assert_eq!(rule.hold_limit_of(), Some(hold));
         }
     }
 }

@@ -53,6 +53,9 @@ pub(crate) struct Decided {
     /// The units the check asked for: what a count-by-outcome rule gives back when the
     /// response's status does not count.
     pub(crate) cost: u64,
+    /// A concurrency rule's decision (`Rule::concurrent`): never the one the rate-limit
+    /// headers describe.
+    pub(crate) permits: bool,
 }
 
 impl Decided {
@@ -274,8 +277,9 @@ impl std::fmt::Display for Verdict {
 }
 
 /// The index of the decision with the fewest units left (the first of equals).
+/// Concurrency rules are not counted: they are never the one the headers describe.
 pub(crate) fn fewest_left(decided: &[Decided]) -> Option<usize> {
-    decided.iter().enumerate().min_by_key(|(_, d)| d.decision.remaining()).map(|(i, _)| i)
+    decided.iter().enumerate().filter(|(_, d)| !d.permits).min_by_key(|(_, d)| d.decision.remaining()).map(|(i, _)| i)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use crate::decision::Decision;
 use crate::error::BuildError;
 use crate::quota::Quota;
 
+pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod leaky_bucket;
@@ -40,10 +41,14 @@ pub enum Algorithm {
     LeakyBucket,
     /// Generic cell rate algorithm: one timestamp per key; the token bucket's twin.
     Gcra,
+    /// Not a rate: the permits a key holds at once, the state of a
+    /// [`Rule::concurrent`](crate::Rule::concurrent) rule (which sets it). Giving it to
+    /// a rate rule is a build error; it is not in [`Algorithm::ALL`].
+    Concurrent,
 }
 
 impl Algorithm {
-    /// Every algorithm, in declaration order.
+    /// Every rate algorithm, in declaration order ([`Algorithm::Concurrent`] is not one).
     pub const ALL: [Algorithm; 6] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,
@@ -63,6 +68,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::Gcra => "gcra",
+            Algorithm::Concurrent => "concurrent",
         }
     }
 
@@ -76,6 +82,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "tb",
             Algorithm::LeakyBucket => "lb",
             Algorithm::Gcra => "gcra",
+            Algorithm::Concurrent => "conc",
         }
     }
 }
@@ -245,6 +252,7 @@ kind!(token_bucket::TokenBucket, |s, p, now| (now + MAX_DEBT).saturating_sub(s.0
     / p.quota.emission_interval_micros());
 kind!(leaky_bucket::LeakyBucket, |s, p, now| (now + MAX_DEBT).saturating_sub(s.next.max(now))
     / p.quota.emission_interval_micros());
+kind!(concurrency::Concurrency, |_s, _p, _now| 0);
 kind!(gcra::Gcra, |s, p, now| (now + MAX_DEBT).saturating_sub(s.tat.max(now)) / p.quota.emission_interval_micros());
 
 /// Runs `$body` with `$k` the state type of `$algorithm` (a type alias in each arm).
@@ -275,6 +283,10 @@ macro_rules! by_algorithm {
                 type $k = $crate::algorithm::gcra::Gcra;
                 $body
             }
+            $crate::algorithm::Algorithm::Concurrent => {
+                type $k = $crate::algorithm::concurrency::Concurrency;
+                $body
+            }
         }
     };
 }
@@ -291,6 +303,7 @@ pub(crate) enum State {
     TokenBucket(token_bucket::TokenBucket),
     LeakyBucket(leaky_bucket::LeakyBucket),
     Gcra(gcra::Gcra),
+    Concurrent(concurrency::Concurrency),
 }
 
 /// `$body` with `$s` the state inside `$state`, as a `Kind`.
@@ -304,6 +317,7 @@ macro_rules! each {
             State::TokenBucket($s) => $body,
             State::LeakyBucket($s) => $body,
             State::Gcra($s) => $body,
+            State::Concurrent($s) => $body,
         }
     };
 }
@@ -319,6 +333,7 @@ impl State {
             Algorithm::TokenBucket => State::TokenBucket(Default::default()),
             Algorithm::LeakyBucket => State::LeakyBucket(Default::default()),
             Algorithm::Gcra => State::Gcra(Default::default()),
+            Algorithm::Concurrent => State::Concurrent(Default::default()),
         }
     }
 

@@ -309,6 +309,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             record(check, d, shadow, started, who);
             if let Some(taken) = *taken {
                 let exit = match &set.rules[rule].count_if {
+                    // Issue 42: a concurrency rule's permits go back when the work ends.
+                    _ if set.rules[rule].concurrent.is_some() => Exit::Released,
                     Some(counts) => Exit::UnlessCounted(counts.clone()),
                     None => Exit::Kept,
                 };
@@ -325,7 +327,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                 let (quota, cost) = (check.params.quota, check.params.cost);
                 let mut decision = *d;
                 decision.set_decided_by(who);
-                let decided = Decided { rule, name: check.rule, quota, decision, cost };
+                let permits = check.algorithm == crate::algorithm::Algorithm::Concurrent;
+                let decided = Decided { rule, name: check.rule, quota, decision, cost, permits };
                 verdict.decided.push(decided);
             }
         }
@@ -405,7 +408,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         if let Some((outcomes, _)) = &decided {
             let taken = |o: &Option<Outcome>| o.as_ref().is_some_and(|o| o.taken.is_some());
             for (c, o) in plan.checks.iter().zip(outcomes) {
-                copies.push((taken(o) && c.params.cost > 0).then(Arc::default));
+                // Issue 42: the fallback's permits are its own, given back to it: no copy.
+                let permits = c.algorithm == crate::algorithm::Algorithm::Concurrent;
+                copies.push((taken(o) && c.params.cost > 0 && !permits).then(Arc::default));
             }
         }
         // A call cut by its deadline runs on: the store counts what it admits, and its
@@ -479,6 +484,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                         match copies.get(i).and_then(Option::as_ref) {
                             _ if !goes_on => refunds.push(refund),
                             Some(copy) => refunds.extend(copy.taken(refund)),
+                            // Issue 42: the input holds the fallback's permits: the store's go back.
+                            None if c.algorithm == crate::algorithm::Algorithm::Concurrent => refunds.push(refund),
                             None => {}
                         }
                     }
@@ -529,7 +536,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let mut verdict = Verdict::empty(Ruling::Rejected { worst: 0, key: check.key.clone() }, set.held());
         verdict.source = Some(DecidedBy::LocalCache);
         let (quota, cost) = (check.params.quota, check.params.cost);
-        verdict.decided.push(Decided { rule, name: check.rule, quota, decision, cost });
+        let permits = check.algorithm == crate::algorithm::Algorithm::Concurrent;
+        verdict.decided.push(Decided { rule, name: check.rule, quota, decision, cost, permits });
         Some(verdict)
     }
 }
@@ -560,6 +568,11 @@ impl Teach<'_> {
     fn learn<I: ?Sized>(&self, set: &RuleSet<I>, checks: &[Check], rules: &[usize], outcomes: &Outcomes) {
         for ((check, &rule), o) in checks.iter().zip(rules).zip(outcomes.iter()) {
             let Some(Outcome { decision: d, .. }) = o else { continue };
+            // Issue 42: permits come back when work ends, not in time: a concurrency rule
+            // teaches neither the fallback's shares nor the blocked-key cache.
+            if check.algorithm == crate::algorithm::Algorithm::Concurrent {
+                continue;
+            }
             let id = set.id(rule);
             // Only a rule that falls back has a share to bound.
             if set.fail_mode_of(rule) == FailMode::Fallback {

@@ -31,6 +31,9 @@ pub(crate) enum Exit {
     /// Given back unless the response's status counts (`Rule::count_if`), and when no
     /// response comes.
     UnlessCounted(Arc<dyn Fn(StatusCode) -> bool + Send + Sync>),
+    /// Given back when the input's work ends, whatever its outcome: a concurrency rule's
+    /// permits (`Rule::concurrent`), held past the response until its body ends.
+    Released,
 }
 
 impl fmt::Debug for Exit {
@@ -38,6 +41,7 @@ impl fmt::Debug for Exit {
         f.write_str(match self {
             Exit::Kept => "Kept",
             Exit::UnlessCounted(_) => "UnlessCounted",
+            Exit::Released => "Released",
         })
     }
 }

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 
-use super::held::{Held, Holder, Unit};
+use super::held::{Exit, Held, Holder, Unit};
 use crate::error::StoreError;
-use crate::runtime::{BlockedCache, Copy, LateSlot, LateSlots, Mono, RuleId, Runtime, Shares, Unsent};
+use crate::runtime::{BlockedCache, Copy, LateSlot, LateSlots, Mono, PermitBook, RuleId, Runtime, Shares, Unsent};
 use crate::store::{Check, Refund, RuleName, Store};
 
 /// The holders of one limiter's units.
@@ -32,6 +32,8 @@ pub(crate) struct Holders<St> {
     clock: Mono,
     /// The slots of store calls left running (a write-back takes one).
     late: LateSlots,
+    /// The permits of concurrency rules held (issue 42): renewed while held.
+    pub(crate) permits: Arc<PermitBook>,
 }
 
 /// The store's part of a refund or a charge.
@@ -41,7 +43,7 @@ impl<St> Holders<St> {
     pub(crate) fn new(store: Arc<St>, runtime: &Runtime) -> Self {
         let (fallback, cache, unsent) = (runtime.fallback.clone(), runtime.cache.clone(), runtime.unsent.clone());
         let (shares, clock, late) = (runtime.shares.clone(), runtime.clock(), runtime.late_slots());
-        Self { store, fallback, cache, unsent, shares, clock, late }
+        Self { store, fallback, cache, unsent, shares, clock, late, permits: Arc::default() }
     }
 }
 
@@ -49,6 +51,7 @@ impl<St: Store> Holders<St> {
     /// Gives back what `held` took, without waiting: see the module docs. A failure is
     /// logged, naming `what` gave the units back.
     pub(crate) fn refund(self: &Arc<Self>, held: Held, what: &'static str) {
+        self.leave(&held);
         let (refunds, rules) = self.refund_fallback(&held);
         if refunds.is_empty() {
             return;
@@ -70,16 +73,94 @@ impl<St: Store> Holders<St> {
         drop(runtime.spawn(async move {
             match tokio::time::timeout(held.deadline, this.store.refund(&refunds)).await {
                 Ok(Ok(())) => this.forget(&refunds, &rules),
-                Ok(Err(err)) => lost(&refunds, what, &err),
-                Err(_) => lost(&refunds, what, &"the store did not answer within the deadline"),
+                Ok(Err(err)) => this.resend_permits(&refunds, what, err.to_string()).await,
+                Err(_) => {
+                    this.resend_permits(&refunds, what, "the store did not answer within the deadline".into()).await
+                }
             }
             std::mem::forget(unfinished);
         }));
     }
 
+    /// A refund that failed (sent, outcome unknown): the permits of concurrency rules in
+    /// it are sent again, twice at most — a release names each permit's id, and one given
+    /// back already is not given twice. Other units are not (a second refund could give
+    /// back units of other requests): logged as lost. Permits still not released lapse
+    /// after their hold limit (they are no longer renewed).
+    async fn resend_permits(&self, refunds: &[Refund], what: &str, err: String) {
+        let (permits, units): (Vec<Refund>, Vec<Refund>) =
+            refunds.iter().cloned().partition(|r| r.check.algorithm == crate::algorithm::Algorithm::Concurrent);
+        if !units.is_empty() {
+            lost(&units, what, &err);
+        }
+        if permits.is_empty() {
+            return;
+        }
+        let deadline = permits[0].check.params.quota.period().min(std::time::Duration::from_secs(1));
+        for wait in [100, 1_000] {
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            if let Ok(Ok(())) = tokio::time::timeout(deadline, self.store.refund(&permits)).await {
+                return;
+            }
+        }
+        lost(&permits, "permits (they lapse after their hold limit)", &err);
+    }
+
+    /// Enters the permits `held` took (issue 42): counted, and the store's renewed every
+    /// third of their hold limit until they are given back. The renewal task holds the
+    /// holders weakly: it ends with the limiter.
+    pub(crate) fn hold(self: &Arc<Self>, held: &Held) {
+        let mut any = false;
+        for u in held.units.iter().filter(|u| matches!(u.exit, Exit::Released)) {
+            self.permits.enter(&u.refund, u.holder == Holder::Store);
+            any = true;
+        }
+        if !any || self.store.as_local().is_some() || !self.permits.start_renewing() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.permits.stopped();
+            return;
+        };
+        let this = Arc::downgrade(self);
+        drop(runtime.spawn(async move {
+            loop {
+                let Some(every) = this.upgrade().map(|h| h.permits.due().1) else { return };
+                tokio::time::sleep(every).await;
+                let Some(holders) = this.upgrade() else { return };
+                let (due, _) = holders.permits.due();
+                if due.is_empty() {
+                    holders.permits.stopped();
+                    // Permits entered meanwhile start another task.
+                    if holders.permits.start_renewing() {
+                        continue;
+                    }
+                    return;
+                }
+                // A renewal has a third of the hold limit; no more than a second of it.
+                let deadline = every.min(std::time::Duration::from_secs(1));
+                match tokio::time::timeout(deadline, holders.store.renew(&due)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => {
+                        tracing::warn!(error = %err, "tollgate: could not renew the permits this server holds")
+                    }
+                    Err(_) => tracing::warn!("tollgate: the store did not renew the permits this server holds in time"),
+                }
+            }
+        }));
+    }
+
+    /// The permits of `held` are given back: no longer counted nor renewed.
+    fn leave(&self, held: &Held) {
+        for u in held.units.iter().filter(|u| matches!(u.exit, Exit::Released)) {
+            self.permits.leave(&u.refund, u.holder == Holder::Store);
+        }
+    }
+
     /// Gives back what `held` took, and waits for the store (no deadline: the caller
     /// asked).
     pub(crate) async fn refund_now(&self, held: Held) -> Result<(), StoreError> {
+        self.leave(&held);
         let (refunds, rules) = self.refund_fallback(&held);
         if refunds.is_empty() {
             return Ok(());

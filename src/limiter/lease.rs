@@ -7,6 +7,10 @@
 //!   Dropping a `Forwarded` (no response: the handler never answered) gives those back;
 //!   [`Forwarded::settle`] consumes it with the status and the [`Charge`](crate::Charge).
 //!
+//! - A concurrency rule's permits (issue 42) outlive the response: [`Forwarded::settle`]
+//!   and [`Lease::enter`] move them on to [`Released`], whose drop gives them back (the
+//!   HTTP layer's when the response's body ends, a job's [`Permit`](crate::Permit)).
+//!
 //! There are no flags: each stage is a type, each move consumes the last, and each `Drop`
 //! undoes exactly what its stage owes, through the one router ([`Holders`]).
 
@@ -31,7 +35,23 @@ impl<St: Store> Lease<St> {
     /// `held`, given back through `holders` if dropped (`what` names the input in the
     /// warning a failed refund logs).
     pub(crate) fn new(held: Held, holders: Arc<Holders<St>>, what: &'static str) -> Self {
+        holders.hold(&held);
         Self { held, holders, what }
+    }
+
+    /// A job's input goes ahead: its units are kept, and its permits (issue 42) move on
+    /// to what releases them when the job's [`Permit`](crate::Permit) is dropped.
+    pub(crate) fn enter(mut self) -> (Held, Released<St>) {
+        let mut held = std::mem::take(&mut self.held);
+        let (permits, kept): (SmallVec<[Unit; 1]>, SmallVec<[Unit; 1]>) =
+            std::mem::take(&mut held.units).into_iter().partition(|u| matches!(u.exit, Exit::Released));
+        self.holders.kept(&kept);
+        let released = Released {
+            held: Held { units: permits, probes: Vec::new(), deadline: held.deadline },
+            holders: self.holders.clone(),
+        };
+        held.units = kept;
+        (held, released)
     }
 
     /// The input goes ahead and keeps its units: back to plain data (a refund by its
@@ -46,7 +66,7 @@ impl<St: Store> Lease<St> {
     /// common request: nothing waits for its response).
     pub(crate) fn forward(mut self) -> Option<Forwarded<St>> {
         let mut held = std::mem::take(&mut self.held);
-        held.units.retain(|u| matches!(u.exit, Exit::UnlessCounted(_)));
+        held.units.retain(|u| matches!(u.exit, Exit::UnlessCounted(_) | Exit::Released));
         (!held.units.is_empty() || !held.probes.is_empty()).then(|| Forwarded { held, holders: self.holders.clone() })
     }
 }
@@ -69,19 +89,29 @@ pub(crate) struct Forwarded<St: Store> {
 impl<St: Store> Forwarded<St> {
     /// The response came: refunds the units whose rule does not count `status`, and
     /// takes `charge` units from the charged rules (see [`Charge`](crate::Charge)).
-    pub(crate) fn settle(mut self, status: StatusCode, charge: Option<u64>) {
+    ///
+    /// The permits of concurrency rules (issue 42) move on: released when what is
+    /// returned is dropped (the HTTP layer when the response's body ends); `None` when
+    /// there are none.
+    pub(crate) fn settle(mut self, status: StatusCode, charge: Option<u64>) -> Option<Released<St>> {
         let mut held = std::mem::take(&mut self.held);
         if let Some(units) = charge.filter(|&n| n > 0) {
             self.holders.charge(&held, units);
         }
-        let (refunded, kept): (SmallVec<[Unit; 1]>, SmallVec<[Unit; 1]>) = std::mem::take(&mut held.units)
-            .into_iter()
-            .partition(|u| matches!(&u.exit, Exit::UnlessCounted(counts) if !counts(status)));
+        let (permits, units): (SmallVec<[Unit; 1]>, SmallVec<[Unit; 1]>) =
+            std::mem::take(&mut held.units).into_iter().partition(|u| matches!(u.exit, Exit::Released));
+        let (refunded, kept): (SmallVec<[Unit; 1]>, SmallVec<[Unit; 1]>) =
+            units.into_iter().partition(|u| matches!(&u.exit, Exit::UnlessCounted(counts) if !counts(status)));
         self.holders.kept(&kept);
+        let deadline = held.deadline;
         held.units = refunded;
         if !held.units.is_empty() {
             self.holders.refund(held, "a count-by-outcome rule");
         }
+        (!permits.is_empty()).then(|| Released {
+            held: Held { units: permits, probes: Vec::new(), deadline },
+            holders: self.holders.clone(),
+        })
     }
 }
 
@@ -89,6 +119,28 @@ impl<St: Store> Drop for Forwarded<St> {
     fn drop(&mut self) {
         if !self.held.units.is_empty() {
             self.holders.refund(std::mem::take(&mut self.held), "a count-by-outcome rule whose handler did not answer");
+        }
+    }
+}
+
+/// Permits of concurrency rules (issue 42) whose work has not ended: dropped, they are
+/// given back (once: the drop consumes them).
+pub(crate) struct Released<St: Store> {
+    held: Held,
+    holders: Arc<Holders<St>>,
+}
+
+impl<St: Store> Released<St> {
+    /// How many permits this holds (over every concurrency rule).
+    pub(crate) fn permits(&self) -> u64 {
+        self.held.units.iter().map(|u| u.refund.check.params.cost).sum()
+    }
+}
+
+impl<St: Store> Drop for Released<St> {
+    fn drop(&mut self) {
+        if !self.held.units.is_empty() {
+            self.holders.refund(std::mem::take(&mut self.held), "permits whose work ended");
         }
     }
 }

@@ -23,7 +23,7 @@ pub use self::builder::LimiterBuilder;
 pub(crate) use self::decide::Now;
 pub(crate) use self::held::Held;
 pub(crate) use self::holders::Holders;
-pub(crate) use self::lease::{Forwarded, Lease};
+pub(crate) use self::lease::{Forwarded, Lease, Released};
 pub(crate) use self::plan::Plan;
 pub use self::rules::LimiterHandle;
 pub(crate) use self::rules::{Draft, RuleSet, Rules};
@@ -31,6 +31,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::headers::HeaderStyle;
 use crate::key::Key;
+use crate::permit::Permit;
 use crate::quota::Quota;
 use crate::rule::Rule;
 use crate::runtime::Runtime;
@@ -140,10 +141,99 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// [`Limiter::decide`] for a caller of the limiter's API: what the verdict holds is
     /// kept unless refunded (a layer's units wait for the response's status instead).
     fn handed(&self, plan: Plan<I>) -> impl Future<Output = Verdict> + Send + '_ {
-        self.decide(plan).map(|verdict| {
-            self.holders.kept(&verdict.held.units);
-            verdict
-        })
+        match no_permits(&plan) {
+            Some(refused) => Either::Left(std::future::ready(refused)),
+            None => Either::Right(self.decide(plan).map(|verdict| {
+                self.holders.kept(&verdict.held.units);
+                verdict
+            })),
+        }
+    }
+
+    /// Decides `input` as [`Limiter::check`] does, and holds the permits of its
+    /// concurrency rules ([`Rule::concurrent`]) in the returned [`Permit`] until it is
+    /// dropped (the units of its rate rules are kept, as a verdict's). The call for work
+    /// that a concurrency rule limits: [`Limiter::check`] refuses such an input.
+    ///
+    /// Dropping this future before it completes holds nothing (a store call it left
+    /// running gives back what it took).
+    pub fn enter(&self, input: &I) -> impl Future<Output = Permit> + Send + '_ {
+        self.entered(self.plan(input), None)
+    }
+
+    /// [`Limiter::enter`] by key: `cost` permits (or units, for a rate rule) of `key`
+    /// under the rule named `rule`, as [`Limiter::check_key`] decides them. The [`Permit`]
+    /// gives its permits back when dropped.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::BuildError> {
+    /// use tollgate::{Limiter, MemoryStore, Rule};
+    ///
+    /// let limiter = Limiter::<_, str>::builder(MemoryStore::new())
+    ///     .add_rule(Rule::concurrent("renders", 4, |user: &str| Some(user.to_owned())))
+    ///     .build()?;
+    /// let big = limiter.enter_key("renders", "ada", 3).await; // three permits
+    /// assert_eq!(big.permits(), 3);
+    /// let refused = limiter.enter_key("renders", "ada", 2).await;
+    /// assert!(refused.is_rejected());
+    /// assert!(refused.retry_after().is_some(), "the key's median hold time, at least 10 ms");
+    /// # Ok(()) }
+    /// ```
+    pub fn enter_key(&self, rule: &str, key: impl Into<Key>, cost: u64) -> impl Future<Output = Permit> + Send + '_ {
+        let plan = self.plan_key(rule, key.into(), cost);
+        async move {
+            match plan {
+                Ok(plan) => self.entered(plan, None).await,
+                Err(verdict) => Permit::new(verdict, None),
+            }
+        }
+    }
+
+    /// [`Limiter::enter_key`], waiting its turn as [`Limiter::wait_key`] does: after a
+    /// refusal it sleeps for its [`Verdict::retry_after`] (a concurrency rule's: the
+    /// key's median hold time) and asks again, until waiting longer would pass
+    /// `max_wait`. Returns the last permit: allowed, or the refusal that would have made
+    /// it wait too long.
+    pub fn wait_enter_key(
+        &self,
+        rule: &str,
+        key: impl Into<Key>,
+        cost: u64,
+        max_wait: Duration,
+    ) -> impl Future<Output = Permit> + Send + '_ {
+        let plan = self.plan_key(rule, key.into(), cost);
+        async move {
+            match plan {
+                Ok(plan) => self.entered(plan, Some(Instant::now() + max_wait)).await,
+                Err(verdict) => Permit::new(verdict, None),
+            }
+        }
+    }
+
+    /// Decides `plan` (again after each refusal, while its retry time ends before
+    /// `until`) and holds its permits in a [`Permit`].
+    async fn entered(&self, plan: Plan<I>, until: Option<Instant>) -> Permit {
+        loop {
+            let mut verdict = self.decide(plan.clone()).await;
+            if let (Some(until), Ruling::Rejected { .. }, Some(retry)) = (until, &verdict.ruling, verdict.retry_after())
+            {
+                if Instant::now() + retry <= until {
+                    tokio::time::sleep(retry).await;
+                    continue;
+                }
+            }
+            // Dropped from here (a leaky bucket's wait), everything goes back.
+            let lease = self.lease(std::mem::take(&mut verdict.held), "an entry dropped before its slot");
+            let delay = verdict.delay();
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let (held, released) = lease.enter();
+            verdict.held = held;
+            let release: Option<Box<dyn crate::permit::Held>> =
+                (released.permits() > 0).then(|| Box::new(released) as Box<dyn crate::permit::Held>);
+            return Permit::new(verdict, release);
+        }
     }
 
     /// Waits until `input` is admitted, or until waiting longer would pass `max_wait`:
@@ -536,10 +626,25 @@ impl<St: LocalStore, I: ?Sized + 'static> Limiter<St, I> {
             Ok(plan) => plan,
             Err(verdict) => return verdict,
         };
+        if let Some(refused) = no_permits(&plan) {
+            return refused;
+        }
         let verdict = self.decide_local(&*self.holders.store, &plan);
         self.holders.kept(&verdict.held.units);
         verdict
     }
+}
+
+/// A check (not an entry) of an input a concurrency rule applies to: refused, saying
+/// what to call instead (a verdict would keep its permits for ever).
+fn no_permits<I: ?Sized>(plan: &Plan<I>) -> Option<Verdict> {
+    let c = plan.checks.iter().find(|c| c.algorithm == crate::algorithm::Algorithm::Concurrent)?;
+    let error = StoreError::Invalid(format!(
+        "rule {:?} limits work in flight (Rule::concurrent): a check would hold its permits for ever; use \
+         Limiter::enter or Limiter::enter_key, whose Permit gives them back when dropped",
+        &*c.rule
+    ));
+    Some(Verdict::empty(Ruling::Failed { error, closed: true }, plan.set.held()))
 }
 
 /// The error of an admin call or a check by key under a rule name the limiter lacks.

@@ -132,8 +132,18 @@ impl<I: ?Sized> Draft<I> {
                 why: "a limiter needs at least one rule".into(),
             });
         }
+        if self.algorithm == Algorithm::Concurrent {
+            return Err(BuildError::InvalidConfig {
+                rule: String::new(),
+                field: "algorithm".into(),
+                why: "Algorithm::Concurrent is not a rate: it cannot be the limiter's default algorithm (build a \
+                      concurrency rule with Rule::concurrent)"
+                    .into(),
+            });
+        }
         for (i, r) in self.rules.iter().enumerate() {
             check_rule_name(&r.name)?;
+            r.check_kind()?;
             if self.rules[..i].iter().any(|o| o.name == r.name) {
                 return Err(BuildError::DuplicateRule(r.name.to_string()));
             }

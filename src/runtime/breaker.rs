@@ -27,17 +27,17 @@ impl fmt::Debug for Breaker {
 }
 
 /// Leave to call the store, from [`Breaker::admit`]. Report the call's end with
-/// [`Permit::success`] or [`Permit::failure`]; a permit dropped without either (its future
+/// [`Trial::success`] or [`Trial::failure`]; a trial dropped without either (its future
 /// was dropped: a client gone, an outer timeout, a `select!`; or the in-flight cap refused
 /// the call) hands the half-open probe back, so the next call after the cool-down probes
 /// again.
-pub(crate) struct Permit<'a> {
+pub(crate) struct Trial<'a> {
     breaker: &'a Breaker,
     /// Whether this call is the half-open probe, until it is reported.
     probe: bool,
 }
 
-impl Permit<'_> {
+impl Trial<'_> {
     pub(crate) fn success(mut self) {
         let (b, probe) = (self.breaker, std::mem::take(&mut self.probe));
         b.failures.store(0, Ordering::Relaxed);
@@ -83,7 +83,7 @@ impl Permit<'_> {
     }
 }
 
-impl Drop for Permit<'_> {
+impl Drop for Trial<'_> {
     fn drop(&mut self) {
         if self.probe {
             self.breaker.probing.store(false, Ordering::Release);
@@ -108,10 +108,10 @@ impl Breaker {
     }
 
     /// Leave to call the store, or how long the circuit stays open.
-    pub(crate) fn admit(&self, now_us: u64) -> Result<Permit<'_>, Duration> {
+    pub(crate) fn admit(&self, now_us: u64) -> Result<Trial<'_>, Duration> {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return Ok(Permit { breaker: self, probe: false });
+            return Ok(Trial { breaker: self, probe: false });
         }
         if now_us < until {
             return Err(Duration::from_micros(until - now_us));
@@ -119,7 +119,7 @@ impl Breaker {
         if self.probing.swap(true, Ordering::AcqRel) {
             return Err(self.cool_down);
         }
-        Ok(Permit { breaker: self, probe: true })
+        Ok(Trial { breaker: self, probe: true })
     }
 }
 
@@ -127,7 +127,7 @@ impl Breaker {
 mod tests {
     use super::*;
 
-    fn probe(b: &Breaker, now: u64) -> Option<Permit<'_>> {
+    fn probe(b: &Breaker, now: u64) -> Option<Trial<'_>> {
         b.admit(now).ok().filter(|p| p.probe)
     }
 

@@ -8,6 +8,7 @@ mod blocked;
 mod breaker;
 mod copy;
 mod detached;
+mod permits;
 mod sharded;
 mod share;
 mod slice;
@@ -25,6 +26,7 @@ use self::breaker::Breaker;
 pub(crate) use self::copy::{Copy, StoreCopy};
 use self::detached::owned_ask;
 pub(crate) use self::detached::{Late, LateSlots, Lessons, Unsent};
+pub(crate) use self::permits::PermitBook;
 pub(crate) use self::share::Shares;
 pub(crate) use self::slice::{pays, slice_id, sliceable, Slice, Slices, SLICE_KEYS};
 use crate::algorithm::Algorithm;
@@ -176,8 +178,8 @@ impl Runtime {
         started: Instant,
     ) -> (Result<Outcomes, StoreError>, Option<Late>, Instant) {
         let s = &self.settings;
-        let permit = match self.breaker.admit(self.us_at(started)) {
-            Ok(permit) => permit,
+        let trial = match self.breaker.admit(self.us_at(started)) {
+            Ok(trial) => trial,
             Err(open) => return (Err(StoreError::CircuitOpen(open)), None, started),
         };
         let Some(_in_flight) = Slot::enter(&self.in_flight, s.max_in_flight) else {
@@ -216,15 +218,15 @@ impl Runtime {
             self.stalls.store(0, Ordering::Relaxed);
         }
         match &r {
-            Ok(_) => permit.success(),
+            Ok(_) => trial.success(),
             // One node failed while the others answer (the breaker would stop the healthy
             // ones too), the call failed at once (nothing to spare), or this process
             // stalled past the deadline (see above): not counted against the store.
             Err(StoreError::NodeUnavailable(_) | StoreError::NodeTimeout(_) | StoreError::NotConnected(_)) => {
-                permit.neutral(self.us_at(ended))
+                trial.neutral(self.us_at(ended))
             }
-            Err(_) if stalled => permit.neutral(self.us_at(ended)),
-            Err(_) => permit.failure(self.us_at(ended)),
+            Err(_) if stalled => trial.neutral(self.us_at(ended)),
+            Err(_) => trial.failure(self.us_at(ended)),
         }
         // Cut by the deadline, not failed: the call goes on (it may still be running in the
         // store), in a slot of its own.
@@ -448,7 +450,10 @@ fn said_of_whole(d: &mut Decision, check: &Check) {
 fn capacity(check: &Check) -> u64 {
     let q = check.params.quota;
     match check.algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => q.limit(),
+        Algorithm::FixedWindow
+        | Algorithm::SlidingWindowLog
+        | Algorithm::SlidingWindowCounter
+        | Algorithm::Concurrent => q.limit(),
         Algorithm::TokenBucket | Algorithm::Gcra => q.burst_size(),
         Algorithm::LeakyBucket => q.burst_size().saturating_add(1),
     }

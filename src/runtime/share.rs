@@ -88,14 +88,18 @@ impl Entry {
 fn rescaled(left: i64, servers: u64, from: Quota, to: Quota, algorithm: Algorithm) -> i64 {
     let s = i128::from(servers.max(1));
     let (cap_from, cap_to) = match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => {
-            (from.limit(), to.limit())
-        }
+        Algorithm::FixedWindow
+        | Algorithm::SlidingWindowLog
+        | Algorithm::SlidingWindowCounter
+        | Algorithm::Concurrent => (from.limit(), to.limit()),
         Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => (from.burst_size(), to.burst_size()),
     };
     let used = i128::from(cap_from) / s - i128::from(left);
     let used = match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => used,
+        Algorithm::FixedWindow
+        | Algorithm::SlidingWindowLog
+        | Algorithm::SlidingWindowCounter
+        | Algorithm::Concurrent => used,
         Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra => {
             let (t_from, t_to) = (from.emission_interval_micros(), to.emission_interval_micros().max(1));
             // Rounded up: time ahead is never read as less.

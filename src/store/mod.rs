@@ -124,6 +124,18 @@ pub trait Store: Send + Sync + 'static {
     /// What `check` would decide now, without consuming anything (support tooling).
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
+    /// Renews permits of concurrency rules ([`Rule::concurrent`](crate::Rule::concurrent))
+    /// this server holds: each (named by its refund: its check, and its id in
+    /// `taken.at`) lives another hold limit (the check's quota period) from now. A permit
+    /// the store no longer holds (given back, or lapsed) is not made again.
+    ///
+    /// The default does nothing: a store whose permits never lapse (in process, where
+    /// nothing dies without dropping them).
+    fn renew(&self, permits: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = permits;
+        std::future::ready(Ok(()))
+    }
+
     /// Forgets the state of one (rule, key, algorithm): the key starts afresh.
     fn reset(&self, rule: &str, key: &Key, algorithm: Algorithm)
         -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -367,6 +379,9 @@ impl<S: Store> Store for Arc<S> {
     }
     fn peek(&self, check: &Check) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         (**self).peek(check)
+    }
+    fn renew(&self, permits: &[Refund]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).renew(permits)
     }
     fn reset(
         &self,

@@ -9,6 +9,7 @@ mod cancellation;
 mod charges;
 mod client_bodies;
 mod common;
+mod concurrency;
 mod config;
 mod delays;
 mod fallback;

@@ -501,3 +501,37 @@ async fn a_reloaded_limits_file_keeps_the_internal_pass_and_the_code_rules() {
     }
     assert_rejected_by(&send(&a.public, internal("wrong")).await, "ip");
 }
+
+/// Issue 42: `POST /api/completions` holds at most 3 of an API key's completions in
+/// flight; the fourth is a 429 with `Retry-After` whose headers describe the per-minute
+/// rule; once they end, the key may send again.
+#[tokio::test]
+async fn completions_hold_three_in_flight_per_api_key() {
+    let a = app();
+    let post = |key: &str| {
+        let req = Request::post("/api/completions").header("x-api-key", key).body(Body::empty()).unwrap();
+        from_ip(req, "203.0.113.7")
+    };
+    let running: Vec<_> = (0..3).map(|_| tokio::spawn(a.public.clone().oneshot(post("pro-1")))).collect();
+    tokio::time::sleep(example::COMPLETION_TIME / 4).await;
+    let refused = send(&a.public, post("pro-1")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key(http::header::RETRY_AFTER));
+    assert_eq!(header(&refused, &X_RATELIMIT_LIMIT), "60", "the headers describe the per-minute rule");
+    assert_eq!(send(&a.public, post("pro-2")).await.status(), StatusCode::OK, "another key is not held back");
+    assert_eq!(permits_held(&a).await, 3.0, "the gauge counts the permits held");
+    for r in running {
+        let res = r.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(body(res).await, "Once upon a time…\n");
+    }
+    assert_eq!(send(&a.public, post("pro-1")).await.status(), StatusCode::OK);
+    assert_eq!(permits_held(&a).await, 0.0, "every permit went back");
+}
+
+/// `tollgate_permits_held` of the completions' concurrency rule, scraped.
+async fn permits_held(a: &App) -> f64 {
+    let scrape = body(send(&a.internal, Request::get("/metrics").body(Body::empty()).unwrap()).await).await;
+    let line = scrape.lines().find(|l| l.starts_with("tollgate_permits_held{rule=\"completions-in-flight\"}"));
+    line.and_then(|l| l.rsplit(' ').next()).map_or_else(|| panic!("no gauge in {scrape}"), |v| v.parse().unwrap())
+}

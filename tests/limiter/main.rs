@@ -5,6 +5,7 @@
 mod support;
 
 mod by_key;
+mod concurrency;
 mod contention;
 mod keys;
 mod max_keys;

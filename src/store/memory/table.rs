@@ -9,6 +9,7 @@ use hashbrown::hash_table::Entry as Slot;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::algorithm::concurrency::Concurrency;
 use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::leaky_bucket::LeakyBucket;
@@ -146,6 +147,7 @@ pub(super) struct Shard {
     token_bucket: HashTable<Entry<TokenBucket>>,
     leaky_bucket: HashTable<Entry<LeakyBucket>>,
     gcra: HashTable<Entry<Gcra>>,
+    concurrent: HashTable<Entry<Concurrency>>,
     /// States held, in every table (one count, so that the sweep's check is one load).
     len: usize,
     /// Sweep expired entries when the shard holds this many.
@@ -206,7 +208,8 @@ tabled!(
     SlidingWindowCounter => sliding_window_counter,
     TokenBucket => token_bucket,
     LeakyBucket => leaky_bucket,
-    Gcra => gcra
+    Gcra => gcra,
+    Concurrency => concurrent
 );
 
 pub(super) const MIN_SWEEP: usize = 64;

@@ -197,6 +197,16 @@ impl Inner {
         reply.outcomes.into_iter().next().flatten().ok_or_else(|| StoreError::Backend(none.into()))
     }
 
+    /// Runs the renew script over `permits` (all in one slot, or standalone; issue 42).
+    pub(super) async fn run_renew(&self, permits: &[&Refund]) -> Result<(), StoreError> {
+        let checks: Vec<&Check> = permits.iter().map(|r| &r.check).collect();
+        let ats: Vec<u64> = permits.iter().map(|r| r.taken.at).collect();
+        match self.eval(&SCRIPTS.renew, &checks, &ats, MODE_CHECK).await? {
+            Value::Int(_) => Ok(()),
+            other => Err(StoreError::Backend(format!("unexpected reply from the tollgate renew script: {other:?}"))),
+        }
+    }
+
     /// Runs the refund script over `refunds` (all in one slot, or standalone).
     pub(super) async fn run_refund(&self, refunds: &[&Refund]) -> Result<(), StoreError> {
         let checks: Vec<&Check> = refunds.iter().map(|r| &r.check).collect();

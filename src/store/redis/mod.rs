@@ -9,6 +9,7 @@ mod keys;
 mod origin;
 mod pool;
 mod presence;
+mod release;
 mod script;
 mod security;
 mod sentinel;
@@ -56,6 +57,8 @@ pub struct RedisStore {
     inner: Arc<Inner>,
     /// Checks waiting for their batch (group commit, `batch.rs`).
     queue: Arc<batch::Queue>,
+    /// Permits' releases waiting for their call (group commit, `release.rs`).
+    releases: Arc<release::Releases>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -86,7 +89,7 @@ impl RedisStore {
     fn build(config: Config) -> Self {
         let link = Link::new(config.origin.clone(), config.timeouts);
         let presence = presence::Presence::new(config.identity);
-        Self { inner: Arc::new(Inner { config, link, presence }), queue: Arc::default() }
+        Self { inner: Arc::new(Inner { config, link, presence }), queue: Arc::default(), releases: Arc::default() }
     }
 
     fn with_config(config: Config) -> Result<Self, BuildError> {

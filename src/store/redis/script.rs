@@ -9,6 +9,7 @@ use std::sync::LazyLock;
 use redis::Value;
 
 use super::keys;
+use crate::algorithm::concurrency::Concurrency;
 use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
 use crate::algorithm::leaky_bucket::LeakyBucket;
@@ -37,7 +38,7 @@ impl Script {
 macro_rules! generic_script {
     ($main:literal) => {
         generic_script!($main: "fixed_window", "sliding_window_log", "sliding_window_counter", "leaky_bucket",
-            "gcra")
+            "gcra", "concurrency")
     };
     ($main:literal: $($alg:literal),+) => {
         concat!(
@@ -51,13 +52,15 @@ macro_rules! generic_script {
 
 /// Every script, hashed once.
 pub(crate) struct Scripts {
-    single: [Script; 6],
+    single: [Script; 7],
     /// Group commit: one decision per key, each a single-rule check on its own.
-    batch: [Script; 6],
+    batch: [Script; 7],
     /// Any number of rules of any algorithms, all or nothing.
     pub(crate) multi: Script,
     /// `State::refund` for any number of rules of any algorithms.
     pub(crate) refund: Script,
+    /// Renews permits of concurrency rules (issue 42).
+    pub(crate) renew: Script,
 }
 
 /// A straight-line script: the shared `now` prologue, what the algorithm's script builds on
@@ -103,6 +106,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Script::new(single_script!("token_bucket", "single_main", "tat")),
         Script::new(single_script!("leaky_bucket", "single_main")),
         Script::new(single_script!("gcra", "single_main", "tat")),
+        Script::new(single_script!("concurrency", "single_main")),
     ],
     batch: [
         Script::new(single_script!("fixed_window", "batch_main")),
@@ -111,9 +115,11 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Script::new(single_script!("token_bucket", "batch_main", "tat")),
         Script::new(single_script!("leaky_bucket", "batch_main")),
         Script::new(single_script!("gcra", "batch_main", "tat")),
+        Script::new(single_script!("concurrency", "batch_main")),
     ],
     multi: Script::new(generic_script!("check")),
     refund: Script::new(generic_script!("refund")),
+    renew: Script::new(generic_script!("renew")),
 });
 
 impl Scripts {
@@ -148,6 +154,7 @@ pub(crate) fn index(algorithm: Algorithm) -> usize {
         Algorithm::TokenBucket => 3,
         Algorithm::LeakyBucket => 4,
         Algorithm::Gcra => 5,
+        Algorithm::Concurrent => 6,
     }
 }
 
@@ -367,6 +374,7 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
         Algorithm::TokenBucket => TokenBucket(Gcra { tat: f1 }).decide(p, now),
         Algorithm::LeakyBucket => LeakyBucket { next: f1 }.decide(p, now),
         Algorithm::Gcra => Gcra { tat: f1 }.decide(p, now),
+        Algorithm::Concurrent => concurrency_read(f1, f2).decide(p, now),
     };
     let (d, _) = crate::algorithm::blocking(d, read.blocked_until, p, now);
     if d.allowed != read.allowed {
@@ -389,9 +397,22 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
             Algorithm::SlidingWindowCounter => {
                 SlidingWindowCounter { window: f1, prev: f2, curr: f3, born: 0 }.commit(p, now)
             }
+            // The permit's id (`concurrency.lua`'s `conc_id`).
+            Algorithm::Concurrent => f3.max(now),
         },
     });
     Ok(Outcome { decision: d, taken })
+}
+
+/// A concurrency state as the script read it: `used` permits held, and its median hold
+/// time (0: none) as its one recorded hold.
+fn concurrency_read(used: u64, median: u64) -> Concurrency {
+    let mut s = Concurrency::default();
+    if used > 0 {
+        s.held.push(crate::algorithm::concurrency::Held { id: 0, units: used, since: 0 });
+    }
+    s.holds[0] = median;
+    s
 }
 
 /// One decision's answer in a batch script's reply.
@@ -455,6 +476,7 @@ mod tests {
             include_str!("scripts/sliding_window_counter.lua"),
             include_str!("scripts/leaky_bucket.lua"),
             include_str!("scripts/gcra.lua"),
+            include_str!("scripts/concurrency.lua"),
         );
         let refund = format!("{LIB}{ALL}{}", include_str!("scripts/refund.lua"));
         let multi = format!("{LIB}{ALL}{}", include_str!("scripts/check.lua"));

@@ -57,10 +57,25 @@ impl Store for RedisStore {
     }
 
     async fn refund(&self, refunds: &[Refund]) -> Result<(), StoreError> {
+        // Releases of permits (issue 42) are group-committed (`release.rs`).
+        let permits = refunds.iter().all(|r| r.check.algorithm == crate::algorithm::Algorithm::Concurrent);
+        if permits && !refunds.is_empty() && self.inner.config.max_batch > 1 {
+            if let Some(answer) = self.releases.release(&self.inner, refunds) {
+                return answer.await.unwrap_or_else(|_| {
+                    Err(StoreError::Unavailable("the release's flush task ended with its runtime".into()))
+                });
+            }
+        }
         let refunds: Vec<&Refund> = refunds.iter().collect();
         self.inner
             .per_slot(&refunds, |r| &r.check.key, |group| async move { self.inner.run_refund(&group).await })
             .await
+    }
+
+    /// One call per cluster slot (issue 42): every permit this server holds there.
+    async fn renew(&self, permits: &[Refund]) -> Result<(), StoreError> {
+        let permits: Vec<&Refund> = permits.iter().collect();
+        self.inner.per_slot(&permits, |r| &r.check.key, |group| async move { self.inner.run_renew(&group).await }).await
     }
 
     async fn charge(&self, charges: &[Check]) -> Result<(), StoreError> {
