@@ -14,3 +14,4 @@ mod model;
 mod quota;
 mod review;
 mod review_lanes;
+mod review_lazy;
