@@ -46,3 +46,19 @@ async fn a_check_in_a_select_branch_not_taken_takes_nothing() {
     }
     assert!(limiter.check_key("r", "k", 1).await.is_allowed(), "the branch not taken took the quota");
 }
+
+/// `.timeout(Duration::MAX)` (no deadline) on a remote store: the call's deadline is
+/// `started + deadline`, which overflows the `Instant` and panics (`tokio::time::timeout`,
+/// used before, takes a deadline past the end of time as "never").
+#[tokio::test]
+async fn a_deadline_of_duration_max_does_not_panic() {
+    use crate::support::fake::Remote;
+    let store = Remote::new(MemoryStore::with_clock(ManualClock::new(T0)));
+    let limiter: Limiter<Remote, str> = Limiter::builder(store)
+        .rule("r", Quota::per_minute(2), |s: &str| Some(s.to_owned()))
+        .timeout(std::time::Duration::MAX)
+        .build()
+        .unwrap();
+    let v = limiter.check_key("r", "k", 1).await;
+    assert!(v.is_allowed() && v.store_error().is_none(), "{v:?}");
+}
