@@ -189,17 +189,17 @@ impl Runtime {
         // committed: the guard lets it finish and gives back what it took.
         let mut asked = Sent { asked: Some(owned_ask(store, checks)), store, checks, runtime: self };
         let slack = (deadline / 5).max(STALL_SLACK);
-        let mut answer = tokio::time::timeout_at(started + deadline, asked.ask()).await;
+        let mut answer = tokio::time::timeout_at(after(started, deadline), asked.ask()).await;
         let mut ended = Instant::now();
         // Whether the store then had the slack, with this process running, to answer.
         let mut watched = false;
-        if answer.is_err() && ended - started > deadline + slack {
+        if answer.is_err() && ended - started > deadline.saturating_add(slack) {
             // The deadline's timer fired late: this process was stalled (descheduled,
             // CPU-throttled), and the reply may be waiting for the connection's task.
             let looked = ended;
-            answer = tokio::time::timeout_at(looked + slack, asked.ask()).await;
+            answer = tokio::time::timeout_at(after(looked, slack), asked.ask()).await;
             ended = Instant::now();
-            watched = answer.is_err() && ended - looked <= slack * 2;
+            watched = answer.is_err() && ended - looked <= slack.saturating_mul(2);
         }
         let asked = asked.defuse();
         let cut = answer.is_err();
@@ -210,7 +210,7 @@ impl Runtime {
         // store then had the slack, with this process running, and still did not answer;
         // and at most `threshold` in a row: a dead store on a throttled host still opens
         // the circuit.
-        let stalled = matches!(r, Err(StoreError::Timeout(_))) && ended - started > deadline + slack && !watched;
+        let stalled = matches!(r, Err(StoreError::Timeout(_))) && ended - started > deadline.saturating_add(slack) && !watched;
         let stalled = stalled && self.stalls.fetch_add(1, Ordering::Relaxed) < self.breaker.threshold;
         if stalled {
             crate::metrics::store_stall();
@@ -394,6 +394,12 @@ pub(crate) enum FailedThen {
 }
 
 static FALLBACK: crate::notice::Once = crate::notice::Once::new();
+
+/// `d` after `t`, or (past what an `Instant` holds: `.timeout(Duration::MAX)`, no
+/// deadline) as far as `tokio::time::timeout` takes one: about 30 years.
+fn after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d).unwrap_or_else(|| t + Duration::from_secs(86_400 * 365 * 30))
+}
 
 /// A runtime's monotonic clock: microseconds since the runtime was made, on tokio's clock
 /// (so that paused-time tests move it).
