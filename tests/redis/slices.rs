@@ -609,3 +609,46 @@ async fn a_rejection_of_a_rule_without_slices_is_not_asked_again_sooner_with_sli
     let want: Vec<_> = by.iter().map(|&(case, slices, _)| (case, slices, Some(DecidedBy::LocalCache))).collect();
     assert_eq!(by, want, "250 ms after a rejection (a 60 s block; a 10 s window): who decided");
 }
+
+/// Review of 1df216c..df03ee0 (`Decision::decided_by`): a sliced rule's decision taken from
+/// this server's slice says `Slice`, also when another rule (decided by the store) refuses
+/// the request: its numbers are the slice's, not the store's.
+#[tokio::test]
+async fn a_slice_decision_refused_by_another_rule_says_it_came_from_the_slice() {
+    let redis = RedisServer::start();
+    let base = |s: &str| Some(s.trim_end_matches('!').to_owned());
+    let l: Hot = Limiter::builder(RedisStore::from_url(&redis.url()).unwrap().response_timeout(Duration::from_secs(2)))
+        .add_rule(Rule::new("hot", hot_quota(), base).slices(true))
+        // "k!" costs the whole of "cold": refused by the store once anything was counted.
+        .add_rule(
+            Rule::new("cold", Quota::per_minute(300), base)
+                .slices(false)
+                .cost(|s: &str| if s.ends_with('!') { 300 } else { 1 }),
+        )
+        .algorithm(Algorithm::FixedWindow)
+        .fail_mode(tollgate::FailMode::Closed)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    early_in_a_window().await;
+    let mut found = false;
+    for _ in 0..2_000 {
+        let v = l.check("k").await;
+        assert!(v.is_allowed(), "{v}");
+        let hot = v.decisions().find(|d| d.rule == "hot").unwrap().decision.decided_by();
+        if hot != DecidedBy::Slice {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            continue;
+        }
+        // The slice decides "hot" now: "cold" refuses the next request.
+        let refused = l.check("k!").await;
+        assert!(refused.is_rejected(), "{refused}");
+        let hot = refused.decisions().find(|d| d.rule == "hot").unwrap();
+        assert!(hot.decision.allowed, "{refused}");
+        assert_eq!(refused.rejected_by().unwrap().rule, "cold", "{refused}");
+        assert_eq!(hot.decision.decided_by(), DecidedBy::Slice, "the slice's decision says {:?}: {refused}", hot.decision.decided_by());
+        found = true;
+        break;
+    }
+    assert!(found, "no decision from a slice");
+}
