@@ -213,7 +213,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             match &mut sliced.units[i] {
                 Some((_, decision)) if refused => {
                     // Refused by another rule: this one's units go back (when `sliced` drops).
-                    merged.outcomes.push(Some(Outcome { decision: *decision, taken: None }));
+                    // Its decision is still the slice's (`conclude` keeps the stamp).
+                    let mut decision = *decision;
+                    decision.set_decided_by(DecidedBy::Slice);
+                    merged.outcomes.push(Some(Outcome { decision, taken: None }));
                     merged.slices.push(None);
                     merged.copies.push(None);
                     as_held.push(check.clone());
@@ -305,7 +308,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             let Some(Outcome { decision: d, taken }) = &outcomes[i] else { continue };
             let shadow = i >= enforced;
             let slice = slices.get(i).cloned().flatten();
-            let who = if slice.is_some() { DecidedBy::Slice } else { by };
+            // A slice's decision of a request another rule refused holds no slice: stamped.
+            let who = if slice.is_some() || d.decided_by() == DecidedBy::Slice { DecidedBy::Slice } else { by };
             record(check, d, shadow, started, who);
             if let Some(taken) = *taken {
                 let exit = match &set.rules[rule].count_if {
