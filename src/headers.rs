@@ -87,6 +87,8 @@ const SMALL: u64 = 10_000;
 /// freezes into).
 pub(crate) fn number(n: u64) -> HeaderValue {
     if n >= SMALL {
+        // A value cut from the arena keeps its whole chunk alive while it lives: fine for
+        // a response's header, not for a value kept (see `kept_number`).
         let mut digits = itoa::Buffer::new();
         let digits = digits.format(n).as_bytes();
         let bytes = ARENA.with_borrow_mut(|arena| {
@@ -111,13 +113,23 @@ pub(crate) fn number(n: u64) -> HeaderValue {
     HeaderValue::from_static(&DIGITS[from..to])
 }
 
+/// `n` as a header value of its own allocation (not from [`ARENA`]), for the values the
+/// caches below keep: a kept value cut from the arena would keep its 4 KiB chunk alive.
+fn kept_number(n: u64) -> HeaderValue {
+    if n >= SMALL {
+        let mut digits = itoa::Buffer::new();
+        return HeaderValue::from_str(digits.format(n)).expect("digits are a valid header value");
+    }
+    number(n)
+}
+
 /// `n` as a header value, for a value that mostly repeats from one response to the next
 /// on a thread (`X-RateLimit-Limit`): the last value made on
 /// this thread in `slot` is shared (a reference count), not formatted and allocated again.
 fn repeated(slot: &'static LocalKey<RefCell<(u64, HeaderValue)>>, n: u64) -> HeaderValue {
     slot.with_borrow_mut(|(last, value)| {
         if *last != n {
-            *value = number(n);
+            *value = kept_number(n);
             *last = n;
         }
         value.clone()
@@ -132,7 +144,7 @@ fn recent(n: u64) -> HeaderValue {
         #[allow(clippy::cast_possible_truncation, reason = "the remainder is below RECENT")]
         let (last, value) = &mut slots[(n % RECENT as u64) as usize];
         if *last != n {
-            *value = number(n);
+            *value = kept_number(n);
             *last = n;
         }
         value.clone()

@@ -210,7 +210,8 @@ impl Runtime {
         // store then had the slack, with this process running, and still did not answer;
         // and at most `threshold` in a row: a dead store on a throttled host still opens
         // the circuit.
-        let stalled = matches!(r, Err(StoreError::Timeout(_))) && ended - started > deadline.saturating_add(slack) && !watched;
+        let stalled =
+            matches!(r, Err(StoreError::Timeout(_))) && ended - started > deadline.saturating_add(slack) && !watched;
         let stalled = stalled && self.stalls.fetch_add(1, Ordering::Relaxed) < self.breaker.threshold;
         if stalled {
             crate::metrics::store_stall();

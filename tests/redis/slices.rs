@@ -620,11 +620,13 @@ async fn a_slice_decision_refused_by_another_rule_says_it_came_from_the_slice() 
     let l: Hot = Limiter::builder(RedisStore::from_url(&redis.url()).unwrap().response_timeout(Duration::from_secs(2)))
         .add_rule(Rule::new("hot", hot_quota(), base).slices(true))
         // "k!" costs the whole of "cold": refused by the store once anything was counted.
-        .add_rule(
-            Rule::new("cold", Quota::per_minute(300), base)
-                .slices(false)
-                .cost(|s: &str| if s.ends_with('!') { 300 } else { 1 }),
-        )
+        .add_rule(Rule::new("cold", Quota::per_minute(300), base).slices(false).cost(|s: &str| {
+            if s.ends_with('!') {
+                300
+            } else {
+                1
+            }
+        }))
         .algorithm(Algorithm::FixedWindow)
         .fail_mode(tollgate::FailMode::Closed)
         .timeout(Duration::from_secs(2))
@@ -646,7 +648,12 @@ async fn a_slice_decision_refused_by_another_rule_says_it_came_from_the_slice() 
         let hot = refused.decisions().find(|d| d.rule == "hot").unwrap();
         assert!(hot.decision.allowed, "{refused}");
         assert_eq!(refused.rejected_by().unwrap().rule, "cold", "{refused}");
-        assert_eq!(hot.decision.decided_by(), DecidedBy::Slice, "the slice's decision says {:?}: {refused}", hot.decision.decided_by());
+        assert_eq!(
+            hot.decision.decided_by(),
+            DecidedBy::Slice,
+            "the slice's decision says {:?}: {refused}",
+            hot.decision.decided_by()
+        );
         found = true;
         break;
     }
