@@ -54,7 +54,8 @@ instructions() {
     echo "redis answered an error: $(grep -m1 ERR "$work/out.$port")" >&2
     touch "$work/failed"
   fi
-  redis-cli -p "$port" shutdown nosave > /dev/null 2>&1 || true
+  # Its callgrind file is written when it exits: shut down, else stopped (SIGTERM).
+  redis-cli -p "$port" shutdown nosave > /dev/null 2>&1 || kill "$pid" 2> /dev/null || true
   wait "$pid" || true
   grep -m1 '^summary:\|^totals:' "$work/cg.$port" | awk '{print $2}'
 }
