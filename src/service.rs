@@ -115,7 +115,7 @@ where
                 // swap does. Only the decision is boxed: the request waits beside it.
                 let set = plan.set.clone();
                 let limiter = self.shared.limiter.clone();
-                let deciding = Box::pin(async move { limiter.decide_remote(plan).await });
+                let deciding = Box::pin(async move { limiter.decide_remote(&plan).await });
                 ResponseFuture::deciding(deciding, Waiting { shared: self.shared.clone(), set, inner, head, body })
             }
         }

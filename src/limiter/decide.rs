@@ -3,11 +3,8 @@
 //! the fallback when it fails), then the fail mode, metrics, the cache of rejections, and
 //! what the input holds ([`Held`]).
 
-use std::future::Future;
 use std::sync::Arc;
 
-use futures_util::future::Either;
-use futures_util::FutureExt as _;
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
@@ -33,36 +30,34 @@ pub(crate) enum Now<I: ?Sized> {
 }
 
 impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
-    /// Decides a plan: at once for an in-process store (a ready future), else the
-    /// blocked-key cache, then one guarded store call for every check (shadow checks
-    /// inside it), the fail mode when the store cannot decide.
+    /// Decides a plan: at once for an in-process store, else the blocked-key cache, then
+    /// one guarded store call for every check (shadow checks inside it), the fail mode
+    /// when the store cannot decide. Nothing is decided before the first poll.
     ///
-    /// Nothing is decided before the first poll, as of any future. Not an `async fn`: the
-    /// plan goes to whichever path decides it, and is held once (an `async` block would
-    /// hold it beside the future it is moved into).
-    pub(crate) fn decide(&self, plan: Plan<I>) -> impl Future<Output = Verdict> + Send + '_ {
-        futures_util::future::lazy(move |_| match self.decide_now(plan) {
-            Now::Decided(verdict, _) => Either::Left(std::future::ready(verdict)),
-            Now::Later(plan) => Either::Right(self.decide_remote(plan)),
-        })
-        .flatten()
+    /// The paths borrow the plan: it is held once, in this future (a path taking it by
+    /// value would hold a second copy in its own).
+    pub(crate) async fn decide(&self, plan: Plan<I>) -> Verdict {
+        match self.holders.store.as_local() {
+            Some(local) => self.decide_local(local, &plan),
+            None => self.decide_remote(&plan).await,
+        }
     }
 
     /// [`Limiter::decide`] by a remote store, the clock read once before it is asked.
-    pub(crate) async fn decide_remote(&self, plan: Plan<I>) -> Verdict {
+    pub(crate) async fn decide_remote(&self, plan: &Plan<I>) -> Verdict {
         let started = Instant::now();
         if self.runtime.settings.cache_enabled {
-            if let Some(verdict) = self.blocked(&plan, self.runtime.us_at(started)) {
+            if let Some(verdict) = self.blocked(plan, self.runtime.us_at(started)) {
                 return verdict;
             }
         }
-        let answer = match self.take_slices(&plan, started) {
+        let answer = match self.take_slices(plan, started) {
             // Boxed: the rare path's state would double the size of every decision's future.
-            Some(sliced) => Box::pin(self.ask_with(&plan, sliced, started)).await,
-            None => self.ask(&plan, started).await,
+            Some(sliced) => Box::pin(self.ask_with(plan, sliced, started)).await,
+            None => self.ask(plan, started).await,
         };
         // Timed for the debug event that reports it.
-        self.conclude(&plan, answer, tracing::enabled!(tracing::Level::DEBUG).then_some(started))
+        self.conclude(plan, answer, tracing::enabled!(tracing::Level::DEBUG).then_some(started))
     }
 
     /// Whether check `i` of `plan` is decided from quota slices: an enforced check of a
