@@ -12,19 +12,21 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::charge::Charge;
-use crate::limiter::{Forwarded, Lease};
-use crate::report::Report;
+use crate::head::RequestHead;
+use crate::limiter::{Forwarded, Lease, RuleSet};
+use crate::report::{names, Report, Shared};
 use crate::response::{OnRejected, OnUnavailable};
-use crate::service::{with_body, Admitted, Step, Waiting};
 use crate::store::Store;
-use crate::verdict::Verdict;
+use crate::verdict::{Ruling, Verdict};
 
 /// The boxed future of the paths that wait (a remote store, a leaky bucket's slot).
 pub(crate) type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -190,4 +192,110 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
+}
+
+/// A request waiting for a remote store's decision: what answers it, once decided.
+pub(crate) struct Waiting<S, B, St, R, U> {
+    pub(crate) shared: Arc<Shared<St, R, U>>,
+    pub(crate) set: Arc<RuleSet<RequestHead>>,
+    pub(crate) inner: S,
+    pub(crate) head: RequestHead,
+    pub(crate) body: B,
+}
+
+#[allow(clippy::large_enum_variant, reason = "made once per request and matched at once: boxing would allocate")]
+pub(crate) enum Step<St: Store, R, U, ResBody> {
+    Refused(Response<ResBody>),
+    Admitted(Admitted<St, R, U>),
+}
+
+impl<St: Store, R, U, ResBody> Step<St, R, U, ResBody>
+where
+    R: OnRejected<ResBody>,
+    U: OnUnavailable<ResBody>,
+    ResBody: Default,
+{
+    pub(crate) fn of(
+        shared: &Arc<Shared<St, R, U>>,
+        verdict: Verdict,
+        set: Arc<RuleSet<RequestHead>>,
+        req: &RequestHead,
+    ) -> Self {
+        match &verdict.ruling {
+            Ruling::Rejected { worst, key } => {
+                let blocks = !set.rules[verdict.decided[*worst].rule].block.is_zero();
+                Step::Refused(shared.responder.rejected(&verdict, (*worst, key), &names(&set), blocks, req))
+            }
+            Ruling::Failed { error, closed: true } => Step::Refused(shared.responder.unavailable(error, req)),
+            Ruling::Failed { closed: false, .. } | Ruling::Allowed => {
+                // A leaky bucket's slot is `delay` after the decision, however late the
+                // future is first polled.
+                let delay = verdict.delay();
+                let slot = (!delay.is_zero()).then(|| Instant::now() + delay);
+                let most = verdict.most();
+                // Taken apart, not moved whole: each part goes where it is kept.
+                let Verdict { decided, held, .. } = verdict;
+                let lease = shared.limiter.lease(held, "a request dropped before it was forwarded");
+                let report = most.map(|most| Report::new(shared.clone(), decided, most, set));
+                Step::Admitted(Admitted { report, lease, slot })
+            }
+        }
+    }
+}
+
+/// An admitted request, before it is forwarded.
+pub(crate) struct Admitted<St: Store, R, U> {
+    pub(crate) report: Option<Report<St, R, U>>,
+    pub(crate) lease: Lease<St>,
+    pub(crate) slot: Option<Instant>,
+}
+
+impl<St: Store, R, U> Admitted<St, R, U> {
+    /// The paths that wait anyway (a remote store, a leaky bucket's slot), in one future:
+    /// the wait, then the unboxed [`ResponseFuture`] an in-process decision's request
+    /// takes at once.
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice (see above)")]
+    pub(crate) fn run<S, B, ResBody>(
+        self,
+        mut inner: S,
+        head: RequestHead,
+        body: B,
+    ) -> impl Future<Output = Result<Response<ResBody>, S::Error>>
+    where
+        S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send,
+        S::Error: Send + 'static,
+        B: Send + 'static,
+        R: OnRejected<ResBody>,
+        U: OnUnavailable<ResBody>,
+        ResBody: Default + Send + 'static,
+    {
+        async move {
+            let Admitted { report, lease, slot } = self;
+            if let Some(slot) = slot {
+                // Leaky bucket (rare): boxed, so the common request's future stays small.
+                inner = Box::pin(wait_for_slot(inner, slot)).await?;
+            }
+            // Then the life of an in-process decision's request, on the same code.
+            ResponseFuture::unpolled(inner, with_body(head, body), Some(lease), report).await
+        }
+    }
+}
+
+/// The request again, from its head and its body.
+pub(crate) fn with_body<B>(head: RequestHead, body: B) -> Request<B> {
+    Request::from_parts(head.into_parts().0, body)
+}
+
+/// Waits for a leaky bucket's slot without holding the inner service's readiness (a
+/// ready instance may hold a permit others need), then gets a fresh instance ready.
+async fn wait_for_slot<S, Req>(inner: S, slot: Instant) -> Result<S, S::Error>
+where
+    S: Service<Req> + Clone,
+{
+    let mut fresh = inner.clone();
+    drop(inner);
+    tokio::time::sleep_until(slot).await;
+    std::future::poll_fn(|cx| fresh.poll_ready(cx)).await?;
+    Ok(fresh)
 }

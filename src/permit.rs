@@ -41,12 +41,6 @@ pub(crate) trait Held: Send + Sync {
     fn permits(&self) -> u64;
 }
 
-impl<St: crate::store::Store> Held for crate::limiter::Released<St> {
-    fn permits(&self) -> u64 {
-        crate::limiter::Released::permits(self)
-    }
-}
-
 impl Permit {
     pub(crate) fn new(verdict: Verdict, release: Option<Box<dyn Held>>) -> Self {
         Self { verdict, release }

@@ -144,3 +144,10 @@ impl<St: Store> Drop for Released<St> {
         }
     }
 }
+
+/// A [`Permit`](crate::Permit)'s stage: the permits a `Released` gives back when dropped.
+impl<St: Store> crate::permit::Held for Released<St> {
+    fn permits(&self) -> u64 {
+        Released::permits(self)
+    }
+}

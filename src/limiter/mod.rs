@@ -23,7 +23,7 @@ pub use self::builder::LimiterBuilder;
 pub(crate) use self::decide::Now;
 pub(crate) use self::held::Held;
 pub(crate) use self::holders::Holders;
-pub(crate) use self::lease::{Forwarded, Lease, Released};
+pub(crate) use self::lease::{Forwarded, Lease};
 pub(crate) use self::plan::Plan;
 pub use self::rules::LimiterHandle;
 pub(crate) use self::rules::{Draft, RuleSet, Rules};
