@@ -163,10 +163,8 @@ where
 /// the layer (building the request, the task), to take off.
 #[derive(Clone)]
 struct Bare<S> {
-    svc: S,
-    store: Remote,
-    checks: Arc<[Check]>,
-    keys: Arc<[HeaderValue]>,
+    http: ViaLayer<S>,
+    store: ViaStore,
 }
 
 impl<S> Target for Bare<S>
@@ -174,13 +172,9 @@ where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone + 'static,
 {
     async fn call(&mut self, k: usize) -> bool {
-        let mut req = Request::new(Body::empty());
-        req.headers_mut().insert(HEADER, self.keys[k].clone());
-        let Ok(svc) = self.svc.ready().await;
-        let Ok(res) = svc.call(req).await;
-        // The store's answer, as the store row takes it.
-        let allowed = self.store.check_one(&self.checks[k]).await.is_ok_and(|o| o.decision.allowed);
-        allowed && res.status() == StatusCode::OK
+        // The request through the bare service, then the store's answer as the store row takes it.
+        let ok = self.http.call(k).await;
+        self.store.call(k).await && ok
     }
 }
 
@@ -228,7 +222,10 @@ async fn measure(row: Row, names: &[String], seq: &Arc<[u32]>) -> f64 {
         || -> Arc<[HeaderValue]> { names.iter().map(|n| HeaderValue::from_str(n).expect("ascii")).collect() };
     match row {
         Row::Store => drive(&ViaStore { store, checks: checks() }, seq).await,
-        Row::Bare => drive(&Bare { svc: inner, store, checks: checks(), keys: header_keys() }, seq).await,
+        Row::Bare => {
+            let (http, store) = (ViaLayer { svc: inner, keys: header_keys() }, ViaStore { store, checks: checks() });
+            drive(&Bare { http, store }, seq).await
+        }
         Row::CheckKey => {
             let limiter = layer(store).limiter().clone();
             let keys: Vec<Key> = names.iter().map(|n| Key::from(n.as_str())).collect();
