@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use crate::verdict::DecidedBy;
-
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -342,5 +340,37 @@ impl<T> Longest<T> {
     /// What names the longest wait, if any was offered.
     pub(crate) fn take(self) -> Option<T> {
         self.0.map(|(_, what)| what)
+    }
+}
+
+/// Who decided a [`Verdict`](crate::verdict::Verdict) or a [`Decision`] (also at
+/// `tollgate::verdict::DecidedBy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecidedBy {
+    /// The store.
+    Store,
+    /// The in-process fallback limiter, while the store failed (an approximate limit:
+    /// each rule's share for one server; its decisions' `limit` is the rule's quota, their
+    /// `remaining` what is left of this server's share).
+    Fallback,
+    /// This process's cache of blocked keys: a rejection the store made earlier, still
+    /// in force.
+    LocalCache,
+    /// A quota slice this server took from the store for the key (see
+    /// [`Rule::slices`](crate::Rule::slices)): decided in memory, on units the store
+    /// already counted.
+    Slice,
+}
+
+impl DecidedBy {
+    /// The `decided_by` label of `tollgate_decisions_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            DecidedBy::Store => "store",
+            DecidedBy::Fallback => "fallback",
+            DecidedBy::LocalCache => "cache",
+            DecidedBy::Slice => "slice",
+        }
     }
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+pub use crate::decision::DecidedBy;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -75,37 +76,6 @@ pub(crate) enum Ruling {
     Rejected { worst: usize, key: Key },
     /// The store could not decide; `closed`: a rule's fail mode refuses.
     Failed { error: StoreError, closed: bool },
-}
-
-/// Who decided a [`Verdict`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DecidedBy {
-    /// The store.
-    Store,
-    /// The in-process fallback limiter, while the store failed (an approximate limit:
-    /// each rule's share for one server; its decisions' `limit` is the rule's quota, their
-    /// `remaining` what is left of this server's share).
-    Fallback,
-    /// This process's cache of blocked keys: a rejection the store made earlier, still
-    /// in force.
-    LocalCache,
-    /// A quota slice this server took from the store for the key (see
-    /// [`Rule::slices`](crate::Rule::slices)): decided in memory, on units the store
-    /// already counted.
-    Slice,
-}
-
-impl DecidedBy {
-    /// The `decided_by` label of `tollgate_decisions_total`.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            DecidedBy::Store => "store",
-            DecidedBy::Fallback => "fallback",
-            DecidedBy::LocalCache => "cache",
-            DecidedBy::Slice => "slice",
-        }
-    }
 }
 
 /// One rule's decision within a [`Verdict`].
