@@ -47,6 +47,8 @@ pub struct Decision {
     delay_us: u64,
     /// Who decided (a byte of the padding after `allowed`).
     by: DecidedBy,
+    /// When, µs since the Unix epoch on the deciding clock (0: made by hand).
+    at_us: u64,
 }
 
 /// `refill_us`: worked out from `free` and `unit`.
@@ -74,6 +76,7 @@ impl Decision {
             retry_us: NONE,
             delay_us: 0,
             by: DecidedBy::Store,
+            at_us: 0,
         }
     }
 
@@ -165,6 +168,7 @@ impl Decision {
             retry_us: NONE,
             delay_us: 0,
             by: DecidedBy::Store,
+            at_us: 0,
         }
     }
 
@@ -181,6 +185,7 @@ impl Decision {
             retry_us: NONE,
             delay_us: 0,
             by: DecidedBy::Store,
+            at_us: 0,
         }
     }
 
@@ -197,6 +202,7 @@ impl Decision {
             retry_us: left,
             delay_us: 0,
             by: DecidedBy::Store,
+            at_us: 0,
         }
     }
 
@@ -224,6 +230,7 @@ impl Decision {
             retry_us,
             delay_us: 0,
             by: DecidedBy::Store,
+            at_us: 0,
         }
     }
 
@@ -247,6 +254,7 @@ impl Decision {
             retry_us: retry_after.map_or(NONE, micros),
             delay_us: micros(delay),
             by: DecidedBy::Store,
+            at_us: 0,
         }
     }
 
@@ -283,6 +291,23 @@ impl Decision {
         self.by
     }
 
+    /// When it was decided: µs since the Unix epoch on the clock that decided it — the
+    /// store's (Redis's `TIME`, the in-process store's clock, the fallback's), or, for a
+    /// quota slice's decision, this server's reading of the store's clock. A bucket's
+    /// bound (at most `B + r·Δ` admissions in any span `Δ`) holds on these readings. 0 for
+    /// a decision made by hand ([`Decision::new`]).
+    #[must_use]
+    pub fn decided_at_micros(&self) -> u64 {
+        self.at_us
+    }
+
+    /// Stamped with the clock reading it was decided at (µs since the Unix epoch).
+    #[must_use]
+    pub(crate) fn at(mut self, now: u64) -> Self {
+        self.at_us = now;
+        self
+    }
+
     /// Says who decided.
     pub(crate) fn set_decided_by(&mut self, by: DecidedBy) {
         self.by = by;
@@ -315,6 +340,7 @@ impl std::fmt::Debug for Decision {
             .field("retry_after", &self.retry_after())
             .field("delay", &self.delay())
             .field("decided_by", &self.by)
+            .field("decided_at_micros", &self.at_us)
             .finish()
     }
 }

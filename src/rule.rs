@@ -386,9 +386,11 @@ impl<I: ?Sized> Rule<I> {
     /// algorithm's own check of `k` units, in the same script — and decides that key in
     /// memory until the slice is spent, its window ends, or it lapses (100 ms): never more
     /// than the limit in a window, at the cost of units left unused where a server did not
-    /// need them. Only the fixed window and the sliding window counter take slices, only
-    /// on a store on a real clock (`RedisStore`), and only for an enforced rule; see the
-    /// README's "Quota slices".
+    /// need them. The fixed window, the sliding window counter, GCRA and the token bucket
+    /// take slices (a bucket's slice is a run of future emission slots, each unit admitted
+    /// no earlier than its slot: the bucket's bound holds exactly), only on a store on a
+    /// real clock (`RedisStore`), and only for an enforced rule; see the README's "Quota
+    /// slices".
     #[must_use]
     pub fn slices(mut self, on: bool) -> Self {
         self.slices = Some(on);
@@ -517,6 +519,7 @@ impl<I: ?Sized> Rule<I> {
             quota,
             cost,
             max_delay_us: micros(self.max_delay),
+            ahead_us: 0,
             block_us: micros(self.block),
             blockable: self.blockable,
             shadow: self.shadow,

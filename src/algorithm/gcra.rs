@@ -3,7 +3,9 @@
 //! Emission interval `T = ceil(W / L)`. With `TAT' = max(TAT, now)`: accept iff
 //! `TAT' + c·T - now <= B·T`, then `TAT = TAT' + c·T`. `B` requests may arrive at the same
 //! instant; a cost above `B` is never accepted. The token bucket is decided as this
-//! (`token_bucket.rs`).
+//! (`token_bucket.rs`). A quota slice's check may reach `ahead_us` further
+//! (`TAT' + c·T - now <= B·T + ahead`): it reserves future emission slots, whose units its
+//! server admits no earlier than a request's check would (`runtime/slice.rs`).
 //!
 //! A commit's identity is the TAT it left. A refund gives back all of the commit's `c·T`
 //! when no commit was made on the key since (the TAT is still the one it left), nothing
@@ -27,12 +29,14 @@ impl Gcra {
         let (l, b, t, c) = (p.quota.limit(), p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
         let tat = self.tat.max(now);
         let capacity = b * t;
-        let used = tat - now;
-        if c <= b && used + c * t <= capacity {
-            let used = used + c * t;
-            return Decision::allow_units(l, capacity - used, t, used);
+        // A quota slice may reserve slots up to `ahead_us` past the burst.
+        let reach = capacity + p.ahead_us;
+        let (used, ct) = (tat - now, c.saturating_mul(t));
+        if ct <= reach && used + ct <= reach {
+            let used = used + ct;
+            return Decision::allow_units(l, capacity.saturating_sub(used), t, used);
         }
-        let retry = (c <= b).then(|| used + c * t - capacity);
+        let retry = (ct <= reach).then(|| used + ct - reach);
         Decision::reject_units(l, capacity.saturating_sub(used), t, used, retry)
     }
 

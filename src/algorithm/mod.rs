@@ -114,6 +114,10 @@ pub struct Params {
     pub cost: u64,
     /// Leaky bucket: the longest delay, in µs.
     pub max_delay_us: u64,
+    /// GCRA and the token bucket: how far past the burst this check may reserve future
+    /// emission slots, in µs — a quota slice's, which admits its units no earlier than
+    /// their slots; 0 for a request's check (the algorithm as stated).
+    pub ahead_us: u64,
     /// How long a rejection blocks the key, in µs (0: no block; `Rule::block_for`).
     pub block_us: u64,
     /// Whether the key can be blocked by hand (`Limiter::block`, `Rule::blockable`): a
@@ -126,10 +130,10 @@ pub struct Params {
 }
 
 impl Params {
-    /// Parameters with cost 1, the default 10 s max delay and no block.
+    /// Parameters with cost 1, the default 10 s max delay, nothing ahead and no block.
     #[must_use]
     pub const fn new(quota: Quota) -> Self {
-        Self { quota, cost: 1, max_delay_us: 10_000_000, block_us: 0, blockable: false, shadow: false }
+        Self { quota, cost: 1, max_delay_us: 10_000_000, ahead_us: 0, block_us: 0, blockable: false, shadow: false }
     }
 
     /// Whether a check reads the key's block: the rule blocks on rejection, or may be
@@ -158,11 +162,11 @@ impl Params {
 pub(crate) fn blocking(d: Decision, blocked_until: u64, p: &Params, now: u64) -> (Decision, Option<u64>) {
     let limit = p.quota.limit();
     if blocked_until > now {
-        return (Decision::blocked(limit, blocked_until - now, d.reset_after()), None);
+        return (Decision::blocked(limit, blocked_until - now, d.reset_after()).at(now), None);
     }
     if !d.allowed && d.retry_after().is_some() && p.block_us > 0 {
         let until = now.saturating_add(p.block_us);
-        return (Decision::blocked(limit, p.block_us, d.reset_after()), Some(until));
+        return (Decision::blocked(limit, p.block_us, d.reset_after()).at(now), Some(until));
     }
     (d, None)
 }
@@ -229,7 +233,7 @@ macro_rules! kind {
     ($t:ty, |$s:ident, $p:ident, $now:ident| $room:expr) => {
         impl Kind for $t {
             fn decide(&self, p: &Params, now: u64) -> Decision {
-                <$t>::decide(self, p, now)
+                <$t>::decide(self, p, now).at(now)
             }
             fn commit(&mut self, p: &Params, now: u64) -> u64 {
                 <$t>::commit(self, p, now)

@@ -241,8 +241,10 @@ pub(super) fn check(word: &AtomicU64, p: &Params, now: u64) -> (u64, Option<u64>
     let mut tat = word.load(Relaxed);
     loop {
         let base = tat.max(now);
-        // GCRA's rule (gcra.rs): accept iff c <= B and TAT' - now + c·T <= B·T.
-        if !(c > 0 && c <= b && base - now + c * t <= b * t) {
+        // GCRA's rule (gcra.rs): accept iff c <= B and TAT' - now + c·T <= B·T (a quota
+        // slice's reaches `ahead_us` further).
+        let reach = b * t + p.ahead_us;
+        if !(c > 0 && c.saturating_mul(t) <= reach && base - now + c * t <= reach) {
             return (tat, None);
         }
         let new = base + c * t;
@@ -257,7 +259,7 @@ pub(super) fn check(word: &AtomicU64, p: &Params, now: u64) -> (u64, Option<u64>
 /// is the same).
 #[inline]
 pub(super) fn decide(tat: u64, p: &Params, now: u64) -> Decision {
-    Gcra { tat }.decide(p, now)
+    Gcra { tat }.decide(p, now).at(now)
 }
 
 /// Takes `p.cost` units whatever the decision (a charge): the TAT moves on by them, at

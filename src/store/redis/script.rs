@@ -281,8 +281,17 @@ fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
         .arg(q.burst_size())
         .arg(q.emission_interval_micros())
         .arg(check.params.cost.min(MAX_COST))
-        .arg(check.params.max_delay_us.min(1 << 53))
+        .arg(seventh(&check.params, check.algorithm))
         .arg(block_arg(&check.params));
+}
+
+/// A rule's 7th argument: the leaky bucket's max delay; for GCRA and the token bucket, how
+/// far past the burst a quota slice reaches (0 for a request's check).
+fn seventh(p: &crate::algorithm::Params, algorithm: Algorithm) -> u64 {
+    match algorithm {
+        Algorithm::Gcra | Algorithm::TokenBucket => p.ahead_us.min(1 << 52),
+        _ => p.max_delay_us.min(1 << 53),
+    }
 }
 
 /// A rule's block argument: the block a rejection starts (µs), 0 for none, or -1 for a
@@ -377,6 +386,7 @@ fn outcome(check: &Check, now: u64, read: &Read, committed: bool) -> Result<Outc
         Algorithm::Concurrent => concurrency_read(f1, f2).decide(p, now),
     };
     let (d, _) = crate::algorithm::blocking(d, read.blocked_until, p, now);
+    let d = d.at(now);
     if d.allowed != read.allowed {
         return Err(StoreError::Backend(format!(
             "redis script and algorithm disagree on rule {:?} ({}): the script {} at {now} µs \

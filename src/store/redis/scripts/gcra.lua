@@ -14,10 +14,12 @@ function ALG.gcra.default()
   return { 0 }
 end
 
--- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T
+-- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T; a quota
+-- slice's check reaches p.md µs further (lib.lua: the 7th argument is GCRA's `ahead`)
 function ALG.gcra.decide(s, p, now)
   local used = max(s[1], now) - now
-  return p.c <= p.B and used + p.c * p.T <= p.B * p.T
+  local reach = p.B * p.T + p.md
+  return p.c * p.T <= reach and used + p.c * p.T <= reach
 end
 
 function ALG.gcra.fields(s)

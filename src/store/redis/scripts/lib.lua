@@ -5,7 +5,9 @@
 -- ARGV[2]  mode: 'c' check (commit when every rule accepts), 'p' peek (never writes)
 -- then 8 values per rule, in KEYS order:
 --          algorithm tag, limit L, period W (µs), burst B, emission interval T (µs),
---          cost c, leaky bucket max delay (µs), block (µs, 0: none; Rule::block_for)
+--          cost c, leaky bucket max delay (µs) or, for GCRA and the token bucket, how
+--          far past the burst a quota slice reaches (µs, 0 for a request's check),
+--          block (µs, 0: none; Rule::block_for)
 -- (the refund script takes a 9th: `at`, where the commit recorded its units; see
 -- `Taken` in src/store/mod.rs)
 -- KEYS: the rules' state keys, then (check script only) the block key of each rule whose

@@ -11,9 +11,10 @@
 -- fields it read. gcra_single.lua or token_bucket_single.lua (`decide`) follows, then
 -- single_main.lua or batch_main.lua.
 local function tat_decide(key, o, tag, name)
-  -- ARGV[o + 4 .. o + 6]: burst B, emission interval T (µs), cost c.
-  local p = rule(o, tag, name, 4, 5, 6)
-  local B, T, c = p[1], p[2], p[3]
+  -- ARGV[o + 4 .. o + 7]: burst B, emission interval T (µs), cost c, and how far past
+  -- the burst a quota slice's check reaches (µs; 0 for a request's).
+  local p = rule(o, tag, name, 4, 5, 6, 7)
+  local B, T, c, ahead = p[1], p[2], p[3], p[4]
   -- State: the TAT, and `left` when this script set the key's expiry (the key expires
   -- `left` µs after the TAT), as doubles (`struct.pack('d')`: exact below 2^53, and no
   -- number printed or parsed, which was a fifth of this script's cost in Redis), or none.
@@ -23,8 +24,10 @@ local function tat_decide(key, o, tag, name)
     tat, left = tat_state(v)
   end
   local base = tat > now and tat or now
-  -- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T
-  local ok = c <= B and base - now + c * T <= B * T
+  -- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T (a slice's
+  -- reaches `ahead` further)
+  local reach = B * T + ahead
+  local ok = c * T <= reach and base - now + c * T <= reach
   if ok and commit then
     -- The TAT this commit leaves: its identity for a refund (Rust computes it too).
     local new = base + c * T
