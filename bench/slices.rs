@@ -87,7 +87,8 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 const L: u64 = 10_000;
 const W_US: u64 = 1_000_000;
 const RULE: &str = "hot";
-/// One record of an admission: Unix µs, `reset_after` µs, decided by, latency ns.
+/// One record of an admission: Unix µs, `reset_after` µs (a bucket's: the decision's
+/// reading of the store's clock, `Decision::decided_at_micros`), decided by, latency ns.
 const RECORD_BYTES: usize = 32;
 /// `decided by` in a record.
 const BY_STORE: u64 = 0;
@@ -98,11 +99,19 @@ fn unix_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// Whether `alg` is a bucket (GCRA, the token bucket): rate `L` a second, burst `L`, whose
+/// bound is checked on the admissions' stamps, not per window.
+fn is_bucket(alg: &str) -> bool {
+    matches!(alg, "gcra" | "tb")
+}
+
 fn algorithm(name: &str) -> Result<tollgate::Algorithm, Error> {
     match name {
         "fixed" => Ok(tollgate::Algorithm::FixedWindow),
         "counter" => Ok(tollgate::Algorithm::SlidingWindowCounter),
-        other => Err(format!("unknown algorithm {other:?}: fixed or counter").into()),
+        "gcra" => Ok(tollgate::Algorithm::Gcra),
+        "tb" => Ok(tollgate::Algorithm::TokenBucket),
+        other => Err(format!("unknown algorithm {other:?}: fixed, counter, gcra or tb").into()),
     }
 }
 
@@ -134,7 +143,7 @@ mod child {
     use tollgate::{key, Decision, FailMode, Quota, RateLimitLayer, RedisStore, Rule};
     use tower::{Layer, Service, ServiceExt};
 
-    use super::{algorithm, unix_us, Error, BY_OTHER, BY_SLICE, BY_STORE, L, RULE, W_US};
+    use super::{algorithm, is_bucket, unix_us, Error, BY_OTHER, BY_SLICE, BY_STORE, L, RULE, W_US};
 
     /// The generator's shortest sleep.
     const QUANTUM: Duration = Duration::from_micros(200);
@@ -164,6 +173,7 @@ mod child {
             return Err("--child URL ALG on|off RATE RUN_US SEED RECORDS START_US TIMEOUT_MS".into());
         };
         let algorithm = algorithm(alg)?;
+        let bucket = is_bucket(alg);
         let on = match slices.as_str() {
             "on" => true,
             "off" => false,
@@ -187,7 +197,8 @@ mod child {
                     .map_or(u64::MAX, |s| u64::try_from(s.0.elapsed().as_nanos()).unwrap_or(u64::MAX));
                 let now = unix_us();
                 let (reset, allowed) = req.extensions().get::<Decision>().map_or((u64::MAX, true), |d| {
-                    (u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX), d.allowed)
+                    let reset = u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX);
+                    (if bucket { d.decided_at_micros() } else { reset }, d.allowed)
                 });
                 let by = match req.extensions().get::<Decision>().map(Decision::decided_by) {
                     Some(DecidedBy::Store) => BY_STORE,
@@ -316,7 +327,7 @@ mod parent {
     use std::time::{Duration, Instant};
 
     use super::support::redis::RedisServer;
-    use super::{unix_us, Error, BY_OTHER, BY_SLICE, L, RECORD_BYTES, W_US};
+    use super::{is_bucket, unix_us, Error, BY_OTHER, BY_SLICE, L, RECORD_BYTES, W_US};
 
     struct Options {
         quick: bool,
@@ -491,10 +502,11 @@ mod parent {
     }
 
     fn alg_name(alg: &str) -> &'static str {
-        if alg == "fixed" {
-            "fixed window"
-        } else {
-            "sliding window counter"
+        match alg {
+            "fixed" => "fixed window",
+            "gcra" => "GCRA",
+            "tb" => "token bucket",
+            _ => "sliding window counter",
         }
     }
 
@@ -739,13 +751,34 @@ mod parent {
     // What a cell run says
     // ------------------------------------------------------------------------------
 
-    /// The window an admission counts in, from the store's `reset_after` (see the top).
+    /// The window an admission counts in, from the store's `reset_after` (see the top); a
+    /// bucket's: the second of its stamp.
     fn window_of(alg: &str, now: u64, reset: u64) -> u64 {
         if reset == u64::MAX {
             return now / W_US; // no decision in the request: cannot happen with one rule
         }
+        if is_bucket(alg) {
+            return reset / W_US;
+        }
         let end = if alg == "fixed" { now + reset } else { (now + reset).saturating_sub(W_US) };
         ((end + W_US / 2) / W_US).saturating_sub(1)
+    }
+
+    /// A bucket's violations: admissions (stamps, every server's) that end a run
+    /// `t_i <= … <= t_j` holding more than `B + r·(t_j - t_i)` (`B = L`, `r = L` a second,
+    /// `T = W / L`): `units·T - (t_j - t_i) > B·T`, in integers.
+    fn bucket_violations(stamps: &mut [u64]) -> u64 {
+        stamps.sort_unstable();
+        let t = i128::from(W_US / L);
+        let span = i128::from(L) * t;
+        let (mut units, mut least, mut over) = (0i128, i128::MAX, 0);
+        for &at in stamps.iter() {
+            let at = i128::from(at);
+            least = least.min(units * t - at);
+            units += 1;
+            over += u64::from(units * t - at - least > span);
+        }
+        over
     }
 
     #[derive(Default, Clone)]
@@ -820,7 +853,12 @@ mod parent {
                 }
             }
         }
-        m.violations = per_window.values().filter(|&&a| a > L).count() as u64;
+        m.violations = if is_bucket(spec.alg) {
+            let mut stamps: Vec<u64> = raw.records.iter().flatten().map(|r| r[1]).collect();
+            bucket_violations(&mut stamps)
+        } else {
+            per_window.values().filter(|&&a| a > L).count() as u64
+        };
         m.max_admitted = per_window.values().copied().max().unwrap_or(0);
         let arrivals_in = |w: u64| raw.arrivals.iter().map(|a| a.get(&w).copied().unwrap_or(0)).sum::<u64>();
         m.decisions = counted.clone().map(arrivals_in).sum();
@@ -989,8 +1027,12 @@ mod parent {
 
         let algs: Vec<&'static str> = match opts.only.as_deref() {
             Some("fixed") => vec!["fixed"],
-            Some(_) => vec!["counter"],
-            None => vec!["fixed", "counter"],
+            Some("counter") => vec!["counter"],
+            Some("gcra") => vec!["gcra"],
+            Some("tb") => vec!["tb"],
+            Some("buckets") => vec!["gcra", "tb"],
+            Some(_) => vec!["fixed", "counter"],
+            None => vec!["fixed", "counter", "gcra", "tb"],
         };
         let mut cells: Vec<(Spec, Vec<Metrics>)> = Vec::new();
         for &alg in if opts.faults_only { &[][..] } else { &algs[..] } {
@@ -1085,15 +1127,19 @@ mod parent {
 
         // The faults.
         let mut faults = String::new();
-        if opts.faults && algs.contains(&"fixed") {
-            for fault in [Fault::Kill, Fault::Stop] {
-                let mut spec = Spec::new("fixed", 100, Split::Uniform, true, 10, 0);
+        let fault_algs: Vec<&'static str> = ["fixed", "gcra"].into_iter().filter(|a| algs.contains(a)).collect();
+        for (alg, fault) in fault_algs.iter().flat_map(|&a| [(a, Fault::Kill), (a, Fault::Stop)]) {
+            if !opts.faults {
+                break;
+            }
+            {
+                let mut spec = Spec::new(alg, 100, Split::Uniform, true, 10, 0);
                 spec.fault = Some(fault);
                 let what = match fault {
                     Fault::Kill => "server 0 `kill -9`ed 3.4 s into the cell",
                     Fault::Stop => "server 0 stopped (`kill -STOP`) 3.4 s into the cell for 300 ms, then continued",
                 };
-                spec.label = format!("fault: fixed window 100% uniform slices on, {what}");
+                spec.label = format!("fault: {} 100% uniform slices on, {what}", alg_name(alg));
                 eprintln!("{}", spec.label);
                 match run_cell(&mut ctx, &spec, 99) {
                     Ok(raw) => {
@@ -1103,7 +1149,8 @@ mod parent {
                         let at = |i: usize| m.admitted.get(i).copied().unwrap_or(0);
                         let _ = writeln!(
                             faults,
-                            "| {what} | {} | {} | {} | {} | {:?} | {} |",
+                            "| {} | {what} | {} | {} | {} | {} | {:?} | {} |",
+                            alg_name(alg),
                             m.violations,
                             m.max_admitted,
                             at(2),
@@ -1255,10 +1302,10 @@ mod parent {
             let _ = writeln!(s, "\n### Faults: fixed window, 100% uniform, slices on, 10 windows\n");
             let _ = writeln!(
                 s,
-                "| fault | violations | most admitted in a window | admitted, window of the fault | \
+                "| algorithm | fault | violations | most admitted in a window | admitted, window of the fault | \
                  admitted, next window | admitted per window | note |"
             );
-            let _ = writeln!(s, "|---|--:|--:|--:|--:|---|---|");
+            let _ = writeln!(s, "|---|---|--:|--:|--:|--:|---|---|");
             s.push_str(faults);
         }
         if !warnings.is_empty() {

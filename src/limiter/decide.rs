@@ -15,7 +15,8 @@ use crate::decision::{Decision, Longest};
 use crate::error::StoreError;
 use crate::rule::FailMode;
 use crate::runtime::{
-    pays, slice_id, sliceable, BlockedCache, Cached, FailedThen, Late, RuleId, Shares, Slice, StoreCopy, LATE_WAIT,
+    pays, slice_check, slice_id, sliceable, slotted, BlockedCache, Cached, FailedThen, Late, RuleId, Shares, Slice,
+    SliceUnit, StoreCopy, LATE_WAIT,
 };
 use crate::store::{Check, LocalStore, Outcome, Outcomes, Refund, Store};
 use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
@@ -52,6 +53,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
         }
         let answer = match self.take_slices(plan, started) {
+            // A bucket's slice refused it: its next slot comes later.
+            Some(sliced) if sliced.wait.is_some() => Ok(sliced.refused()),
             // Boxed: the rare path's state would double the size of every decision's future.
             Some(sliced) => Box::pin(self.ask_with(plan, sliced, started)).await,
             None => self.ask(plan, started).await,
@@ -61,7 +64,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     }
 
     /// Whether check `i` of `plan` is decided from quota slices: an enforced check of a
-    /// window algorithm on a rule with slices on, that pays at this many servers
+    /// window algorithm or a bucket on a rule with slices on, that pays at this many servers
     /// ([`pays`]), on a store on a real clock. Its slices' name, and the servers (times
     /// this process's limiters counting into the rule) it shares the key with.
     fn sliced(&self, plan: &Plan<I>, i: usize) -> Option<(RuleId, u64)> {
@@ -80,6 +83,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn take_slices(&self, plan: &Plan<I>, started: Instant) -> Option<FromSlices<St>> {
         let rt = &self.runtime;
         let mut units: SliceUnits = SmallVec::new();
+        let mut wait = None;
         for i in 0..plan.checks.len() {
             let Some((id, servers)) = self.sliced(plan, i) else {
                 units.push(None);
@@ -89,9 +93,13 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             if let Some((k, epoch)) = take.fetch {
                 self.ask_slice(plan, i, (id, epoch), k, servers);
             }
+            if let (None, Some(decision)) = (&wait, take.wait) {
+                wait = Some((i, decision));
+            }
             units.push(take.unit);
         }
-        units.iter().any(Option::is_some).then(|| FromSlices {
+        (wait.is_some() || units.iter().any(Option::is_some)).then(|| FromSlices {
+            wait,
             units,
             costs: plan.checks.iter().map(|c| c.params.cost).collect(),
             ids: plan.rules.iter().map(|&r| plan.set.id(r)).collect(),
@@ -106,8 +114,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// the fallback what remains.
     fn ask_slice(&self, plan: &Plan<I>, i: usize, (id, epoch): (RuleId, u64), k: u64, servers: u64) {
         let rt = &self.runtime;
-        let mut check = plan.checks[i].clone();
-        check.params.cost = k;
+        let check = slice_check(&plan.checks[i], k);
         let rule = plan.rules[i];
         let handle = tokio::runtime::Handle::try_current();
         let slot = rt.late_slots().take();
@@ -118,6 +125,11 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let (slices, store, clock) = (rt.slices.clone(), self.holders.store.clone(), rt.clock());
         let teach =
             (plan.set.fail_mode_of(rule) == FailMode::Fallback).then(|| (rt.shares.clone(), plan.set.share_id(rule)));
+        // A bucket's refusal the blocked-key cache holds may have been decided past this
+        // very slice's slots (its reservation moved the key's TAT): once it is open, the
+        // key is decided from it, not from that refusal.
+        let cached =
+            (rt.settings.cache_enabled && slotted(check.algorithm)).then(|| (rt.cache.clone(), plan.set.id(rule)));
         self.sweep_slices(&handle);
         drop(handle.spawn(async move {
             let _slot = slot;
@@ -131,10 +143,18 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                         let whole_in = u64::try_from(o.decision.reset_after().as_micros()).unwrap_or(u64::MAX);
                         shares.record(share_id, &check, remaining, whole_in, servers, now, asked, false);
                     }
-                    if let Some(refund) = slices.install(id, epoch, &check, &o, asked, now) {
-                        if let Err(err) = store.refund(std::slice::from_ref(&refund)).await {
-                            lost(&[refund], "a quota slice granted too late to use", &err);
+                    match slices.install(id, epoch, &check, &o, asked, now) {
+                        Some(refund) => {
+                            if let Err(err) = store.refund(std::slice::from_ref(&refund)).await {
+                                lost(&[refund], "a quota slice granted too late to use", &err);
+                            }
                         }
+                        None if o.taken.is_some() => {
+                            if let Some((cache, cache_id)) = cached {
+                                cache.forget(cache_id, &check.key);
+                            }
+                        }
+                        None => {}
                     }
                 }
                 Ok(Err(err)) => slices.not_granted(id, epoch, &check, !err.never_sent(), now),
@@ -183,8 +203,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         if plan.enforced == n && sliced.units.iter().all(Option::is_some) {
             let mut answered = Answered::new(DecidedBy::Slice);
             for unit in &mut sliced.units {
-                let (slice, decision) = unit.take().expect("every check sliced");
-                answered.outcomes.push(Some(Outcome { decision, taken: Some(slice.taken) }));
+                let SliceUnit { slice, decision, taken } = unit.take().expect("every check sliced");
+                answered.outcomes.push(Some(Outcome { decision, taken: Some(taken) }));
                 answered.slices.push(Some(slice));
             }
             return Ok(answered);
@@ -206,7 +226,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let mut as_held = Vec::with_capacity(n);
         for (i, check) in plan.checks.iter().enumerate() {
             match &mut sliced.units[i] {
-                Some((_, decision)) if refused => {
+                Some(SliceUnit { decision, .. }) if refused => {
                     // Refused by another rule: this one's units go back (when `sliced` drops).
                     // Its decision is still the slice's (`conclude` keeps the stamp).
                     let mut decision = *decision;
@@ -217,8 +237,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
                     as_held.push(check.clone());
                 }
                 unit @ Some(_) => {
-                    let (slice, decision) = unit.take().expect("a sliced unit");
-                    merged.outcomes.push(Some(Outcome { decision, taken: Some(slice.taken) }));
+                    let SliceUnit { slice, decision, taken } = unit.take().expect("a sliced unit");
+                    merged.outcomes.push(Some(Outcome { decision, taken: Some(taken) }));
                     merged.slices.push(Some(slice));
                     merged.copies.push(None);
                     as_held.push(check.clone());
@@ -638,7 +658,7 @@ impl Answered {
 }
 
 /// Whether a check of rule `r` takes slices (`default`: the limiter's setting), on a store
-/// on a real clock or not, shared by `servers`: a window algorithm, not charged, with no
+/// on a real clock or not, shared by `servers`: a window algorithm or a bucket, not charged, with no
 /// penalty block (a refused slice would start it), a cost, and a quota that pays.
 fn takes_slices<I: ?Sized>(
     r: &crate::rule::Rule<I>,
@@ -662,12 +682,14 @@ const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 const PRUNE_EVERY: u32 = 100;
 
 /// Per check, the unit it took from a quota slice, with its decision.
-type SliceUnits = SmallVec<[Option<(Arc<Slice>, Decision)>; 2]>;
+type SliceUnits = SmallVec<[Option<SliceUnit>; 2]>;
 
 /// Units a request took from quota slices while the rest of its checks are decided: what
 /// is still in it when dropped (the request refused, the future dropped at the `.await`)
 /// goes back to its slice, or to the store once the slice closed.
 struct FromSlices<St: Store> {
+    /// A check a bucket's slice refused (its next slot comes later), and its refusal.
+    wait: Option<(usize, Decision)>,
     units: SliceUnits,
     /// Each check's cost.
     costs: SmallVec<[u64; 2]>,
@@ -676,16 +698,33 @@ struct FromSlices<St: Store> {
     holders: Arc<super::Holders<St>>,
 }
 
+impl<St: Store> FromSlices<St> {
+    /// The answer when a bucket's slice refused a check: refused with no store call, its
+    /// refusal the slice's; the units other checks took go back (when `self` drops).
+    fn refused(mut self) -> Answered {
+        let mut answered = Answered::new(DecidedBy::Slice);
+        let (at, mut wait) = self.wait.take().expect("a slice's refusal");
+        wait.set_decided_by(DecidedBy::Slice);
+        for (i, unit) in self.units.iter().enumerate() {
+            let decision = if i == at { Some(wait) } else { unit.as_ref().map(|u| u.decision) };
+            answered.outcomes.push(decision.map(|decision| Outcome { decision, taken: None }));
+            answered.slices.push(None);
+            answered.copies.push(None);
+        }
+        answered
+    }
+}
+
 impl<St: Store> Drop for FromSlices<St> {
     fn drop(&mut self) {
         let mut held = super::Held::default();
         for (i, unit) in self.units.iter_mut().enumerate() {
-            let Some((slice, _)) = unit.take() else { continue };
+            let Some(SliceUnit { slice, taken, .. }) = unit.take() else { continue };
             // Back to the slice at once while it is open; else a refund of its commit.
-            if slice.give_back(self.costs[i]) {
+            if slice.give_back(self.costs[i], taken) {
                 continue;
             }
-            let refund = slice.refund(self.costs[i]);
+            let refund = slice.refund(self.costs[i], taken);
             let (id, exit, copy) = (self.ids[i], Exit::Kept, None);
             held.units.push(Unit { refund, rule: 0, id, holder: Holder::Store, exit, copy, slice: None });
         }

@@ -223,7 +223,7 @@ impl<St: Store> Holders<St> {
             match u.holder {
                 Holder::Store => {
                     // Back to its slice while that is open: no store call.
-                    if u.slice.as_ref().is_some_and(|s| s.give_back(u.refund.check.params.cost)) {
+                    if u.slice.as_ref().is_some_and(|s| s.give_back(u.refund.check.params.cost, u.refund.taken)) {
                         continue;
                     }
                     refunds.push(u.refund.clone());

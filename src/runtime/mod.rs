@@ -28,7 +28,7 @@ use self::detached::owned_ask;
 pub(crate) use self::detached::{Late, LateSlots, Lessons, Unsent};
 pub(crate) use self::permits::PermitBook;
 pub(crate) use self::share::Shares;
-pub(crate) use self::slice::{pays, slice_id, sliceable, Slice, Slices, SLICE_KEYS};
+pub(crate) use self::slice::{pays, slice_check, slice_id, sliceable, slotted, Slice, SliceUnit, Slices, SLICE_KEYS};
 use crate::algorithm::Algorithm;
 use crate::decision::{Decision, Longest};
 use crate::error::StoreError;

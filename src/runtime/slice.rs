@@ -1,7 +1,16 @@
-//! Quota slices: a server that decides a key of a window algorithm often takes a slice of
-//! its quota from the store — the algorithm's own check of `k` units, through the same
-//! script as a request's check — and decides that key in memory until the slice is spent,
-//! its window ends, or it lapses ([`LAPSE_US`]).
+//! Quota slices: a server that decides a key of a window algorithm or a bucket (GCRA, the
+//! token bucket) often takes a slice of its quota from the store — the algorithm's own
+//! check of `k` units, through the same script as a request's check — and decides that key
+//! in memory until the slice is spent, its window ends, or it lapses ([`LAPSE_US`]).
+//!
+//! **A bucket's slice is a run of future emission slots** ([`Slots`]): its check may reach
+//! [`LAPSE_US`] past the burst (`ahead_us`), so that it is granted at the key's edge too,
+//! where the bucket holds less than a unit; its units are admitted no earlier than their
+//! slots, and a request that comes before its slot is refused here with the `retry_after`
+//! the store would give it. Its state is the key's one TAT on the store: nothing else is
+//! stored, and a per-request decision on another server reads the slots as taken. What
+//! it leaves goes back as GCRA's refund of its commit, taken only while no commit came
+//! after; slots the clock passed unused are stranded.
 //!
 //! **Never over the limit.** A slice's units are counted by the store when it grants
 //! them, in the window of the grant (the store's `now`, [`Taken::at`]). This server admits
@@ -58,7 +67,28 @@ const CLOSED: u64 = 1 << 63;
 
 /// Whether `algorithm` takes slices.
 pub(crate) fn sliceable(algorithm: Algorithm) -> bool {
-    matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindowCounter)
+    matches!(
+        algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::Gcra | Algorithm::TokenBucket
+    )
+}
+
+/// Whether `algorithm`'s slices are runs of future emission slots (a bucket's), not units
+/// of a window.
+pub(crate) fn slotted(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::Gcra | Algorithm::TokenBucket)
+}
+
+/// The store check that asks for a slice of `k` units of `check`'s rule and key: the
+/// algorithm's own check of cost `k`; a bucket's reaches [`LAPSE_US`] past the burst (its
+/// units are admitted no earlier than their slots, all within its life).
+pub(crate) fn slice_check(check: &Check, k: u64) -> Check {
+    let mut asked = check.clone();
+    asked.params.cost = k;
+    if slotted(check.algorithm) {
+        asked.params.ahead_us = LAPSE_US;
+    }
+    asked
 }
 
 /// Whether a rule of `quota` shared by `servers` gives each server at least
@@ -92,12 +122,87 @@ pub(crate) struct Slice {
     asked: u64,
     reset_after: u64,
     refill_after: u64,
-    /// Units not admitted yet; [`CLOSED`] once closed.
+    /// A window's slice: units not admitted yet. A bucket's: its own TAT (µs, the store's
+    /// clock), the end of the slots it has used ([`Slots`]). [`CLOSED`] once closed.
     left: AtomicU64,
+    /// A bucket's slice: its run of emission slots.
+    slots: Option<Slots>,
+    /// A bucket's slice: slots the clock passed unused (stranded).
+    skipped: AtomicU64,
+}
+
+/// A bucket's slice (GCRA, the token bucket): the run of future emission slots its commit
+/// reserved, `[end - c·T, end)` on the store's clock, each admitted as a request's check
+/// would admit it there, as GCRA on a TAT of its own: a unit at `now` takes the slot at
+/// `max(tat, now)` and is admitted only when that slot ends within `B·T` of `now`; slots
+/// that `now` passed unused are stranded. So every unit this server admits has a slot of
+/// its own that starts no earlier and ends no later than `B·T` after the clock reading it
+/// was admitted by, as a request's check gives it: the key's bound (at most `B + r·Δ` in
+/// any span `Δ`) holds on the timeline of the decisions' readings, with no term for the
+/// lapse.
+#[derive(Debug, Clone, Copy)]
+struct Slots {
+    /// The store's clock when it granted the slice (µs): this server's `asked` stands for
+    /// it, so that its reading of the store's clock is never behind the script's.
+    granted: u64,
+    /// The slice's last slot's end: the TAT its commit left.
+    end: u64,
+    /// The emission interval and the burst's span `B·T` (µs).
+    t: u64,
+    span: u64,
+}
+
+/// What a slice said of a unit asked of it.
+#[derive(Debug)]
+enum Grab {
+    /// Admitted, as units of this commit (a bucket's: the slice's TAT it left).
+    Took(Taken, Decision),
+    /// A bucket's: its next slot comes later; the refusal a request's check would give.
+    Wait(Decision),
+    /// Spent (or closed): try the next.
+    Spent,
 }
 
 impl Slice {
-    fn try_take(&self, cost: u64) -> bool {
+    fn try_take(&self, cost: u64, now: u64, limit: u64) -> Grab {
+        let Some(slots) = self.slots else {
+            return if self.take_units(cost) { Grab::Took(self.taken, self.decision(now, limit)) } else { Grab::Spent };
+        };
+        // This server's reading of the store's clock.
+        let at = slots.granted.saturating_add(now.saturating_sub(self.asked));
+        let need = cost.saturating_mul(slots.t);
+        let mut tat = self.left.load(Ordering::Acquire);
+        loop {
+            if tat & CLOSED != 0 {
+                return Grab::Spent;
+            }
+            let base = tat.max(at);
+            let new = base.saturating_add(need);
+            if new > slots.end {
+                return Grab::Spent;
+            }
+            // GCRA's rule: accept iff TAT' - now + c·T <= B·T.
+            let used = new - at;
+            if used > slots.span {
+                let (free, retry) = (0, used - slots.span);
+                return Grab::Wait(Decision::reject_units(limit, free, slots.t, used, Some(retry)).at(at));
+            }
+            match self.left.compare_exchange_weak(tat, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if base > tat {
+                        self.skipped.fetch_add((base - tat) / slots.t.max(1), Ordering::Relaxed);
+                    }
+                    return Grab::Took(
+                        Taken { at: new },
+                        Decision::allow_units(limit, slots.span - used, slots.t, used).at(at),
+                    );
+                }
+                Err(seen) => tat = seen,
+            }
+        }
+    }
+
+    fn take_units(&self, cost: u64) -> bool {
         let mut cur = self.left.load(Ordering::Acquire);
         loop {
             if cur & CLOSED != 0 || cur < cost {
@@ -110,25 +215,57 @@ impl Slice {
         }
     }
 
-    /// Gives `cost` units back to the slice, while it is open: `false` once closed (the
-    /// caller refunds them to the store, as units of the slice's commit).
-    pub(crate) fn give_back(&self, cost: u64) -> bool {
+    /// A window slice's decision for a unit at `now`.
+    fn decision(&self, now: u64, limit: u64) -> Decision {
+        let elapsed = now.saturating_sub(self.asked);
+        Decision::from_parts(
+            true,
+            limit,
+            0,
+            Duration::from_micros(self.reset_after.saturating_sub(elapsed)),
+            Duration::from_micros(self.refill_after.saturating_sub(elapsed)),
+            None,
+            Duration::ZERO,
+        )
+        // On this server's reading of the store's clock: it granted the slice at its
+        // `taken.at`, which `asked` stands for here.
+        .at(self.taken.at.saturating_add(elapsed))
+    }
+
+    /// Gives back `cost` units admitted as `taken`, while the slice is open: `false` once
+    /// closed (the caller refunds them to the store, as `taken`'s units). A bucket's slice
+    /// takes them back as GCRA's refund does, all or nothing: only while its TAT is still
+    /// the one they left (no unit admitted since), else they are lost, as a request's
+    /// would be.
+    pub(crate) fn give_back(&self, cost: u64, taken: Taken) -> bool {
         let mut cur = self.left.load(Ordering::Acquire);
         loop {
             if cur & CLOSED != 0 {
                 return false;
             }
-            match self.left.compare_exchange_weak(cur, cur + cost, Ordering::AcqRel, Ordering::Acquire) {
+            let back = match self.slots {
+                None => cur + cost,
+                Some(_) if cur != taken.at => return true,
+                Some(slots) => cur.saturating_sub(cost.saturating_mul(slots.t)),
+            };
+            match self.left.compare_exchange_weak(cur, back, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return true,
                 Err(now) => cur = now,
             }
         }
     }
 
-    /// Closes it: what was left, the first time.
+    /// Closes it: the units it left, the first time (a bucket's: its slots not used yet).
     fn close(&self) -> Option<u64> {
         let was = self.left.swap(CLOSED, Ordering::AcqRel);
-        (was & CLOSED == 0).then_some(was)
+        (was & CLOSED == 0).then(|| self.units_left(was))
+    }
+
+    fn units_left(&self, v: u64) -> u64 {
+        match self.slots {
+            None => v,
+            Some(slots) => slots.end.saturating_sub(v) / slots.t.max(1),
+        }
     }
 
     fn is_closed(&self) -> bool {
@@ -140,15 +277,17 @@ impl Slice {
         if v & CLOSED != 0 {
             0
         } else {
-            v
+            self.units_left(v)
         }
     }
 
-    /// The refund of `units` of its commit.
-    pub(crate) fn refund(&self, units: u64) -> Refund {
+    /// The refund of `units` admitted as `taken` (what a closed slice left: the slice's
+    /// own [`Taken`]).
+    pub(crate) fn refund(&self, units: u64, taken: Taken) -> Refund {
         let mut check = self.check.clone();
         check.params.cost = units;
-        Refund { check, taken: self.taken }
+        check.params.ahead_us = 0;
+        Refund { check, taken }
     }
 }
 
@@ -177,6 +316,9 @@ struct Entry {
     remaining: u64,
     remaining_until: u64,
     window_end: u64,
+    /// A bucket's: how far past the burst the key's slots were reserved when the store
+    /// last said (µs).
+    ahead_of_burst: u64,
     /// No slice is asked for before this (µs): the edge of the quota, a refusal.
     wait_until: u64,
     /// Bumped by a reset or a block of the key here: a slice asked for before it is not
@@ -198,6 +340,18 @@ impl Entry {
     /// answer), asked at `asked`.
     fn learn(&mut self, check: &Check, o: &Outcome, asked: u64, now: u64) {
         self.remaining = if o.decision.allowed { o.decision.remaining() } else { 0 };
+        if slotted(check.algorithm) {
+            // What a slice may still reserve: the burst's free part and [`LAPSE_US`] past
+            // it, less what is reserved there already.
+            let p = &check.params;
+            let t = p.quota.emission_interval_micros().max(1);
+            let span = p.quota.burst_size().saturating_mul(t);
+            let used = u64::try_from(o.decision.reset_after().as_micros()).unwrap_or(u64::MAX);
+            self.ahead_of_burst = used.saturating_sub(span);
+            self.remaining = (span + LAPSE_US).saturating_sub(used) / t;
+            self.remaining_until = now.saturating_add(PERIOD_US);
+            return;
+        }
         if let Some(taken) = o.taken {
             let period = check.params.quota.period_micros().max(1);
             let to_end = (taken.at / period + 1) * period - taken.at;
@@ -213,11 +367,23 @@ struct Shard {
     table: HashTable<Entry>,
 }
 
+/// A unit taken from an open slice: the slice, the unit's decision, and its commit (what
+/// gives it back).
+#[derive(Debug)]
+pub(crate) struct SliceUnit {
+    pub(crate) slice: Arc<Slice>,
+    pub(crate) decision: Decision,
+    pub(crate) taken: Taken,
+}
+
 /// What [`Slices::take`] found.
 #[derive(Debug, Default)]
 pub(crate) struct Take {
     /// The unit taken from an open slice, and its decision.
-    pub(crate) unit: Option<(Arc<Slice>, Decision)>,
+    pub(crate) unit: Option<SliceUnit>,
+    /// A bucket's slice refused it: its next slot comes later (the refusal a request's
+    /// check would get from the store, with its `retry_after`).
+    pub(crate) wait: Option<Decision>,
     /// A slice of this many units is to be asked for (this caller asks), and the key's
     /// epoch to give [`Slices::install`] with its answer.
     pub(crate) fetch: Option<(u64, u64)>,
@@ -285,6 +451,7 @@ impl Slices {
                     remaining: 0,
                     remaining_until: 0,
                     window_end: 0,
+                    ahead_of_burst: 0,
                     wait_until: 0,
                     epoch: 0,
                 };
@@ -301,21 +468,19 @@ impl Slices {
         e.last_seen = now;
         e.open.retain(|s| !s.is_closed());
         let mut take = Take::default();
-        let slice = e.open.iter().find(|s| now < s.until && s.try_take(cost));
+        let limit = check.params.quota.limit();
+        // Oldest first: a bucket's later slice's slots come after the earlier one's.
+        for slice in e.open.iter().filter(|s| now < s.until) {
+            match slice.try_take(cost, now, limit) {
+                Grab::Spent => continue,
+                Grab::Wait(decision) => take.wait = Some(decision),
+                Grab::Took(taken, decision) => take.unit = Some(SliceUnit { slice: slice.clone(), decision, taken }),
+            }
+            break;
+        }
         let held = e.held(now);
-        if let Some(slice) = slice {
-            let elapsed = now.saturating_sub(slice.asked);
-            let remaining = e.remaining.saturating_add(held);
-            let decision = Decision::from_parts(
-                true,
-                check.params.quota.limit(),
-                remaining,
-                Duration::from_micros(slice.reset_after.saturating_sub(elapsed)),
-                Duration::from_micros(slice.refill_after.saturating_sub(elapsed)),
-                None,
-                Duration::ZERO,
-            );
-            take.unit = Some((slice.clone(), decision));
+        if let Some(unit) = take.unit.as_mut().filter(|u| u.slice.slots.is_none()) {
+            unit.decision.set_remaining(e.remaining.saturating_add(held));
         }
         // Asked for ahead of need: when what is held would last less than an eighth of a
         // period (the store's answer comes well within it). Slices are spent oldest first,
@@ -339,6 +504,12 @@ impl Slices {
         let known = now < e.remaining_until;
         let left = if known { e.remaining } else { check.params.quota.limit() };
         k = k.min(left / servers.max(1)).min(check.params.quota.limit());
+        if slotted(check.algorithm) && known {
+            // A bucket's slice is admitted no earlier than its slots: what this server's
+            // demand can use of it before it lapses, from where its first slot comes.
+            let usable = LAPSE_US.saturating_sub(e.ahead_of_burst);
+            k = k.min(u64::try_from(u128::from(demand) * u128::from(usable) / u128::from(PERIOD_US)).unwrap_or(k));
+        }
         if k < MIN_UNITS {
             // The edge: per-request decisions until what the store said lapses.
             e.wait_until = if known { e.remaining_until } else { now + RETRY_US };
@@ -383,19 +554,32 @@ impl Slices {
             }
             return None;
         };
-        let period = check.params.quota.period_micros().max(1);
-        let to_end = (taken.at / period + 1) * period - taken.at;
-        let until = asked.saturating_add(to_end.min(LAPSE_US));
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let (until, ended_by, slots, left) = if slotted(check.algorithm) {
+            // Its slots end at the TAT its commit left, `reset_after` after the store's
+            // clock then (exact: GCRA's decisions are whole µs).
+            let q = check.params.quota;
+            let t = q.emission_interval_micros().max(1);
+            let granted = taken.at.saturating_sub(micros(o.decision.reset_after()));
+            let slots = Slots { granted, end: taken.at, t, span: q.burst_size().saturating_mul(t) };
+            let first = taken.at.saturating_sub(check.params.cost.saturating_mul(t));
+            (asked.saturating_add(LAPSE_US), u64::MAX, Some(slots), first)
+        } else {
+            let period = check.params.quota.period_micros().max(1);
+            let to_end = (taken.at / period + 1) * period - taken.at;
+            (asked.saturating_add(to_end.min(LAPSE_US)), now.saturating_add(to_end), None, check.params.cost)
+        };
         let slice = Slice {
             check: check.clone(),
             taken,
             until,
-            ended_by: now.saturating_add(to_end),
+            ended_by,
             asked,
             reset_after: micros(o.decision.reset_after()),
             refill_after: micros(o.decision.refill_after()),
-            left: AtomicU64::new(check.params.cost),
+            left: AtomicU64::new(left),
+            slots,
+            skipped: AtomicU64::new(0),
         };
         crate::metrics::slice_taken(check.rule);
         let shut = self.shut.load(Ordering::Relaxed);
@@ -415,7 +599,7 @@ impl Slices {
                     e.fetching = false;
                 }
                 self.gave_back(check.rule, check.params.cost);
-                Some(slice.refund(check.params.cost))
+                Some(slice.refund(check.params.cost, taken))
             }
         }
     }
@@ -504,12 +688,19 @@ impl Slices {
 
     /// Closes `s`: what it left goes back while its window lasts, else is stranded.
     fn closed(&self, s: &Slice, now: u64, refunds: &mut Vec<Refund>) {
-        let Some(left) = s.close().filter(|&l| l > 0) else { return };
+        let left = s.close();
+        let skipped = s.skipped.swap(0, Ordering::Relaxed);
+        if skipped > 0 {
+            self.strand(s.check.rule, skipped);
+        }
+        let Some(left) = left.filter(|&l| l > 0) else { return };
         if now >= s.ended_by {
             self.strand(s.check.rule, left);
         } else {
+            // A bucket's: its last slots, which the store takes back only while no commit
+            // came after this slice's (GCRA's refund); else they are stranded there.
             self.gave_back(s.check.rule, left);
-            refunds.push(s.refund(left));
+            refunds.push(s.refund(left, s.taken));
         }
     }
 

@@ -66,6 +66,8 @@ struct Admitted {
     cost: u64,
     slice: Option<Arc<Slice>>,
     taken: Taken,
+    /// Its place in [`Fleet::stamps`].
+    id: usize,
 }
 
 struct Server {
@@ -95,7 +97,12 @@ struct Fleet {
     now: u64,
     /// Per window: units admitted and not given back while it lasted.
     used: BTreeMap<u64, u64>,
+    /// Every admission: the reading of the store's clock its decision used, its cost, and
+    /// whether it still counts (not given back). A bucket's bound is checked on these.
+    stamps: Vec<(u64, u64, bool)>,
     from_slices: u64,
+    /// Requests a bucket's slice refused with no store call.
+    waited: u64,
 }
 
 impl Fleet {
@@ -111,7 +118,9 @@ impl Fleet {
             // Not at 0: the first window is a whole one.
             now: 10 * WINDOW_US,
             used: BTreeMap::new(),
+            stamps: Vec::new(),
             from_slices: 0,
+            waited: 0,
         }
     }
 
@@ -119,13 +128,15 @@ impl Fleet {
         self.now + self.servers[server].offset
     }
 
-    fn admit(&mut self, server: usize, cost: u64, slice: Option<Arc<Slice>>, taken: Taken) {
+    fn admit(&mut self, server: usize, cost: u64, slice: Option<Arc<Slice>>, taken: Taken, stamp: u64) {
         // A unit counts in the window it is admitted in (a slice's too, whatever window the
         // store counted the slice in: one used past its window is over the next one's L).
         let window = self.now / WINDOW_US;
         self.from_slices += u64::from(slice.is_some());
         *self.used.entry(window).or_insert(0) += cost;
-        self.servers[server].admitted.push(Admitted { window, cost, slice, taken });
+        let id = self.stamps.len();
+        self.stamps.push((stamp, cost, true));
+        self.servers[server].admitted.push(Admitted { window, cost, slice, taken, id });
     }
 
     fn run(&mut self, step: Step) {
@@ -136,22 +147,35 @@ impl Fleet {
                     let local = self.local(server);
                     let take = self.servers[server].slices.take(ID, &c, SERVERS as u64, local);
                     if let Some((k, epoch)) = take.fetch {
-                        let mut asked = c.clone();
-                        asked.params.cost = k;
+                        let asked = slice_check(&c, k);
                         let (life, sent) = (self.lives[server], self.now);
                         self.asked.push(Asked { server, life, sent, check: asked, epoch, outcome: None });
                     }
+                    if let Some(d) = take.wait {
+                        assert!(!d.allowed && d.retry_after().is_some(), "a slice's wait says when");
+                        self.waited += 1;
+                        continue;
+                    }
                     match take.unit {
-                        Some((slice, d)) => {
+                        Some(SliceUnit { slice, decision: d, taken }) => {
                             assert!(d.allowed);
-                            let taken = slice.taken;
-                            self.admit(server, cost, Some(slice), taken);
+                            // A bucket's unit: admitted at `reset_after` before the TAT it
+                            // left, on its reading of the store's clock.
+                            let stamp = if slotted(self.algorithm) {
+                                let at = taken.at - u64::try_from(d.reset_after().as_micros()).unwrap();
+                                assert_eq!(d.decided_at_micros(), at, "stamped with its reading");
+                                at
+                            } else {
+                                self.now
+                            };
+                            self.admit(server, cost, Some(slice), taken, stamp);
                         }
                         None => {
                             let o = self.store.check_at(std::slice::from_ref(&c), self.now).unwrap().remove(0);
                             self.servers[server].slices.learn(ID, &c, &o, local, local);
                             if let Some(taken) = o.taken {
-                                self.admit(server, cost, None, taken);
+                                assert_eq!(o.decision.decided_at_micros(), self.now, "the store's reading");
+                                self.admit(server, cost, None, taken, self.now);
                             }
                         }
                     }
@@ -188,15 +212,17 @@ impl Fleet {
                     return;
                 }
                 let u = s.admitted.swap_remove(pick % s.admitted.len());
-                let back = u.slice.as_ref().is_some_and(|slice| slice.give_back(u.cost));
+                let back = u.slice.as_ref().is_some_and(|slice| slice.give_back(u.cost, u.taken));
                 if !back {
-                    let mut c = check(self.algorithm, u.cost);
-                    if let Some(slice) = &u.slice {
-                        c = slice.check.clone();
-                        c.params.cost = u.cost;
-                    }
-                    self.store.refund_at(&[Refund { check: c, taken: u.taken }], self.now);
+                    let refund = match &u.slice {
+                        Some(slice) => slice.refund(u.cost, u.taken),
+                        None => Refund { check: check(self.algorithm, u.cost), taken: u.taken },
+                    };
+                    self.store.refund_at(&[refund], self.now);
                 }
+                // Given back: it no longer counts against the bucket's bound (a give-back
+                // the algorithm drops leaves its slot used, which only helps the bound).
+                self.stamps[u.id].2 = false;
                 // Given back while its window lasts, a unit may be admitted again in it.
                 if u.window == self.now / WINDOW_US {
                     *self.used.get_mut(&u.window).expect("counted") -= u.cost;
@@ -219,8 +245,33 @@ impl Fleet {
     }
 
     fn never_over(&self) -> Result<(), TestCaseError> {
+        if slotted(self.algorithm) {
+            return self.within_the_bucket();
+        }
         for (w, used) in &self.used {
             prop_assert!(*used <= LIMIT, "window {} used {} > {}", w, used, LIMIT);
+        }
+        Ok(())
+    }
+
+    /// A bucket's bound on the admission timeline: for the admissions that count, sorted
+    /// by the clock reading their decisions used, `t_1 <= … <= t_m`, every run `i..=j`
+    /// holds at most `B + r·(t_j - t_i)` units (`r = 1/T`): `units·T - (t_j - t_i) <= B·T`.
+    fn within_the_bucket(&self) -> Result<(), TestCaseError> {
+        let q = quota();
+        let (t, span) = (q.emission_interval_micros(), q.burst_size() * q.emission_interval_micros());
+        let mut live: Vec<(u64, u64)> = self.stamps.iter().filter(|s| s.2).map(|s| (s.0, s.1)).collect();
+        live.sort_unstable();
+        // With P_k the units of the first k: (P_j·T - t_j) - (P_{i-1}·T - t_i) <= B·T for
+        // every i <= j; `least` is the smallest P_{i-1}·T - t_i so far.
+        let (t, span) = (i128::from(t), i128::from(span));
+        let (mut units, mut least) = (0i128, i128::MAX);
+        for &(at, cost) in &live {
+            let at = i128::from(at);
+            least = least.min(units * t - at);
+            units += i128::from(cost);
+            let run = units * t - at - least;
+            prop_assert!(run <= span, "a run ending at {} holds {} µs of slots past r·Δ: over B·T = {}", at, run, span);
         }
         Ok(())
     }
@@ -255,6 +306,52 @@ proptest! {
     ) {
         fleet_never_over(Algorithm::SlidingWindowCounter, &offsets, steps)?;
     }
+
+    #[test]
+    fn a_gcra_fleet_keeps_the_bucket_bound(
+        offsets in proptest::collection::vec(0..1_000_000_000u64, SERVERS),
+        steps in proptest::collection::vec(step(), 50..400),
+    ) {
+        fleet_never_over(Algorithm::Gcra, &offsets, steps)?;
+    }
+
+    #[test]
+    fn a_token_bucket_fleet_keeps_the_bucket_bound(
+        offsets in proptest::collection::vec(0..1_000_000_000u64, SERVERS),
+        steps in proptest::collection::vec(step(), 50..400),
+    ) {
+        fleet_never_over(Algorithm::TokenBucket, &offsets, steps)?;
+    }
+}
+
+/// The bucket's model is not vacuous either: at the edge (the burst spent), slices are
+/// granted past it, spent at their slots, and requests before their slot wait.
+#[test]
+fn the_bucket_model_spends_slices_at_the_edge() {
+    let mut steps = Vec::new();
+    for round in 0..60 {
+        for server in 0..SERVERS {
+            steps.push(Step::Requests { server, n: 15, cost: 1 });
+        }
+        steps.push(Step::Run { pick: 0 });
+        steps.push(Step::Answer { pick: 0 });
+        // A unit admitted long ago given back: lost, as a request's (its slot is not the
+        // last one taken); taken back, it would make room that does not exist.
+        if round % 4 == 3 {
+            steps.push(Step::GiveBack { server: round % SERVERS, pick: 0 });
+        }
+        steps.push(Step::Advance { us: 5_000 });
+    }
+    let mut fleet = Fleet::new(Algorithm::Gcra, &[0, 5, 9]);
+    for step in steps {
+        fleet.run(step);
+        fleet.never_over().unwrap();
+    }
+    // 2,700 arrivals in 300 ms against 600 + 900 (the burst and 300 ms of rate).
+    let admitted: u64 = fleet.stamps.iter().filter(|s| s.2).map(|s| s.1).sum();
+    assert!(fleet.from_slices > 500, "{} units from slices", fleet.from_slices);
+    assert!(fleet.waited > 100, "{} waited for their slot", fleet.waited);
+    assert!(admitted > 1_200, "{admitted} admitted of 1,500 the bucket allows");
 }
 
 /// The model test is not vacuous: slices are asked, granted and spent in it.
@@ -373,4 +470,68 @@ fn a_slice_asked_before_a_reset_and_answered_after_it_is_not_opened() {
     let _ = s.install(ID, epoch, &asked, &o, 1_050, 2_200);
     let after = s.take(ID, &c, 1, 2_300);
     assert!(after.unit.is_none(), "a slice of the state the reset forgot admits after the reset");
+}
+
+/// A bucket's slice (1,000 a second, burst 10, so `T` = 1 ms and `B·T` = 10 ms) granted at
+/// the edge: its units are admitted at their slots, exactly as a request's check would be
+/// on the store, and one that comes early waits exactly until its slot.
+fn edge_slice() -> (Slices, Check) {
+    let s = Slices::new(10);
+    let mut c = check(Algorithm::Gcra, 1);
+    c.params.quota = Quota::per_second(1_000).burst(10);
+    for i in 0..40 {
+        let _ = s.take(ID, &c, 1, 1_000 + i);
+    }
+    // Asked at local 5,000; the store, at its 1,000,000, found the TAT at the edge
+    // (1,010,000: the burst used) and reserved 50 slots past it: TAT 1,060,000.
+    let k = slice_check(&c, 50);
+    assert_eq!(k.params.ahead_us, LAPSE_US);
+    let o = Outcome { decision: Decision::allow_units(1_000, 0, 1_000, 60_000), taken: Some(Taken { at: 1_060_000 }) };
+    assert!(s.install(ID, 0, &k, &o, 5_000, 6_000).is_none());
+    (s, c)
+}
+
+#[test]
+fn a_bucket_slice_admits_each_unit_at_its_slot() {
+    let (s, c) = edge_slice();
+    // Unit j's slot ends at 1,011,000 + j ms: admitted from 10 ms before, i.e. from
+    // 1,001,000 + j ms on the store's clock, 6,000 + j ms here.
+    let wait = s.take(ID, &c, 1, 5_500).wait.expect("before its slot");
+    assert_eq!(wait.retry_after(), Some(Duration::from_micros(500)));
+    let first = s.take(ID, &c, 1, 6_000).unit.expect("at its slot");
+    assert_eq!(first.taken.at, 1_011_000);
+    assert_eq!(first.decision.reset_after(), Duration::from_micros(10_000), "the burst's span, as the store says");
+    let wait = s.take(ID, &c, 1, 6_000).wait.expect("the next slot");
+    assert_eq!(wait.retry_after(), Some(Duration::from_millis(1)));
+    assert_eq!(s.take(ID, &c, 1, 7_000).unit.expect("its slot").taken.at, 1_012_000);
+}
+
+#[test]
+fn a_bucket_slice_takes_a_unit_back_only_while_it_is_the_last() {
+    let (s, c) = edge_slice();
+    let a = s.take(ID, &c, 1, 6_000).unit.unwrap();
+    let b = s.take(ID, &c, 1, 7_000).unit.unwrap();
+    // `a` is not the last: lost, as a request's refund would be; its slot is not reused.
+    assert!(a.slice.give_back(1, a.taken), "nothing owed to the store");
+    assert!(s.take(ID, &c, 1, 7_000).wait.is_some(), "a's give-back made room");
+    // `b` is: its slot comes back.
+    assert!(b.slice.give_back(1, b.taken));
+    assert_eq!(s.take(ID, &c, 1, 7_000).unit.expect("b's slot again").taken.at, 1_012_000);
+}
+
+#[test]
+fn a_bucket_slice_gives_back_its_last_slots_and_strands_the_ones_time_passed() {
+    let (s, c) = edge_slice();
+    let _ = s.take(ID, &c, 1, 6_000).unit.unwrap();
+    // 20 ms later (the store's 1,021,000): the 10 slots the clock passed unused are
+    // stranded; the unit takes the slot that starts now.
+    let late = s.take(ID, &c, 1, 26_000).unit.unwrap();
+    assert_eq!(late.taken.at, 1_022_000);
+    let refunds = s.sweep(5_000 + LAPSE_US, false);
+    assert_eq!(refunds.len(), 1);
+    // 38 slots left at the end: the refund of GCRA's commit that left 1,060,000.
+    assert_eq!((refunds[0].check.params.cost, refunds[0].taken.at), (38, 1_060_000));
+    assert_eq!(refunds[0].check.params.ahead_us, 0);
+    assert_eq!(s.stats.given_back.load(Ordering::Relaxed), 38);
+    assert_eq!(s.stats.stranded.load(Ordering::Relaxed), 10);
 }
