@@ -520,6 +520,7 @@ impl<I: ?Sized> Rule<I> {
             cost,
             max_delay_us: micros(self.max_delay),
             ahead_us: 0,
+            after_us: 0,
             block_us: micros(self.block),
             blockable: self.blockable,
             shadow: self.shadow,

@@ -4,8 +4,9 @@
 //! `TAT' + c·T - now <= B·T`, then `TAT = TAT' + c·T`. `B` requests may arrive at the same
 //! instant; a cost above `B` is never accepted. The token bucket is decided as this
 //! (`token_bucket.rs`). A quota slice's check may reach `ahead_us` further
-//! (`TAT' + c·T - now <= B·T + ahead`): it reserves future emission slots, whose units its
-//! server admits no earlier than a request's check would (`runtime/slice.rs`).
+//! (`TAT' + c·T - now <= B·T + ahead`), with `TAT' = max(TAT, now + after)`: it reserves a
+//! run of future emission slots, whose units its server admits no earlier than a
+//! request's check would (`runtime/slice.rs`).
 //!
 //! A commit's identity is the TAT it left. A refund gives back all of the commit's `c·T`
 //! when no commit was made on the key since (the TAT is still the one it left), nothing
@@ -27,7 +28,7 @@ impl Gcra {
     #[must_use]
     pub(crate) fn decide(&self, p: &Params, now: u64) -> Decision {
         let (l, b, t, c) = (p.quota.limit(), p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
-        let tat = self.tat.max(now);
+        let tat = self.tat.max(now.saturating_add(p.after_us));
         let capacity = b * t;
         // A quota slice may reserve slots up to `ahead_us` past the burst.
         let reach = capacity + p.ahead_us;
@@ -43,7 +44,8 @@ impl Gcra {
     /// Applies an accepted request (or a charge: past the burst, the TAT goes into debt);
     /// returns the TAT it left, the commit's identity for [`Gcra::refund`].
     pub(crate) fn commit(&mut self, p: &Params, now: u64) -> u64 {
-        self.tat = self.tat.max(now) + p.cost * p.quota.emission_interval_micros();
+        let base = self.tat.max(now.saturating_add(p.after_us));
+        self.tat = base + p.cost * p.quota.emission_interval_micros();
         self.tat
     }
 

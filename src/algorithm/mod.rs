@@ -118,6 +118,10 @@ pub struct Params {
     /// emission slots, in µs — a quota slice's, which admits its units no earlier than
     /// their slots; 0 for a request's check (the algorithm as stated).
     pub ahead_us: u64,
+    /// GCRA and the token bucket: a quota slice's first slot comes no earlier than this
+    /// long after now, in µs, so that a server admitting slower than the rate still finds
+    /// its slots ahead of its clock; 0 for a request's check.
+    pub after_us: u64,
     /// How long a rejection blocks the key, in µs (0: no block; `Rule::block_for`).
     pub block_us: u64,
     /// Whether the key can be blocked by hand (`Limiter::block`, `Rule::blockable`): a
@@ -133,7 +137,16 @@ impl Params {
     /// Parameters with cost 1, the default 10 s max delay, nothing ahead and no block.
     #[must_use]
     pub const fn new(quota: Quota) -> Self {
-        Self { quota, cost: 1, max_delay_us: 10_000_000, ahead_us: 0, block_us: 0, blockable: false, shadow: false }
+        Self {
+            quota,
+            cost: 1,
+            max_delay_us: 10_000_000,
+            ahead_us: 0,
+            after_us: 0,
+            block_us: 0,
+            blockable: false,
+            shadow: false,
+        }
     }
 
     /// Whether a check reads the key's block: the rule blocks on rejection, or may be

@@ -91,7 +91,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             };
             let take = rt.slices.take(id, &plan.checks[i], servers, rt.us_at(started));
             if let Some((k, epoch)) = take.fetch {
-                self.ask_slice(plan, i, (id, epoch), k, servers);
+                self.ask_slice(plan, i, (id, epoch), (k, take.after), servers);
             }
             if let (None, Some(decision)) = (&wait, take.wait) {
                 wait = Some((i, decision));
@@ -112,9 +112,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// means "sent, outcome unknown"; nothing is sent twice). Its answer opens the slice,
     /// or gives its units back at once when it came too late to use them; it also tells
     /// the fallback what remains.
-    fn ask_slice(&self, plan: &Plan<I>, i: usize, (id, epoch): (RuleId, u64), k: u64, servers: u64) {
+    fn ask_slice(&self, plan: &Plan<I>, i: usize, (id, epoch): (RuleId, u64), (k, after): (u64, u64), servers: u64) {
         let rt = &self.runtime;
-        let check = slice_check(&plan.checks[i], k);
+        let check = slice_check(&plan.checks[i], k, after);
         let rule = plan.rules[i];
         let handle = tokio::runtime::Handle::try_current();
         let slot = rt.late_slots().take();

@@ -4,7 +4,7 @@
 //! in memory until the slice is spent, its window ends, or it lapses ([`LAPSE_US`]).
 //!
 //! **A bucket's slice is a run of future emission slots** ([`Slots`]): its check may reach
-//! [`LAPSE_US`] past the burst (`ahead_us`), so that it is granted at the key's edge too,
+//! up to [`REACH_US`] past the burst (`ahead_us`), so that it is granted at the key's edge too,
 //! where the bucket holds less than a unit; its units are admitted no earlier than their
 //! slots, and a request that comes before its slot is refused here with the `retry_after`
 //! the store would give it. Its state is the key's one TAT on the store: nothing else is
@@ -52,6 +52,10 @@ pub(crate) const PERIOD_US: u64 = 100_000;
 /// The longest a slice's units may be admitted, from when it was asked, µs: a block, a
 /// reset or a swap on another server reaches this one within it.
 pub(crate) const LAPSE_US: u64 = 100_000;
+/// How far past the burst a bucket's slice may reserve slots, µs: its life, so that its
+/// last slot is admitted by the time it lapses; the same for every server (a server whose
+/// slices reached further would leave the others none).
+pub(crate) const REACH_US: u64 = LAPSE_US;
 /// A slice is asked for when what is held would last less than this part of a period.
 const AHEAD: u64 = 8;
 /// The least slice worth a store call: below it, per-request decisions.
@@ -80,15 +84,32 @@ pub(crate) fn slotted(algorithm: Algorithm) -> bool {
 }
 
 /// The store check that asks for a slice of `k` units of `check`'s rule and key: the
-/// algorithm's own check of cost `k`; a bucket's reaches [`LAPSE_US`] past the burst (its
-/// units are admitted no earlier than their slots, all within its life).
-pub(crate) fn slice_check(check: &Check, k: u64) -> Check {
+/// algorithm's own check of cost `k`. A bucket's reaches [`REACH_US`] past the burst (its
+/// units are admitted no earlier than their slots, all within its life), and its first
+/// slot comes at least `after` µs from now ([`Take::after`]).
+pub(crate) fn slice_check(check: &Check, k: u64, after: u64) -> Check {
     let mut asked = check.clone();
     asked.params.cost = k;
     if slotted(check.algorithm) {
-        asked.params.ahead_us = LAPSE_US;
+        asked.params.ahead_us = REACH_US;
+        asked.params.after_us = after;
     }
     asked
+}
+
+/// How far ahead of now a bucket's run of `k` slots is to start for a server whose demand
+/// is `demand` units a [`PERIOD_US`]: its units come every `PERIOD_US / demand` µs and its
+/// slots every `T`, so the run's last slot is reached by the clock
+/// `k·(PERIOD_US / demand − T)` µs before that unit comes, less what the run starts ahead; a quarter more for a
+/// demand that slows. At most the lapse (the slice is spent by then or closed), and at
+/// most an eighth of the burst's span `B·T`: where the key's TAT is behind that, the slots
+/// skipped are the burst's, lost to every server (a key waking from idle loses at most an
+/// eighth of its burst; a slice whose demand is slower strands its last slots instead).
+fn slots_ahead(quota: &Quota, k: u64, demand: u64) -> u64 {
+    let t = quota.emission_interval_micros().max(1);
+    let gap = PERIOD_US / demand.max(1);
+    let behind = k.saturating_mul(gap.saturating_sub(t));
+    (behind + behind / 4).min(LAPSE_US).min(quota.burst_size().saturating_mul(t) / 8)
 }
 
 /// Whether a rule of `quota` shared by `servers` gives each server at least
@@ -341,14 +362,14 @@ impl Entry {
     fn learn(&mut self, check: &Check, o: &Outcome, asked: u64, now: u64) {
         self.remaining = if o.decision.allowed { o.decision.remaining() } else { 0 };
         if slotted(check.algorithm) {
-            // What a slice may still reserve: the burst's free part and [`LAPSE_US`] past
+            // What a slice may still reserve: the burst's free part and [`REACH_US`] past
             // it, less what is reserved there already.
             let p = &check.params;
             let t = p.quota.emission_interval_micros().max(1);
             let span = p.quota.burst_size().saturating_mul(t);
             let used = u64::try_from(o.decision.reset_after().as_micros()).unwrap_or(u64::MAX);
             self.ahead_of_burst = used.saturating_sub(span);
-            self.remaining = (span + LAPSE_US).saturating_sub(used) / t;
+            self.remaining = (span + REACH_US).saturating_sub(used) / t;
             self.remaining_until = now.saturating_add(PERIOD_US);
             return;
         }
@@ -387,6 +408,11 @@ pub(crate) struct Take {
     /// A slice of this many units is to be asked for (this caller asks), and the key's
     /// epoch to give [`Slices::install`] with its answer.
     pub(crate) fetch: Option<(u64, u64)>,
+    /// A bucket's slice to be asked for: how long after now its first slot is to come at
+    /// the earliest, µs. A server that admits slower than the rate uses its run of slots
+    /// more slowly than the clock passes them: placed that far ahead, its last unit still
+    /// finds its slot ahead of the clock (a slot the clock passed is lost to it).
+    pub(crate) after: u64,
 }
 
 /// Per (rule, key): this server's open slices and its demand.
@@ -506,7 +532,9 @@ impl Slices {
         k = k.min(left / servers.max(1)).min(check.params.quota.limit());
         if slotted(check.algorithm) && known {
             // A bucket's slice is admitted no earlier than its slots: what this server's
-            // demand can use of it before it lapses, from where its first slot comes.
+            // demand can use of it before it lapses, from where its first slot came at the
+            // last answer (others may have reserved more since: its last units are then
+            // stranded).
             let usable = LAPSE_US.saturating_sub(e.ahead_of_burst);
             k = k.min(u64::try_from(u128::from(demand) * u128::from(usable) / u128::from(PERIOD_US)).unwrap_or(k));
         }
@@ -514,6 +542,9 @@ impl Slices {
             // The edge: per-request decisions until what the store said lapses.
             e.wait_until = if known { e.remaining_until } else { now + RETRY_US };
             return take;
+        }
+        if slotted(check.algorithm) {
+            take.after = slots_ahead(&check.params.quota, k, demand);
         }
         e.fetching = true;
         take.fetch = Some((k, e.epoch));

@@ -871,6 +871,62 @@ async fn a_bucket_refund_is_all_or_nothing_on_memory_and_redis() {
     a_bucket_refund_is_all_or_nothing(&redis, &redis_clock, "r").await;
 }
 
+/// Issue 43: a quota slice's check of a bucket reserves future emission slots, up to
+/// `ahead_us` past the burst and no earlier than `after_us` from now, alike on every store
+/// (the script's arithmetic is checked against the Rust algorithm's on each call; this
+/// holds the stores to explicit numbers).
+async fn a_slice_reserves_slots_past_the_burst<S: Store>(store: &S, clock: &ManualClock, ns: &str) {
+    const MS: u64 = 1_000;
+    for a in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        // T = 100 ms, B·T = 200 ms.
+        let check = |key: &str, cost: u64, ahead: u64, after: u64| {
+            let mut params = Params::new(Quota::per_second(10).burst(2)).cost(cost);
+            (params.ahead_us, params.after_us) = (ahead * MS, after * MS);
+            Check { rule: format!("{ns}/{a}/slice").into(), key: Key::from(key), algorithm: a, params }
+        };
+        let ask = |c: Check| async move { store.check_one(&c).await.unwrap() };
+        clock.set(T0);
+        for _ in 0..2 {
+            assert!(ask(check("edge", 1, 0, 0)).await.decision.allowed, "{a}: the burst");
+        }
+        let refused = ask(check("edge", 1, 0, 0)).await.decision;
+        assert!(!refused.allowed, "{a}: a request at the edge");
+        // Three slots past the burst, within 300 ms of reach: TAT 200 → 500 ms.
+        let slice = ask(check("edge", 3, 300, 0)).await;
+        assert_eq!(slice.taken.map(|t| t.at), Some(T0 + 500 * MS), "{a}: a slice at the edge");
+        assert_eq!(slice.decision.reset_after(), Duration::from_millis(500), "{a}");
+        assert_eq!(slice.decision.decided_at_micros(), T0, "{a}: the store's clock");
+        // A fourth is past the reach: refused, retry when it would fit.
+        let past = ask(check("edge", 1, 300, 0)).await.decision;
+        assert_eq!((past.allowed, past.retry_after()), (false, Some(Duration::from_millis(100))), "{a}");
+        // `after`: a run that starts 150 ms from now on an idle key (its first 150 ms of
+        // slots skipped): past the burst's 200 ms, so it needs reach.
+        assert!(!ask(check("ahead", 2, 0, 150)).await.decision.allowed, "{a}: no reach");
+        let run = ask(check("ahead", 2, 200, 150)).await;
+        assert_eq!(run.taken.map(|t| t.at), Some(T0 + 350 * MS), "{a}: a run 150 ms ahead");
+        // A request's check reads the slots as taken.
+        let after = ask(check("ahead", 1, 0, 0)).await.decision;
+        assert_eq!((after.allowed, after.retry_after()), (false, Some(Duration::from_millis(250))), "{a}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_reserves_slots_past_the_burst_on_every_store() {
+    let memory_clock = ManualClock::new(T0);
+    let memory = MemoryStore::with_clock(memory_clock.clone());
+    a_slice_reserves_slots_past_the_burst(&memory, &memory_clock, "m").await;
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let redis =
+        RedisStore::from_url(&server.url()).unwrap().response_timeout(RESPONSE_TIMEOUT).with_clock(clock.clone());
+    redis.ping().await.unwrap();
+    a_slice_reserves_slots_past_the_burst(&redis, &clock, "r").await;
+    let cluster = RedisCluster::start(3);
+    let clustered =
+        RedisStore::cluster(cluster.urls()).unwrap().response_timeout(RESPONSE_TIMEOUT).with_clock(clock.clone());
+    a_slice_reserves_slots_past_the_burst(&clustered, &clock, "c").await;
+}
+
 /// The review's sliding log example with explicit expectations, on Redis and on a cluster
 /// (the memory store runs it in `tests/http/refunds.rs`): a refund after its units left the
 /// window refunds nothing; one while they are in it refunds exactly them.

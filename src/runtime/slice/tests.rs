@@ -147,7 +147,7 @@ impl Fleet {
                     let local = self.local(server);
                     let take = self.servers[server].slices.take(ID, &c, SERVERS as u64, local);
                     if let Some((k, epoch)) = take.fetch {
-                        let asked = slice_check(&c, k);
+                        let asked = slice_check(&c, k, take.after);
                         let (life, sent) = (self.lives[server], self.now);
                         self.asked.push(Asked { server, life, sent, check: asked, epoch, outcome: None });
                     }
@@ -484,8 +484,8 @@ fn edge_slice() -> (Slices, Check) {
     }
     // Asked at local 5,000; the store, at its 1,000,000, found the TAT at the edge
     // (1,010,000: the burst used) and reserved 50 slots past it: TAT 1,060,000.
-    let k = slice_check(&c, 50);
-    assert_eq!(k.params.ahead_us, LAPSE_US);
+    let k = slice_check(&c, 50, 0);
+    assert_eq!(k.params.ahead_us, REACH_US);
     let o = Outcome { decision: Decision::allow_units(1_000, 0, 1_000, 60_000), taken: Some(Taken { at: 1_060_000 }) };
     assert!(s.install(ID, 0, &k, &o, 5_000, 6_000).is_none());
     (s, c)

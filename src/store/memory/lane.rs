@@ -239,8 +239,9 @@ impl Cells {
 pub(super) fn check(word: &AtomicU64, p: &Params, now: u64) -> (u64, Option<u64>) {
     let (b, t, c) = (p.quota.burst_size(), p.quota.emission_interval_micros(), p.cost);
     let mut tat = word.load(Relaxed);
+    let earliest = now.saturating_add(p.after_us);
     loop {
-        let base = tat.max(now);
+        let base = tat.max(earliest);
         // GCRA's rule (gcra.rs): accept iff c <= B and TAT' - now + c·T <= B·T (a quota
         // slice's reaches `ahead_us` further).
         let reach = b * t + p.ahead_us;

@@ -285,14 +285,21 @@ fn write_rule_args(cmd: &mut redis::Cmd, check: &Check) {
         .arg(block_arg(&check.params));
 }
 
-/// A rule's 7th argument: the leaky bucket's max delay; for GCRA and the token bucket, how
-/// far past the burst a quota slice reaches (0 for a request's check).
+/// A rule's 7th argument: the leaky bucket's max delay; for GCRA and the token bucket, a
+/// quota slice's reach past the burst and its first slot's least distance from now, as
+/// `ahead + after·2^26` (each below 2^26 µs, 67 s; exact in Lua's doubles; the scripts
+/// split it), 0 for a request's check.
 fn seventh(p: &crate::algorithm::Params, algorithm: Algorithm) -> u64 {
     match algorithm {
-        Algorithm::Gcra | Algorithm::TokenBucket => p.ahead_us.min(1 << 52),
+        Algorithm::Gcra | Algorithm::TokenBucket => {
+            p.ahead_us.min(SLICE_ARG - 1) + p.after_us.min(SLICE_ARG - 1) * SLICE_ARG
+        }
         _ => p.max_delay_us.min(1 << 53),
     }
 }
+
+/// The base of [`seventh`]'s packing.
+const SLICE_ARG: u64 = 1 << 26;
 
 /// A rule's block argument: the block a rejection starts (µs), 0 for none, or -1 for a
 /// rule that starts none but whose block is read (`Rule::blockable`).

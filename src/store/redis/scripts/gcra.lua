@@ -14,11 +14,18 @@ function ALG.gcra.default()
   return { 0 }
 end
 
--- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T; a quota
--- slice's check reaches p.md µs further (lib.lua: the 7th argument is GCRA's `ahead`)
+-- A quota slice's reach past the burst and the least distance of its first slot from now
+-- (lib.lua: the 7th argument is `ahead + after·2^26` for GCRA; 0 for a request's check).
+local function slice_args(p)
+  local after = math.floor(p.md / 67108864)
+  return p.md - after * 67108864, after
+end
+
+-- with TAT' = max(TAT, now + after): accept iff c <= B and TAT' - now + c·T <= B·T + ahead
 function ALG.gcra.decide(s, p, now)
-  local used = max(s[1], now) - now
-  local reach = p.B * p.T + p.md
+  local ahead, after = slice_args(p)
+  local used = max(s[1], now + after) - now
+  local reach = p.B * p.T + ahead
   return p.c * p.T <= reach and used + p.c * p.T <= reach
 end
 
@@ -33,7 +40,8 @@ end
 -- An accepted request, or a charge (past the burst, the TAT goes into debt). The TAT it
 -- leaves is the commit's identity for a refund (Rust computes it from the reply).
 function ALG.gcra.commit(key, s, p, now)
-  local tat = max(s[1], now) + p.c * p.T
+  local _, after = slice_args(p)
+  local tat = max(s[1], now + after) + p.c * p.T
   put(key, struct.pack('d', tat), tat, now)
 end
 

@@ -5,8 +5,10 @@
 -- ARGV[2]  mode: 'c' check (commit when every rule accepts), 'p' peek (never writes)
 -- then 8 values per rule, in KEYS order:
 --          algorithm tag, limit L, period W (µs), burst B, emission interval T (µs),
---          cost c, leaky bucket max delay (µs) or, for GCRA and the token bucket, how
---          far past the burst a quota slice reaches (µs, 0 for a request's check),
+--          cost c, leaky bucket max delay (µs) or, for GCRA and the token bucket, a
+--          quota slice's `ahead + after·2^26` (how far past the burst it reaches, and
+--          how long after now its first slot comes at the earliest, µs; 0 for a
+--          request's check),
 --          block (µs, 0: none; Rule::block_for)
 -- (the refund script takes a 9th: `at`, where the commit recorded its units; see
 -- `Taken` in src/store/mod.rs)

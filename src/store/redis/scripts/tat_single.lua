@@ -11,10 +11,16 @@
 -- fields it read. gcra_single.lua or token_bucket_single.lua (`decide`) follows, then
 -- single_main.lua or batch_main.lua.
 local function tat_decide(key, o, tag, name)
-  -- ARGV[o + 4 .. o + 7]: burst B, emission interval T (µs), cost c, and how far past
-  -- the burst a quota slice's check reaches (µs; 0 for a request's).
+  -- ARGV[o + 4 .. o + 7]: burst B, emission interval T (µs), cost c, and for a quota
+  -- slice's check `ahead + after·2^26` (0 for a request's): how far past the burst it
+  -- reaches, and how long after now its first slot comes at the earliest (µs).
   local p = rule(o, tag, name, 4, 5, 6, 7)
   local B, T, c, ahead = p[1], p[2], p[3], p[4]
+  local after = 0
+  if ahead > 0 then
+    after = math.floor(ahead / 67108864)
+    ahead = ahead - after * 67108864
+  end
   -- State: the TAT, and `left` when this script set the key's expiry (the key expires
   -- `left` µs after the TAT), as doubles (`struct.pack('d')`: exact below 2^53, and no
   -- number printed or parsed, which was a fifth of this script's cost in Redis), or none.
@@ -23,7 +29,7 @@ local function tat_decide(key, o, tag, name)
   if v then
     tat, left = tat_state(v)
   end
-  local base = tat > now and tat or now
+  local base = tat > now + after and tat or now + after
   -- with TAT' = max(TAT, now): accept iff c <= B and TAT' - now + c·T <= B·T (a slice's
   -- reaches `ahead` further)
   local reach = B * T + ahead
