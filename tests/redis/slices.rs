@@ -120,39 +120,45 @@ async fn three_servers_never_admit_more_than_the_limit_in_a_sliding_window_count
 
 /// 6,000 a second in windows of 10 s: a test that reads the store's count has seconds
 /// before its window ends, even on a loaded machine.
-/// Every admission's reading of the store's clock (the decision's), how many a slice
-/// decided, and how many decisions were made, by 8 tasks per limiter asking as fast as
-/// they can for `run`.
-async fn stamps(limiters: &[Arc<Hot>], run: Duration) -> (Vec<u64>, u64, u64) {
+/// Every admission on key `key`: its reading of the store's clock (the decision's) and
+/// who decided it; and how many decisions were made, by 8 tasks per limiter asking as fast
+/// as they can for `run`.
+async fn stamped(limiters: &[Arc<Hot>], key: &'static str, run: Duration) -> (Vec<(u64, DecidedBy)>, u64) {
     let until = tokio::time::Instant::now() + run;
     let mut tasks = Vec::new();
     for l in limiters {
         for _ in 0..8 {
             let l = l.clone();
             tasks.push(tokio::spawn(async move {
-                let (mut at, mut sliced, mut all) = (Vec::new(), 0, 0);
+                let (mut at, mut all) = (Vec::new(), 0);
                 while tokio::time::Instant::now() < until {
                     tokio::task::yield_now().await;
-                    let v = l.check("k").await;
-                    assert!(v.store_error().is_none(), "{v}");
+                    let v = l.check(key).await;
                     all += 1;
                     if v.is_allowed() {
-                        at.push(v.decisions().next().unwrap().decision.decided_at_micros());
-                        sliced += u64::from(v.decided_by() == Some(DecidedBy::Slice));
+                        let stamp = v.decisions().next().unwrap().decision.decided_at_micros();
+                        at.push((stamp, v.decided_by().expect("decided")));
                     }
                 }
-                (at, sliced, all)
+                (at, all)
             }));
         }
     }
-    let (mut at, mut sliced, mut all) = (Vec::new(), 0, 0);
+    let (mut at, mut all) = (Vec::new(), 0);
     for t in tasks {
-        let (a, s, n) = t.await.unwrap();
+        let (a, n) = t.await.unwrap();
         at.extend(a);
-        sliced += s;
         all += n;
     }
-    (at, sliced, all)
+    (at, all)
+}
+
+/// [`stamped`] on key "k": the stamps, how many a slice decided, and the decisions.
+async fn stamps(limiters: &[Arc<Hot>], run: Duration) -> (Vec<u64>, u64, u64) {
+    let (at, all) = stamped(limiters, "k", run).await;
+    assert!(at.iter().all(|&(_, by)| by != DecidedBy::Fallback), "the store failed");
+    let sliced = at.iter().filter(|&&(_, by)| by == DecidedBy::Slice).count() as u64;
+    (at.into_iter().map(|(t, _)| t).collect(), sliced, all)
 }
 
 /// How far the worst run of admissions (stamps `t_i <= … <= t_j`) goes past a bucket's
@@ -202,6 +208,100 @@ async fn three_servers_keep_gcras_bound_with_slices() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_servers_keep_the_token_buckets_bound_with_slices() {
     bucket_bound(Algorithm::TokenBucket).await;
+}
+
+/// Issue 43 on a 3-master cluster, the key's master stalled for 300 ms (three slices'
+/// lives) in the middle: the slices held admit at their slots, then the fallback decides
+/// (its stated share, beside the bound); every admission the store and the slices decided
+/// keeps GCRA's bound exactly, before, during and after the stall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bucket_slices_keep_the_bound_on_a_cluster_with_the_keys_master_stalled() {
+    let cluster = support::redis::RedisCluster::start(3);
+    let store = || RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_millis(250));
+    let quota = Quota::per_second(4_000).burst(400);
+    let build = || {
+        Arc::new(
+            Limiter::builder(store())
+                .add_rule(Rule::new("hot", quota, |k: &str| Some(k.to_owned())).algorithm(Algorithm::Gcra))
+                .slices(true)
+                .timeout(Duration::from_millis(100))
+                .build()
+                .unwrap(),
+        )
+    };
+    let limiters: Vec<Arc<Hot>> = (0..3).map(|_| build()).collect();
+    let sizes = || -> Vec<u64> { (0..3).map(|i| cluster.node(i).cmd(&["DBSIZE"]).trim().parse().unwrap()).collect() };
+    let before = sizes();
+    assert!(limiters[0].check("k").await.is_allowed());
+    let after = sizes();
+    let node = (0..3).find(|&i| after[i] > before[i]).expect("the key's node");
+    let run = {
+        let limiters = limiters.clone();
+        tokio::spawn(async move { stamped(&limiters, "k", Duration::from_millis(2_500)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    cluster.node(node).pause();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.node(node).resume();
+    let (at, all) = run.await.unwrap();
+    let count = |by: DecidedBy| at.iter().filter(|&&(_, b)| b == by).count();
+    let (sliced, fallback) = (count(DecidedBy::Slice), count(DecidedBy::Fallback));
+    let mut exact: Vec<u64> = at.iter().filter(|&&(_, b)| b != DecidedBy::Fallback).map(|&(t, _)| t).collect();
+    let past = past_the_bound(&mut exact, 250, 100_000);
+    eprintln!("{} admitted: {sliced} from slices, {fallback} by the fallback, of {all}; worst run {past} µs", at.len());
+    assert!(past <= 0, "a run of the store's and the slices' admissions is {past} µs of slots past B + r·Δ");
+    assert!(fallback > 0, "the stalled master's key was never decided by the fallback");
+    assert!(sliced * 10 > at.len() * 6, "{sliced} of {} from slices", at.len());
+}
+
+/// A bucket's slice takes back the unit last admitted from it (GCRA's refund, with no store
+/// call: the next request gets that very slot again), and a reset or a block closes it.
+#[tokio::test]
+async fn a_bucket_slice_takes_back_its_last_unit_and_a_reset_or_block_closes_it() {
+    let redis = RedisServer::start();
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let l = limiter(&redis.url(), algorithm, hot_quota(), true);
+        let sliced = until_sliced(&l).await.pop().unwrap();
+        let slot = sliced.decisions().next().unwrap().taken.expect("its commit");
+        let before = redis.commandstats().get("evalsha").copied().unwrap_or(0);
+        l.refund(sliced).await.unwrap();
+        assert_eq!(redis.commandstats().get("evalsha").copied().unwrap_or(0), before, "{algorithm}: a store call");
+        let again = l.check("k").await;
+        assert_eq!(again.decided_by(), Some(DecidedBy::Slice), "{algorithm}");
+        assert_eq!(again.decisions().next().unwrap().taken, Some(slot), "{algorithm}: the unit's slot came back");
+        l.reset("hot", "k").await.unwrap();
+        assert_eq!(l.check("k").await.decided_by(), Some(DecidedBy::Store), "{algorithm}: a slice survived the reset");
+        until_sliced(&l).await;
+        l.block("hot", "k", Duration::from_secs(60)).await.unwrap();
+        assert!(l.check("k").await.is_rejected(), "{algorithm}: a slice admitted a blocked key");
+        l.close().await.unwrap();
+        redis.cmd(&["FLUSHALL"]);
+    }
+}
+
+/// While the store is stalled, a server first spends the bucket slices it holds (at their
+/// slots), then the fallback decides.
+#[tokio::test]
+async fn a_stalled_store_leaves_the_bucket_slices_held_then_the_fallback() {
+    let redis = RedisServer::start();
+    let l = Limiter::builder(RedisStore::from_url(&redis.url()).unwrap())
+        .add_rule(Rule::new("hot", hot_quota(), |k: &str| Some(k.to_owned())).slices(true))
+        .algorithm(Algorithm::Gcra)
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    until_sliced(&l).await;
+    redis.pause();
+    let mut by = Vec::new();
+    for _ in 0..40 {
+        let v = l.check("k").await;
+        by.push(v.decided_by());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    redis.resume();
+    assert_eq!(by[0], Some(DecidedBy::Slice), "{by:?}");
+    assert!(by.iter().all(|b| matches!(b, Some(DecidedBy::Slice | DecidedBy::Fallback))), "{by:?}");
+    assert!(by.contains(&Some(DecidedBy::Fallback)), "the slice outlived its lapse: {by:?}");
 }
 
 fn hot_quota() -> Quota {
