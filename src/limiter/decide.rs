@@ -54,7 +54,7 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         }
         let answer = match self.take_slices(plan, started) {
             // A bucket's slice refused it: its next slot comes later.
-            Some(sliced) if sliced.wait.is_some() => Ok(sliced.refused()),
+            Some(sliced) if !sliced.wait.is_empty() => Ok(sliced.refused()),
             // Boxed: the rare path's state would double the size of every decision's future.
             Some(sliced) => Box::pin(self.ask_with(plan, sliced, started)).await,
             None => self.ask(plan, started).await,
@@ -83,22 +83,31 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     fn take_slices(&self, plan: &Plan<I>, started: Instant) -> Option<FromSlices<St>> {
         let rt = &self.runtime;
         let mut units: SliceUnits = SmallVec::new();
-        let mut wait = None;
+        let mut wait: Waits = SmallVec::new();
         for i in 0..plan.checks.len() {
             let Some((id, servers)) = self.sliced(plan, i) else {
                 units.push(None);
                 continue;
             };
-            let take = rt.slices.take(id, &plan.checks[i], servers, rt.us_at(started));
+            // Once a check waits for its slot, the request is refused: the later checks'
+            // slices are only looked at (their refusals too), nothing taken from them.
+            let commit = wait.is_empty();
+            let take = rt.slices.take_or_look(id, &plan.checks[i], servers, rt.us_at(started), commit);
             if let Some((k, epoch)) = take.fetch {
                 self.ask_slice(plan, i, (id, epoch), (k, take.after), servers);
             }
-            if let (None, Some(decision)) = (&wait, take.wait) {
-                wait = Some((i, decision));
+            if let Some(decision) = take.wait {
+                wait.push((i, decision));
             }
-            units.push(take.unit);
+            match take.unit {
+                Some(looked) if !commit => {
+                    wait.push((i, looked.decision));
+                    units.push(None);
+                }
+                unit => units.push(unit),
+            }
         }
-        (wait.is_some() || units.iter().any(Option::is_some)).then(|| FromSlices {
+        (!wait.is_empty() || units.iter().any(Option::is_some)).then(|| FromSlices {
             wait,
             units,
             costs: plan.checks.iter().map(|c| c.params.cost).collect(),
@@ -687,9 +696,13 @@ type SliceUnits = SmallVec<[Option<SliceUnit>; 2]>;
 /// Units a request took from quota slices while the rest of its checks are decided: what
 /// is still in it when dropped (the request refused, the future dropped at the `.await`)
 /// goes back to its slice, or to the store once the slice closed.
+/// The checks a bucket's slice refused (their next slot comes later), with their refusals,
+/// and the decisions of those looked at after the first refusal.
+type Waits = SmallVec<[(usize, Decision); 1]>;
+
 struct FromSlices<St: Store> {
-    /// A check a bucket's slice refused (its next slot comes later), and its refusal.
-    wait: Option<(usize, Decision)>,
+    /// The checks a bucket's slice refused, and those looked at after the first (`Waits`).
+    wait: Waits,
     units: SliceUnits,
     /// Each check's cost.
     costs: SmallVec<[u64; 2]>,
@@ -703,10 +716,13 @@ impl<St: Store> FromSlices<St> {
     /// refusal the slice's; the units other checks took go back (when `self` drops).
     fn refused(mut self) -> Answered {
         let mut answered = Answered::new(DecidedBy::Slice);
-        let (at, mut wait) = self.wait.take().expect("a slice's refusal");
-        wait.set_decided_by(DecidedBy::Slice);
+        let waits = std::mem::take(&mut self.wait);
         for (i, unit) in self.units.iter().enumerate() {
-            let decision = if i == at { Some(wait) } else { unit.as_ref().map(|u| u.decision) };
+            let waited = waits.iter().find(|(w, _)| *w == i).map(|&(_, d)| d);
+            let decision = waited.or_else(|| unit.as_ref().map(|u| u.decision)).map(|mut d| {
+                d.set_decided_by(DecidedBy::Slice);
+                d
+            });
             answered.outcomes.push(decision.map(|decision| Outcome { decision, taken: None }));
             answered.slices.push(None);
             answered.copies.push(None);

