@@ -158,15 +158,18 @@ pub(crate) struct Slice {
 /// reserved, `[end - c·T, end)` on the store's clock, each admitted as a request's check
 /// would admit it there, as GCRA on a TAT of its own: a unit at `now` takes the slot at
 /// `max(tat, now)` and is admitted only when that slot ends within `B·T` of `now`; slots
-/// that `now` passed unused are stranded. So every unit this server admits has a slot of
-/// its own that starts no earlier and ends no later than `B·T` after the clock reading it
-/// was admitted by, as a request's check gives it: the key's bound (at most `B + r·Δ` in
-/// any span `Δ`) holds on the timeline of the decisions' readings, with no term for the
-/// lapse.
+/// that `now` passed unused are stranded. `now` is read two ways: counted from when the
+/// slice was asked for (never behind the store's clock) for where a slot may start, and
+/// from when its answer came (never ahead of it; the decision's stamp) for where it may
+/// end. So every unit this server admits has a slot of its own that starts no earlier than
+/// the store's clock and the stamp, and ends no later than `B·T` after either, as a
+/// request's check gives it: the key's bound (at most `B + r·Δ` in any span `Δ`) holds on
+/// the store's clock and on the decisions' stamps, with no term for the lapse or the
+/// call's latency.
 #[derive(Debug, Clone, Copy)]
 struct Slots {
-    /// The store's clock when it granted the slice (µs): this server's `asked` stands for
-    /// it, so that its reading of the store's clock is never behind the script's.
+    /// The store's clock when it granted the slice (µs), some time between this server's
+    /// `asked` and `received`.
     granted: u64,
     /// The slice's last slot's end: the TAT its commit left.
     end: u64,
