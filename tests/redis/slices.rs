@@ -263,6 +263,52 @@ async fn bucket_slices_keep_the_bound_on_a_cluster_with_the_keys_master_stalled(
     assert!(sliced * 10 > at.len() * 6, "{sliced} of {} from slices", at.len());
 }
 
+/// Jobs that wait their turn (`Limiter::wait_key`) on a bucket's key at its edge, on three
+/// servers with slices: a request before its slot is told when its slot comes (the slice's
+/// `retry_after`, as the store's), so every job is admitted by waiting, mostly from slices,
+/// and the admissions keep the bucket's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_waiting_their_turn_on_bucket_slices_keep_the_bound() {
+    let redis = RedisServer::start();
+    let quota = Quota::per_second(4_000).burst(400);
+    let limiters: Vec<Arc<Hot>> =
+        (0..3).map(|_| Arc::new(limiter(&redis.url(), Algorithm::Gcra, quota, true))).collect();
+    let until = tokio::time::Instant::now() + Duration::from_millis(2_000);
+    let mut tasks = Vec::new();
+    for l in &limiters {
+        for _ in 0..8 {
+            let l = l.clone();
+            tasks.push(tokio::spawn(async move {
+                let (mut at, mut sliced, mut refused) = (Vec::new(), 0, 0);
+                while tokio::time::Instant::now() < until {
+                    let v = l.wait_key("hot", "k", 1, Duration::from_secs(1)).await;
+                    if v.is_allowed() {
+                        at.push(v.decisions().next().unwrap().decision.decided_at_micros());
+                        sliced += u64::from(v.decided_by() == Some(DecidedBy::Slice));
+                    } else {
+                        refused += 1;
+                    }
+                }
+                (at, sliced, refused)
+            }));
+        }
+    }
+    let (mut at, mut sliced, mut refused) = (Vec::new(), 0, 0);
+    for t in tasks {
+        let (a, s, r) = t.await.unwrap();
+        at.extend(a);
+        sliced += s;
+        refused += r;
+    }
+    let admitted = at.len() as u64;
+    let past = past_the_bound(&mut at, 250, 100_000);
+    eprintln!("{admitted} admitted by waiting ({sliced} from slices), {refused} refused; worst run {past} µs");
+    assert!(past <= 0, "a run of admissions is {past} µs of slots past B + r·Δ");
+    assert_eq!(refused, 0, "a job waited past its second");
+    assert!(admitted > 4_000, "{admitted} admitted in 2 s at 4,000 a second");
+    assert!(sliced * 10 >= admitted * 5, "{sliced} of {admitted} from slices");
+}
+
 /// A bucket's slice takes back the unit last admitted from it (GCRA's refund, with no store
 /// call: the next request gets that very slot again), and a reset or a block closes it.
 #[tokio::test]
