@@ -20,15 +20,6 @@ use crate::runtime::{
 use crate::store::{Check, LocalStore, Outcome, Outcomes, Refund, Store};
 use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
 
-/// What [`Limiter::decide_now`] gives.
-#[allow(clippy::large_enum_variant, reason = "returned once per input and matched at once: boxing would allocate")]
-pub(crate) enum Now<I: ?Sized> {
-    /// Decided, under this rule set.
-    Decided(Verdict, Arc<RuleSet<I>>),
-    /// The store decides only through a future: the plan back, for [`Limiter::decide`].
-    Later(Plan<I>),
-}
-
 impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Decides a plan: at once for an in-process store, else the blocked-key cache, then
     /// one guarded store call for every check (shadow checks inside it), the fail mode
@@ -236,11 +227,15 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     }
 
     /// [`Limiter::decide`] at once, with no future, for an in-process store
-    /// ([`Store::as_local`]): its answer is synchronous.
-    pub(crate) fn decide_now(&self, plan: Plan<I>) -> Now<I> {
-        let Some(local) = self.holders.store.as_local() else { return Now::Later(plan) };
-        let verdict = self.decide_local(local, &plan);
-        Now::Decided(verdict, plan.set)
+    /// ([`Store::as_local`]): its answer is synchronous. `None` for a store that decides
+    /// only through a future (the caller keeps the plan for [`Limiter::decide_remote`]).
+    ///
+    /// The plan is borrowed and the verdict returned bare: an input's plan and verdict are
+    /// each written once, where the caller keeps them (moved into and out of a wrapper,
+    /// each was copied again).
+    pub(crate) fn decide_now(&self, plan: &Plan<I>) -> Option<Verdict> {
+        let local = self.holders.store.as_local()?;
+        Some(self.decide_local(local, plan))
     }
 
     /// The verdict of `plan` from an in-process store, decided at once.
