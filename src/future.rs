@@ -144,10 +144,13 @@ where
                 }
                 KindProj::Running { future, forwarded } => {
                     let res = ready!(future.poll(cx));
-                    let forwarded = forwarded.take();
+                    // Taken only when there is one: a take copies the whole slot, and the
+                    // common request forwards nothing.
+                    let forwarded = if forwarded.is_some() { forwarded.take() } else { None };
                     // An error gives back what is forwarded: as for a response never given.
                     let mut res = res?;
-                    if let Some(report) = this.report.take() {
+                    // Read in place (the future is done with it): moved out, it was copied.
+                    if let Some(report) = this.report.as_mut() {
                         report.headers(&mut res);
                     }
                     if let Some(forwarded) = forwarded {
@@ -180,7 +183,10 @@ where
     if let Some(report) = report {
         req.extensions_mut().insert(*report.most_restrictive());
     }
-    let forwarded = lease.and_then(Lease::forward);
+    let forwarded = match lease {
+        Some(lease) => lease.forward(),
+        None => None,
+    };
     Kind::Running { future: inner.call(req), forwarded }
 }
 
