@@ -226,16 +226,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         Ok(merged)
     }
 
-    /// [`Limiter::decide`] at once, with no future, for an in-process store
-    /// ([`Store::as_local`]): its answer is synchronous. `None` for a store that decides
-    /// only through a future (the caller keeps the plan for [`Limiter::decide_remote`]).
-    ///
-    /// The plan is borrowed and the verdict returned bare: an input's plan and verdict are
-    /// each written once, where the caller keeps them (moved into and out of a wrapper,
-    /// each was copied again).
-    pub(crate) fn decide_now(&self, plan: &Plan<I>) -> Option<Verdict> {
-        let local = self.holders.store.as_local()?;
-        Some(self.decide_local(local, plan))
+    /// The store's synchronous interface, for an in-process store ([`Store::as_local`]):
+    /// [`Limiter::decide_local`] then decides at once, with no future.
+    pub(crate) fn local(&self) -> Option<&dyn LocalStore> {
+        self.holders.store.as_local()
     }
 
     /// The verdict of `plan` from an in-process store, decided at once.
