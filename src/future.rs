@@ -189,6 +189,7 @@ where
 
 /// `req` forwarded to `inner`, with the decision the handler reads (`report`'s), and what
 /// it holds until its response.
+#[inline(always)]
 fn forward<S, B, St, R, U>(
     mut inner: S,
     mut req: Request<B>,
