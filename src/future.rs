@@ -93,6 +93,23 @@ where
     ) -> Self {
         Self { kind: Kind::Unpolled { forward: Some((inner, req, lease)) }, report }
     }
+
+    /// `req` admitted by `verdict` (in process, with no slot to wait for), for `inner` at
+    /// the first poll: its lease and its report are made where the future keeps them
+    /// (made apart and passed in, each was copied twice more).
+    pub(crate) fn admitted(
+        shared: &Arc<Shared<St, R, U>>,
+        inner: S,
+        req: Request<B>,
+        verdict: Verdict,
+        set: Arc<RuleSet<RequestHead>>,
+    ) -> Self {
+        let most = verdict.most();
+        let Verdict { decided, held, .. } = verdict;
+        let lease = shared.limiter.lease(held, DROPPED);
+        let report = most.map(|most| Report::new(shared.clone(), decided, most, set));
+        Self::unpolled(inner, req, Some(lease), report)
+    }
 }
 
 impl<S, B, St, R, U, ResBody> Future for ResponseFuture<S, B, St, R, U>
@@ -120,19 +137,21 @@ where
                     let verdict = ready!(decision.as_mut().poll(cx));
                     let Waiting { shared, set, inner, head, body } =
                         waiting.take().expect("ResponseFuture polled after completion");
-                    match Step::of(&shared, verdict, set, &head) {
+                    match Step::of(&shared, &verdict, &set, &head) {
                         Step::Refused(res) => {
                             this.kind.set(Kind::Ready { output: None });
                             return Poll::Ready(Ok(res));
                         }
                         // Forwarded at once: this is its first poll since it was decided.
-                        Step::Admitted(Admitted { report, lease, slot: None }) => {
+                        Step::Admitted { slot: None } => {
+                            let Admitted { report, lease, .. } = Admitted::new(&shared, verdict, set, None);
                             *this.report = report;
                             let running = forward(inner, with_body(head, body), Some(lease), this.report.as_ref());
                             this.kind.set(running);
                         }
                         // A leaky bucket's slot to wait for (rare): boxed.
-                        Step::Admitted(admitted) => {
+                        Step::Admitted { slot } => {
+                            let admitted = Admitted::new(&shared, verdict, set, slot);
                             this.kind.set(Kind::Boxed { future: Box::pin(admitted.run(inner, head, body)) });
                         }
                     }
@@ -144,10 +163,13 @@ where
                 }
                 KindProj::Running { future, forwarded } => {
                     let res = ready!(future.poll(cx));
-                    let forwarded = forwarded.take();
+                    // Taken only when there is one: a take copies the whole slot, and the
+                    // common request forwards nothing.
+                    let forwarded = if forwarded.is_some() { forwarded.take() } else { None };
                     // An error gives back what is forwarded: as for a response never given.
                     let mut res = res?;
-                    if let Some(report) = this.report.take() {
+                    // Read in place (the future is done with it): moved out, it was copied.
+                    if let Some(report) = this.report.as_mut() {
                         report.headers(&mut res);
                     }
                     if let Some(forwarded) = forwarded {
@@ -167,6 +189,7 @@ where
 
 /// `req` forwarded to `inner`, with the decision the handler reads (`report`'s), and what
 /// it holds until its response.
+#[inline(always)]
 fn forward<S, B, St, R, U>(
     mut inner: S,
     mut req: Request<B>,
@@ -180,7 +203,10 @@ where
     if let Some(report) = report {
         req.extensions_mut().insert(*report.most_restrictive());
     }
-    let forwarded = lease.and_then(Lease::forward);
+    let forwarded = match lease {
+        Some(lease) => lease.forward(),
+        None => None,
+    };
     Kind::Running { future: inner.call(req), forwarded }
 }
 
@@ -203,45 +229,42 @@ pub(crate) struct Waiting<S, B, St, R, U> {
     pub(crate) body: B,
 }
 
-#[allow(clippy::large_enum_variant, reason = "made once per request and matched at once: boxing would allocate")]
-pub(crate) enum Step<St: Store, R, U, ResBody> {
+/// What a decided request comes to. The verdict is only read here: what an admitted
+/// request keeps of it is taken apart where it is kept ([`ResponseFuture::admitted`], or
+/// [`Admitted`] on the paths that wait).
+pub(crate) enum Step<ResBody> {
     Refused(Response<ResBody>),
-    Admitted(Admitted<St, R, U>),
+    /// Admitted, to be forwarded at `slot` (a leaky bucket's), or at once.
+    Admitted {
+        slot: Option<Instant>,
+    },
 }
 
-impl<St: Store, R, U, ResBody> Step<St, R, U, ResBody>
-where
-    R: OnRejected<ResBody>,
-    U: OnUnavailable<ResBody>,
-    ResBody: Default,
-{
-    pub(crate) fn of(
-        shared: &Arc<Shared<St, R, U>>,
-        verdict: Verdict,
-        set: Arc<RuleSet<RequestHead>>,
+impl<ResBody: Default> Step<ResBody> {
+    pub(crate) fn of<St: Store, R: OnRejected<ResBody>, U: OnUnavailable<ResBody>>(
+        shared: &Shared<St, R, U>,
+        verdict: &Verdict,
+        set: &RuleSet<RequestHead>,
         req: &RequestHead,
     ) -> Self {
         match &verdict.ruling {
             Ruling::Rejected { worst, key } => {
                 let blocks = !set.rules[verdict.decided[*worst].rule].block.is_zero();
-                Step::Refused(shared.responder.rejected(&verdict, (*worst, key), &names(&set), blocks, req))
+                Step::Refused(shared.responder.rejected(verdict, (*worst, key), &names(set), blocks, req))
             }
             Ruling::Failed { error, closed: true } => Step::Refused(shared.responder.unavailable(error, req)),
             Ruling::Failed { closed: false, .. } | Ruling::Allowed => {
                 // A leaky bucket's slot is `delay` after the decision, however late the
                 // future is first polled.
                 let delay = verdict.delay();
-                let slot = (!delay.is_zero()).then(|| Instant::now() + delay);
-                let most = verdict.most();
-                // Taken apart, not moved whole: each part goes where it is kept.
-                let Verdict { decided, held, .. } = verdict;
-                let lease = shared.limiter.lease(held, "a request dropped before it was forwarded");
-                let report = most.map(|most| Report::new(shared.clone(), decided, most, set));
-                Step::Admitted(Admitted { report, lease, slot })
+                Step::Admitted { slot: (!delay.is_zero()).then(|| Instant::now() + delay) }
             }
         }
     }
 }
+
+/// What a lease of a request's units says when it gives them back.
+const DROPPED: &str = "a request dropped before it was forwarded";
 
 /// An admitted request, before it is forwarded.
 pub(crate) struct Admitted<St: Store, R, U> {
@@ -251,6 +274,21 @@ pub(crate) struct Admitted<St: Store, R, U> {
 }
 
 impl<St: Store, R, U> Admitted<St, R, U> {
+    /// What the request admitted by `verdict` keeps: its lease and its report, taken
+    /// apart, not moved whole (each part goes where it is kept).
+    pub(crate) fn new(
+        shared: &Arc<Shared<St, R, U>>,
+        verdict: Verdict,
+        set: Arc<RuleSet<RequestHead>>,
+        slot: Option<Instant>,
+    ) -> Self {
+        let most = verdict.most();
+        let Verdict { decided, held, .. } = verdict;
+        let lease = shared.limiter.lease(held, DROPPED);
+        let report = most.map(|most| Report::new(shared.clone(), decided, most, set));
+        Self { report, lease, slot }
+    }
+
     /// The paths that wait anyway (a remote store, a leaky bucket's slot), in one future:
     /// the wait, then the unboxed [`ResponseFuture`] an in-process decision's request
     /// takes at once.

@@ -54,7 +54,7 @@ impl<St, R, U> Report<St, R, U> {
     /// refusal keeps its own). A count-by-outcome rule whose units the response's status
     /// gives back says what remains once they are back: a successful login under
     /// `count_if(401)` took nothing.
-    pub(crate) fn headers<ResBody>(mut self, res: &mut Response<ResBody>) {
+    pub(crate) fn headers<ResBody>(&mut self, res: &mut Response<ResBody>) {
         let refused = crate::response::is_refusal(res);
         let mut most = self.most;
         let status = res.status();

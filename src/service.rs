@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use crate::future::{with_body, Admitted, ResponseFuture, Step, Waiting};
 use crate::head::RequestHead;
-use crate::limiter::{Limiter, Now};
+use crate::limiter::Limiter;
 use crate::report::Shared;
 use crate::response::{DefaultUnavailable, OnRejected, OnUnavailable};
 use crate::store::Store;
@@ -99,21 +99,25 @@ where
         }
         // One path: decide (at once in process, else in the future), then answer a
         // refusal or run the admitted request. A refusal decided here needs no future.
-        match limiter.decide_now(plan) {
-            Now::Decided(verdict, set) => match Step::of(&self.shared, verdict, set, &head) {
-                Step::Refused(res) => ResponseFuture::ready(Ok(res)),
-                Step::Admitted(Admitted { report, lease, slot: None }) => {
-                    ResponseFuture::unpolled(inner, with_body(head, body), Some(lease), report)
-                }
-                Step::Admitted(admitted) => ResponseFuture::boxed(Box::pin(admitted.run(inner, head, body))),
-            },
-            Now::Later(plan) => {
-                // The request is answered under the rules it was decided by, whatever a
-                // swap does. Only the decision is boxed: the request waits beside it.
-                let set = plan.set.clone();
-                let limiter = self.shared.limiter.clone();
-                let deciding = Box::pin(async move { limiter.decide_remote(&plan).await });
-                ResponseFuture::deciding(deciding, Waiting { shared: self.shared.clone(), set, inner, head, body })
+        let Some(local) = limiter.local() else {
+            // The request is answered under the rules it was decided by, whatever a
+            // swap does. Only the decision is boxed: the request waits beside it.
+            let set = plan.set.clone();
+            let limiter = self.shared.limiter.clone();
+            let deciding = Box::pin(async move { limiter.decide_remote(&plan).await });
+            return ResponseFuture::deciding(deciding, Waiting { shared: self.shared.clone(), set, inner, head, body });
+        };
+        // Returned bare, the verdict is written once, where it is kept (out of an
+        // `Option`, it was copied again).
+        let verdict = limiter.decide_local(local, &plan);
+        match Step::of(&self.shared, &verdict, &plan.set, &head) {
+            Step::Refused(res) => ResponseFuture::ready(Ok(res)),
+            Step::Admitted { slot: None } => {
+                ResponseFuture::admitted(&self.shared, inner, with_body(head, body), verdict, plan.set)
+            }
+            Step::Admitted { slot } => {
+                let admitted = Admitted::new(&self.shared, verdict, plan.set, slot);
+                ResponseFuture::boxed(Box::pin(admitted.run(inner, head, body)))
             }
         }
     }

@@ -1,14 +1,14 @@
 //! The one place a decision is made: the blocked-key cache, then ONE store call for all
 //! the checks of an input (synchronous for an in-process store, guarded for a remote one,
 //! the fallback when it fails), then the fail mode, metrics, the cache of rejections, and
-//! what the input holds ([`Held`]).
+//! what the input holds ([`Held`](super::Held)).
 
 use std::sync::Arc;
 
 use smallvec::{smallvec, SmallVec};
 use tokio::time::Instant;
 
-use super::held::{Exit, Held, Holder, Probe, Unit};
+use super::held::{Exit, Holder, Probe, Unit};
 use super::holders::lost;
 use super::{Limiter, Plan, RuleSet};
 use crate::decision::{Decision, Longest};
@@ -20,15 +20,6 @@ use crate::runtime::{
 };
 use crate::store::{Check, LocalStore, Outcome, Outcomes, Refund, Store};
 use crate::verdict::{Decided, DecidedBy, Ruling, Verdict};
-
-/// What [`Limiter::decide_now`] gives.
-#[allow(clippy::large_enum_variant, reason = "returned once per input and matched at once: boxing would allocate")]
-pub(crate) enum Now<I: ?Sized> {
-    /// Decided, under this rule set.
-    Decided(Verdict, Arc<RuleSet<I>>),
-    /// The store decides only through a future: the plan back, for [`Limiter::decide`].
-    Later(Plan<I>),
-}
 
 impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
     /// Decides a plan: at once for an in-process store, else the blocked-key cache, then
@@ -264,12 +255,10 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         Ok(merged)
     }
 
-    /// [`Limiter::decide`] at once, with no future, for an in-process store
-    /// ([`Store::as_local`]): its answer is synchronous.
-    pub(crate) fn decide_now(&self, plan: Plan<I>) -> Now<I> {
-        let Some(local) = self.holders.store.as_local() else { return Now::Later(plan) };
-        let verdict = self.decide_local(local, &plan);
-        Now::Decided(verdict, plan.set)
+    /// The store's synchronous interface, for an in-process store ([`Store::as_local`]):
+    /// [`Limiter::decide_local`] then decides at once, with no future.
+    pub(crate) fn local(&self) -> Option<&dyn LocalStore> {
+        self.holders.store.as_local()
     }
 
     /// The verdict of `plan` from an in-process store, decided at once.
@@ -323,9 +312,9 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
         let holder = if by == DecidedBy::Fallback { Holder::Fallback } else { Holder::Store };
         // What each holder decided: the fallback's share of each quota, for the fallback.
         let as_held = fallback.as_deref().unwrap_or(checks);
-        let mut verdict = Verdict::empty(Ruling::Allowed, Held::default());
-        // No enforced rule (shadow rules only): nothing was decided.
-        verdict.source = (enforced > 0).then_some(by);
+        // The verdict is written once, at the end, where the caller keeps it (built early
+        // and filled in, its 256-byte `held` was copied in twice).
+        let mut decided: SmallVec<[Decided; 1]> = SmallVec::new();
         // The rejecting rule that makes the caller wait longest: its index in `decided`, its key.
         let mut worst = Longest::new();
         for (i, (check, &rule)) in checks.iter().zip(rules.iter()).enumerate() {
@@ -350,24 +339,24 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             }
             if !shadow {
                 if !d.allowed {
-                    worst.offer(d.retry_after(), (verdict.decided.len(), &check.key));
+                    worst.offer(d.retry_after(), (decided.len(), &check.key));
                 }
                 let (quota, cost) = (check.params.quota, check.params.cost);
                 let mut decision = *d;
                 decision.set_decided_by(who);
                 let permits = check.algorithm == crate::algorithm::Algorithm::Concurrent;
-                let decided = Decided { rule, name: check.rule, quota, decision, cost, permits };
-                verdict.decided.push(decided);
+                decided.push(Decided { rule, name: check.rule, quota, decision, cost, permits });
             }
         }
-        if let Some((worst, key)) = worst.take() {
-            verdict.ruling = Ruling::Rejected { worst, key: key.clone() };
-        }
-        if verdict.is_allowed() {
+        let ruling = match worst.take() {
+            Some((worst, key)) => Ruling::Rejected { worst, key: key.clone() },
+            None => Ruling::Allowed,
+        };
+        if matches!(ruling, Ruling::Allowed) {
             held.probes = probes(set, checks, as_held, rules, holder);
             // Near the limit: what this input leaves in use (a rejected one takes nothing).
             // Only counted for the metric (a division a rule, with no metrics to count it).
-            for d in verdict.decided.iter().filter(|_| cfg!(feature = "metrics")) {
+            for d in decided.iter().filter(|_| cfg!(feature = "metrics")) {
                 if d.decision.is_near_limit(self.runtime.settings.near_limit) {
                     crate::metrics::near_limit(d.name);
                 }
@@ -377,8 +366,8 @@ impl<St: Store, I: ?Sized + 'static> Limiter<St, I> {
             debug_assert!(held.units.is_empty(), "a refused input holds units");
             held.units.clear();
         }
-        verdict.held = held;
-        verdict
+        // No enforced rule (shadow rules only): nothing was decided.
+        Verdict { ruling, decided, source: (enforced > 0).then_some(by), held }
     }
 
     /// One guarded call to a remote store, with the fallback limiter for the rules that

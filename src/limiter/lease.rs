@@ -65,9 +65,11 @@ impl<St: Store> Lease<St> {
     /// those a status may refund, and the probes, move on — `None` when there are none (the
     /// common request: nothing waits for its response).
     pub(crate) fn forward(mut self) -> Option<Forwarded<St>> {
-        let mut held = std::mem::take(&mut self.held);
-        held.units.retain(|u| matches!(u.exit, Exit::UnlessCounted(_) | Exit::Released));
-        (!held.units.is_empty() || !held.probes.is_empty()).then(|| Forwarded { held, holders: self.holders.clone() })
+        // Released in place: what moves on is taken only when there is some (the common
+        // request moves nothing, and the lease drops holding no units).
+        self.held.units.retain(|u| matches!(u.exit, Exit::UnlessCounted(_) | Exit::Released));
+        (!self.held.units.is_empty() || !self.held.probes.is_empty())
+            .then(|| Forwarded { held: std::mem::take(&mut self.held), holders: self.holders.clone() })
     }
 }
 

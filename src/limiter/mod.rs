@@ -20,7 +20,6 @@ use futures_util::FutureExt as _;
 use tokio::time::Instant;
 
 pub use self::builder::LimiterBuilder;
-pub(crate) use self::decide::Now;
 pub(crate) use self::held::Held;
 pub(crate) use self::holders::Holders;
 pub(crate) use self::lease::{Forwarded, Lease};
