@@ -316,6 +316,7 @@ pub(super) struct Conc {
 }
 
 /// Runs the W1 concurrency figure `reps` times (and the `MONITOR` pass once).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run(
     ctl: &mut Ctl,
     url: &str,
