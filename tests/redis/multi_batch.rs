@@ -2,9 +2,11 @@
 //! a multi-check call", group-committed as single-rule checks are): multi-checks that arrive
 //! together go as one script call per slot, each decided all or nothing, as one call each.
 //!
-//! - a model: random rounds of concurrent multi-checks (a rate rule of each algorithm and a
-//!   concurrency rule, on one key or two), some dropped before their batch leaves, time
-//!   steps, against `MemoryStore` deciding them one by one at the same time;
+//! - a model: random rounds of concurrent multi-checks (a rate rule of each algorithm, now
+//!   and then in shadow, and a concurrency rule, on one key or two), some dropped before
+//!   their batch leaves, time steps, against `MemoryStore` deciding them one by one at the
+//!   same time (both batch scripts: the straight-line one, and the generic one that shadow
+//!   rules take);
 //! - one script call and one `TIME` per batch, from the server's command statistics; off
 //!   with `max_batch(1)`;
 //! - a multi-check refused by one rule takes nothing from the others, inside a batch;
@@ -132,6 +134,8 @@ struct Ask {
     rate_key: u8,
     conc_key: u8,
     dropped: bool,
+    /// The rate rule in shadow: decided, never refusing (the generic batch script).
+    shadow: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -141,8 +145,9 @@ enum Op {
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
-    let ask = (0..RATE.len(), 0..3u8, 0..3u8, prop::bool::weighted(0.15))
-        .prop_map(|(algorithm, rate_key, conc_key, dropped)| Ask { algorithm, rate_key, conc_key, dropped });
+    let ask = (0..RATE.len(), 0..3u8, 0..3u8, prop::bool::weighted(0.15), prop::bool::weighted(0.3)).prop_map(
+        |(algorithm, rate_key, conc_key, dropped, shadow)| Ask { algorithm, rate_key, conc_key, dropped, shadow },
+    );
     let op = prop_oneof![
         4 => prop::collection::vec(ask, 1..12).prop_map(Op::Round),
         1 => (1u64..30_000_000).prop_map(Op::Advance),
@@ -151,7 +156,17 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 fn lists_of(asks: &[Ask]) -> Vec<Vec<Check>> {
-    asks.iter().map(|a| entry(RATE[a.algorithm], &format!("k{}", a.rate_key), &format!("k{}", a.conc_key))).collect()
+    asks.iter()
+        .map(|a| {
+            let mut l = entry(RATE[a.algorithm], &format!("k{}", a.rate_key), &format!("k{}", a.conc_key));
+            // A shadow rule goes after the enforced ones, as a plan puts it.
+            if a.shadow {
+                l[0].params.shadow = true;
+                l.swap(0, 1);
+            }
+            l
+        })
+        .collect()
 }
 
 async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
@@ -207,8 +222,12 @@ async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
     Ok(())
 }
 
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(24), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn batched_multi_checks_decide_as_one_by_one(ops in ops(), max_batch in prop_oneof![Just(1usize), 2..7usize]) {

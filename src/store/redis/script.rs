@@ -59,6 +59,9 @@ pub(crate) struct Scripts {
     pub(crate) multi: Script,
     /// Group commit of multi-checks: each decided all or nothing, as `multi` decides one.
     pub(crate) multi_batch: Script,
+    /// The same for multi-checks of straight-line rules only, over the algorithms' own
+    /// `decide` functions.
+    pub(crate) multi_single: Script,
     /// `State::refund` for any number of rules of any algorithms.
     pub(crate) refund: Script,
     /// Renews permits of concurrency rules (issue 42).
@@ -97,6 +100,39 @@ macro_rules! log_script {
     };
 }
 
+/// The straight-line multi-check batch script: the log's functions on the shared library
+/// (as `log_script!`), the `now` prologue, then every algorithm's `decide` from its
+/// `<alg>_single.lua`, each in a block of its own and kept in `DECIDE` by its tag, then
+/// `scripts/multi_single_main.lua`.
+macro_rules! multi_single_script {
+    () => {
+        concat!(
+            include_str!("scripts/floordiv.lua"),
+            include_str!("scripts/lib.lua"),
+            include_str!("scripts/sliding_window_log.lua"),
+            include_str!("scripts/single_now.lua"),
+            "local DECIDE = {}\ndo\n",
+            include_str!("scripts/fixed_window_single.lua"),
+            "DECIDE.fw = decide\nend\ndo\n",
+            include_str!("scripts/sliding_window_log_single.lua"),
+            "DECIDE.swl = decide\nend\ndo\n",
+            include_str!("scripts/sliding_window_counter_single.lua"),
+            "DECIDE.swc = decide\nend\ndo\n",
+            include_str!("scripts/tat_single.lua"),
+            include_str!("scripts/token_bucket_single.lua"),
+            "DECIDE.tb = decide\nend\ndo\n",
+            include_str!("scripts/leaky_bucket_single.lua"),
+            "DECIDE.lb = decide\nend\ndo\n",
+            include_str!("scripts/tat_single.lua"),
+            include_str!("scripts/gcra_single.lua"),
+            "DECIDE.gcra = decide\nend\ndo\n",
+            include_str!("scripts/concurrency_single.lua"),
+            "DECIDE.conc = decide\nend\n",
+            include_str!("scripts/multi_single_main.lua")
+        )
+    };
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     // One rule: a straight-line script per algorithm (`scripts/<alg>_single.lua`), with the
     // arguments, reply and writes of the generic one at about half its CPU inside Redis
@@ -121,6 +157,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     ],
     multi: Script::new(generic_script!("check")),
     multi_batch: Script::new(generic_script!("multi_batch")),
+    multi_single: Script::new(multi_single_script!()),
     refund: Script::new(generic_script!("refund")),
     renew: Script::new(generic_script!("renew")),
 });
@@ -148,6 +185,12 @@ impl Scripts {
 /// 0) are decided there as `check.lua` decides them.
 pub(crate) fn multi_batchable(checks: &[Check]) -> bool {
     checks.len() > 1 && checks.iter().all(|c| !c.params.reads_block())
+}
+
+/// Whether every rule of the multi-check `checks` is straight-line: the straight-line
+/// multi-check batch script (`scripts/multi_single_main.lua`) decides it.
+pub(crate) fn multi_straight(checks: &[Check]) -> bool {
+    checks.iter().all(straight_line)
 }
 
 /// Whether the straight-line scripts (`scripts/<alg>_single.lua`) decide `check`: they know
