@@ -559,3 +559,45 @@ fn batched_multi_checks_on_a_cluster_go_per_slot() {
         assert!(o.iter().all(|o| o.as_ref().unwrap().decision.allowed), "{o:?}");
     });
 }
+
+/// Releases go through the straight-line release script (group commit), which gives back
+/// exactly what the generic refund script gives back (the path with batching off): the
+/// permit, once, and its hold time among the key's 8 newest.
+#[test]
+fn the_release_script_gives_back_as_the_refund_script_does() {
+    use tollgate::store::Refund;
+    current_thread().block_on(async {
+        let prefix = prefix();
+        let batched = store_on(&redis().url(), 64).prefix(&prefix).unwrap();
+        let unbatched = batched.clone().max_batch(1).unwrap();
+        batched.ping().await.unwrap();
+        let permit =
+            |key: &str| check("in-flight", key, Algorithm::Concurrent, Quota::new(20, Duration::from_secs(60)));
+        let mut hashes = Vec::new();
+        for (store, key) in [(&batched, "a"), (&unbatched, "b")] {
+            let mut held = Vec::new();
+            for _ in 0..10 {
+                let o = store.check_one(&permit(key)).await.unwrap();
+                held.push(Refund { check: permit(key), taken: o.taken.unwrap() });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            for r in &held {
+                store.refund(std::slice::from_ref(r)).await.unwrap();
+            }
+            // Sent again (a timeout's retry): gives back nothing more.
+            store.refund(&held[..2]).await.unwrap();
+            assert_eq!(permits(store, key, 20).await, 0, "{key}");
+            let name = format!("{prefix}:{{{key}}}:in-flight:conc:v6");
+            let mut fields: Vec<String> =
+                redis().cmd(&["HKEYS", &name]).lines().map(str::to_owned).filter(|l| !l.is_empty()).collect();
+            fields.sort();
+            let h = redis().cmd(&["HGET", &name, "h"]);
+            let holds: Vec<u64> = h.trim().split(',').map(|p| p.parse().unwrap()).collect();
+            assert_eq!(holds.len(), 8, "{key}: the 8 newest hold times: {h}");
+            assert!(holds.iter().all(|&us| us >= 5_000), "{key}: held 5 ms or more: {h}");
+            hashes.push(fields);
+        }
+        assert_eq!(hashes[0], hashes[1]);
+        assert_eq!(hashes[0], vec!["h".to_owned(), "last".to_owned()]);
+    });
+}

@@ -66,6 +66,8 @@ pub(crate) struct Scripts {
     pub(crate) refund: Script,
     /// Renews permits of concurrency rules (issue 42).
     pub(crate) renew: Script,
+    /// `refund` for permits only, straight-line: releases (issue 42).
+    pub(crate) release: Script,
 }
 
 /// A straight-line script: the shared `now` prologue, what the algorithm's script builds on
@@ -160,6 +162,11 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     multi_single: Script::new(multi_single_script!()),
     refund: Script::new(generic_script!("refund")),
     renew: Script::new(generic_script!("renew")),
+    release: Script::new(concat!(
+        include_str!("scripts/floordiv.lua"),
+        include_str!("scripts/single_now.lua"),
+        include_str!("scripts/release_main.lua")
+    )),
 });
 
 impl Scripts {
