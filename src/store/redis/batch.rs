@@ -33,7 +33,14 @@
 //!   call, one `TIME`, and the log's bound (a multi-check that would read past the head of
 //!   a log goes on its own after its batch, and so does every later one sharing a key with
 //!   it). Batched are multi-checks whose keys share a slot and whose rules read no block;
-//!   the others keep their own call (across slots: `cluster.rs`).
+//!   the others keep their own call (across slots: `cluster.rs`). A batch whose rules are
+//!   all straight-line (a cost, no shadow rule) runs the algorithms' own `decide`
+//!   functions (`scripts/multi_single_main.lua`, about half the generic code's work in
+//!   Redis); one with a shadow rule or a probe runs the generic code. A slot's multi-checks
+//!   go in one call whichever script, so that they keep their arrival order; single-rule
+//!   checks go in other calls of the same batch, so a single-rule check and a multi-check
+//!   on one state taken together are decided in an order of the batch's making, as two
+//!   concurrent calls would be.
 //! - The caller's deadline and the limiter's in-flight cap cover the time in the queue;
 //!   the batch itself is bounded by the response timeout.
 //! - Each runtime that has checks waiting has one flush task on its way, which takes only
