@@ -43,11 +43,12 @@ fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
 }
 
 /// A rate rule (`algorithm`, 3 a minute) on `rate_key` and a concurrency rule (n = 2, hold
-/// limit 60 s) on `conc_key`.
+/// limit an hour: longer than a model case's time steps, as `MemoryStore`'s permits never
+/// lapse and Redis's do) on `conc_key`.
 fn entry(algorithm: Algorithm, rate_key: &str, conc_key: &str) -> Vec<Check> {
     vec![
         check(&format!("rate-{}", algorithm_tag(algorithm)), rate_key, algorithm, Quota::per_minute(3)),
-        check("in-flight", conc_key, Algorithm::Concurrent, Quota::new(2, Duration::from_secs(60))),
+        check("in-flight", conc_key, Algorithm::Concurrent, Quota::new(2, Duration::from_secs(3600))),
     ]
 }
 
@@ -176,10 +177,15 @@ async fn run_case(ops: &[Op], max_batch: usize) -> Result<(), String> {
     store.ping().await.map_err(|e| e.to_string())?;
     // The scripts loaded first (a batch retried after NOSCRIPT goes after the batches
     // sent meanwhile).
+    // Both batch scripts: a shadow rule takes the generic one.
     for a in RATE {
         let warm = entry(a, "warm", "warm");
+        let mut shadow = entry(a, "warm-shadow", "warm-shadow");
+        shadow[0].params.shadow = true;
+        shadow.swap(0, 1);
         store.check(&warm).await.map_err(|e| e.to_string())?;
         together(&store, &[warm.clone(), warm]).await;
+        together(&store, &[shadow.clone(), shadow]).await;
     }
     let model = MemoryStore::with_clock(clock.clone());
     for (step, op) in ops.iter().enumerate() {
