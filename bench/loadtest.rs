@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p tollgate-bench --example loadtest -- [--quick]
 //!     [--threads N] [--rlf PATH/bench.js] [--out FILE.md] [--only ALGORITHM]
+//!     [--conc-only] [--conc-runs N]
 //! ```
 //!
 //! It starts its own `redis-server` on a free 127.0.0.1 port (with the test harness of
@@ -25,6 +26,10 @@
 //! - **Baseline (a)**: a trivial script (`INCR` + `PEXPIRE`) by `EVALSHA`, the ceiling of
 //!   one round trip, on the keys of each workload. In W1 it is measured again just before
 //!   each algorithm's rows, and their ratios are to that adjacent measurement.
+//! - **W1 with a concurrency rule** (issue 42): W1's workload through the layer with a rate
+//!   rule and `Rule::concurrent` on the same key, beside the rate rule alone, 3 runs each
+//!   (`--conc-runs N`), with the store calls and the script calls to enter and to leave,
+//!   and renewals apart (see `loadtest_conc.rs`). `--conc-only` runs only this figure.
 //! - Optionally **rate-limiter-flexible** (`RateLimiterRedis`, a fixed window) on the same
 //!   Redis, W1's workload, by running `node PATH <port> <keys> <decisions> <in flight>
 //!   <limit>`; the script prints one JSON line (`decisions`, `seconds`, `p50_us`, `p99_us`,
@@ -62,6 +67,11 @@ fn main() {
 
 #[cfg(feature = "redis")]
 mod run {
+    /// W1 with a concurrency rule (issue 42): see the top of `loadtest_conc.rs`.
+    mod conc {
+        include!("loadtest_conc.rs");
+    }
+
     use std::collections::BTreeMap;
     use std::convert::Infallible;
     use std::fmt::Write as _;
@@ -116,6 +126,10 @@ mod run {
         max_batch: Option<usize>,
         /// Only the sweep (W3), at these in-flight counts.
         sweep_only: Option<Vec<usize>>,
+        /// Only W1 with a concurrency rule.
+        conc_only: bool,
+        /// Runs of W1 with a concurrency rule.
+        conc_runs: usize,
     }
 
     fn options() -> Result<Options, Error> {
@@ -127,6 +141,8 @@ mod run {
             only: None,
             max_batch: None,
             sweep_only: None,
+            conc_only: false,
+            conc_runs: 3,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -136,6 +152,8 @@ mod run {
                 "--rlf" => o.rlf = Some(args.next().ok_or("--rlf needs the path of the node script")?),
                 "--out" => o.out = Some(args.next().ok_or("--out needs a file name")?),
                 "--only" => o.only = Some(args.next().ok_or("--only needs an algorithm")?.parse()?),
+                "--conc-only" => o.conc_only = true,
+                "--conc-runs" => o.conc_runs = args.next().ok_or("--conc-runs needs a number")?.parse()?,
                 "--max-batch" => o.max_batch = Some(args.next().ok_or("--max-batch needs a number")?.parse()?),
                 "--sweep-only" => {
                     let list = args.next().ok_or("--sweep-only needs in-flight counts, e.g. 8,64")?;
@@ -795,6 +813,30 @@ mod run {
         let w1_seq = sequence(w1_n, W1_KEYS, 0, SEED);
         let w1_warm = sequence(2_000, WARM_KEYS, W1_KEYS, SEED + 1);
         eprintln!("W1: {w1_n} decisions over {W1_KEYS} keys, {IN_FLIGHT} in flight");
+        // W1 with a concurrency rule, on its own store (its calls are counted).
+        let conc_alg = opts.only.unwrap_or_default();
+        let conc = if opts.sweep_only.is_none() {
+            eprintln!("W1 with a concurrency rule ({conc_alg}), {} runs", opts.conc_runs.max(1));
+            let runs = opts.conc_runs.max(1);
+            Some(conc::run(&mut ctl, &url, &w1_names, conc_alg, W1_QUOTA, &w1_warm, &w1_seq, runs).await?)
+        } else {
+            None
+        };
+        if opts.conc_only {
+            let conc = conc.ok_or("--conc-only with --sweep-only")?;
+            let mut s = format!(
+                "\n## tollgate on Redis: W1 with a concurrency rule{}\n\nClient: tokio {}; redis-server {} on \
+                 127.0.0.1; {} cores; run took {:.0} s.\n",
+                if opts.quick { " (--quick)" } else { "" },
+                if opts.threads <= 1 { "current-thread" } else { "multi-thread" },
+                redis_version(),
+                std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+                started.elapsed().as_secs_f64()
+            );
+            let targets = conc::report(&conc, &mut s);
+            targets_table(&mut s, &targets);
+            return Ok(s);
+        }
         let trivial = via_trivial(&mut ctl, &w1_names).await?;
         let w1_a = measure(&mut ctl, &trivial, &w1_warm, &w1_seq).await?;
         eprintln!("  baseline (a): {:.0}/s", w1_a.rate());
@@ -883,7 +925,20 @@ mod run {
         }
         let took = started.elapsed();
         let sweep = Sweep { baseline: sweep_a, rows: sweep };
-        Ok(report(opts, w1_n, w2_n, &w1_a, &w1, rlf.as_ref(), &w2_a, &w2, &sweep, took))
+        let mut s = report(opts, w1_n, w2_n, &w1_a, &w1, rlf.as_ref(), &w2_a, &w2, &sweep, took);
+        if let Some(conc) = &conc {
+            let targets = conc::report(conc, &mut s);
+            targets_table(&mut s, &targets);
+        }
+        Ok(s)
+    }
+
+    /// A list of targets with PASS or FAIL.
+    fn targets_table(s: &mut String, targets: &[(String, String, bool)]) {
+        let _ = writeln!(s, "\n| target | measured | |\n|---|---|---|");
+        for (name, value, ok) in targets {
+            let _ = writeln!(s, "| {name} | {value} | {} |", verdict(*ok));
+        }
     }
 
     // ------------------------------------------------------------------------------

@@ -851,7 +851,14 @@ proptest! {
                 .prefix(&prefix)
                 .unwrap()
                 .response_timeout(Duration::from_secs(1))
-                .with_clock(manual.clone());
+                .with_clock(manual.clone())
+                // One call per check: this model dates a decision at the store call
+                // (`made`), which a batched check is not (it is decided when its batch
+                // runs, after refunds sent meanwhile, and on the clock read then). Every
+                // check here has two rules or more, which group commit now batches too
+                // (`tests/redis/multi_batch.rs` checks those against `MemoryStore`).
+                .max_batch(1)
+                .unwrap();
             redis.ping().await.unwrap();
             load_scripts(&redis).await;
             let store = Recorder::new(redis, clock);

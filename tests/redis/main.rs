@@ -20,6 +20,7 @@ mod fallback_shares;
 mod faults;
 mod features;
 mod local_cache;
+mod multi_batch;
 mod review;
 mod servers;
 mod shared_limit;

@@ -25,6 +25,22 @@
 //!   bounded by its length, whatever its logs hold.
 //! - Batches are per algorithm (one script each) and, on a cluster, per slot: every key a
 //!   script touches is declared in `KEYS`, all in one slot.
+//! - Multi-checks (the rules of one input: a rate rule and a concurrency rule on one key,
+//!   an account's per-minute and per-day limits) go through the same queue, in batches of
+//!   their own (`scripts/multi_batch.lua`, any algorithms), each decided all or nothing as
+//!   one call of the multi-rule script would, with everything above: skipped when its
+//!   caller left before its batch was taken, an error of its own, `READONLY` failing the
+//!   call, one `TIME`, and the log's bound (a multi-check that would read past the head of
+//!   a log goes on its own after its batch, and so does every later one sharing a key with
+//!   it). Batched are multi-checks whose keys share a slot and whose rules read no block;
+//!   the others keep their own call (across slots: `cluster.rs`). A batch whose rules are
+//!   all straight-line (a cost, no shadow rule) runs the algorithms' own `decide`
+//!   functions (`scripts/multi_single_main.lua`, about half the generic code's work in
+//!   Redis); one with a shadow rule or a probe runs the generic code. A slot's multi-checks
+//!   go in one call whichever script, so that they keep their arrival order; single-rule
+//!   checks go in other calls of the same batch, so a single-rule check and a multi-check
+//!   on one state taken together are decided in an order of the batch's making, as two
+//!   concurrent calls would be.
 //! - The caller's deadline and the limiter's in-flight cap cover the time in the queue;
 //!   the batch itself is bounded by the response timeout.
 //! - Each runtime that has checks waiting has one flush task on its way, which takes only
@@ -42,7 +58,10 @@ use tokio::runtime::Id as RuntimeId;
 use tokio::sync::oneshot;
 
 use super::call::Inner;
-use super::script::{batch_cmd, index, parse_batch, validate, Batched, MODE_CHECK, SCRIPTS};
+use super::script::{
+    batch_cmd, index, multi_batch_cmd, multi_batchable, multi_straight, parse_batch, parse_multi_batch, validate,
+    Batched, MODE_CHECK, SCRIPTS,
+};
 use crate::error::StoreError;
 use crate::store::{Check, Outcome};
 
@@ -50,6 +69,8 @@ use crate::store::{Check, Outcome};
 pub(super) const MAX_BATCH: usize = 64;
 
 type Answer = Result<Outcome, StoreError>;
+/// A multi-check's answer, as `Store::check`'s.
+type Answers = Result<Vec<Option<Outcome>>, StoreError>;
 
 /// Checks waiting for a batch.
 #[derive(Default)]
@@ -68,12 +89,41 @@ struct Waiting {
 }
 
 struct Entry {
-    check: Check,
+    job: Job,
     slot: Option<u16>,
     /// The runtime that queued it: only its flush tasks take it.
     rt: RuntimeId,
-    answer: oneshot::Sender<Answer>,
 }
+
+/// What an entry asks, and where its answer goes.
+enum Job {
+    /// A single-rule check.
+    One(Check, oneshot::Sender<Answer>),
+    /// A multi-check: all or nothing.
+    Many(Box<[Check]>, oneshot::Sender<Answers>),
+}
+
+impl Entry {
+    /// Whether its caller left.
+    fn left(&self) -> bool {
+        match &self.job {
+            Job::One(_, tx) => tx.is_closed(),
+            Job::Many(_, tx) => tx.is_closed(),
+        }
+    }
+
+    /// Its batch script: the algorithm's (`0..7`), or the multi-check one.
+    fn script(&self) -> usize {
+        match &self.job {
+            Job::One(c, _) => index(c.algorithm),
+            Job::Many(..) => MULTI,
+        }
+    }
+}
+
+/// [`Entry::script`] of a multi-check (of either multi-check batch script: a slot's
+/// multi-checks go in one call, so that they are decided in arrival order).
+const MULTI: usize = usize::MAX;
 
 impl Queue {
     fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
@@ -90,11 +140,43 @@ impl Queue {
         }
     }
 
+    /// The runtime the multi-check `checks` is batched on: `None` when it is sent on its
+    /// own (batching off, a multi-check the batch script does not decide, keys in several
+    /// slots, or no tokio runtime).
+    pub(super) fn runtime_for_many(inner: &Inner, checks: &[Check]) -> Option<RuntimeId> {
+        let one_slot = || {
+            let slot = inner.slot_of(&checks[0].key);
+            checks[1..].iter().all(|c| inner.slot_of(&c.key) == slot)
+        };
+        if inner.config.max_batch > 1 && multi_batchable(checks) && one_slot() {
+            tokio::runtime::Handle::try_current().ok().map(|h| h.id())
+        } else {
+            None
+        }
+    }
+
     /// Decides `check` on `inner` in the next batch taken by a flush task of runtime `rt`.
     pub(super) async fn check(self: &Arc<Self>, inner: &Arc<Inner>, check: &Check, rt: RuntimeId) -> Answer {
         validate(check)?;
         let (tx, rx) = oneshot::channel();
-        let entry = Entry { check: check.clone(), slot: inner.slot_of(&check.key), rt, answer: tx };
+        self.enqueue(inner, Entry { job: Job::One(check.clone(), tx), slot: inner.slot_of(&check.key), rt });
+        rx.await.unwrap_or_else(|_| Err(dropped(inner)))
+    }
+
+    /// Decides the multi-check `checks` (all in one slot, see [`Queue::runtime_for_many`])
+    /// on `inner` in the next batch taken by a flush task of runtime `rt`, all or nothing.
+    pub(super) async fn check_many(self: &Arc<Self>, inner: &Arc<Inner>, checks: &[Check], rt: RuntimeId) -> Answers {
+        crate::store::distinct(checks)?;
+        checks.iter().try_for_each(validate)?;
+        let (tx, rx) = oneshot::channel();
+        let slot = inner.slot_of(&checks[0].key);
+        self.enqueue(inner, Entry { job: Job::Many(checks.into(), tx), slot, rt });
+        rx.await.unwrap_or_else(|_| Err(dropped(inner)))
+    }
+
+    /// Queues `entry`, and starts its runtime's flush task if none is on its way.
+    fn enqueue(self: &Arc<Self>, inner: &Arc<Inner>, entry: Entry) {
+        let rt = entry.rt;
         let start = {
             let mut waiting = self.lock();
             waiting.entries.push_back(entry);
@@ -108,13 +190,15 @@ impl Queue {
         if start {
             start_flush(inner, self, rt);
         }
-        rx.await.unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(format!(
-                "redis at {}: the batch of this check was dropped (its runtime shut down)",
-                inner.config.addr
-            )))
-        })
     }
+}
+
+/// The answer of a check whose batch was dropped.
+fn dropped(inner: &Inner) -> StoreError {
+    StoreError::Unavailable(format!(
+        "redis at {}: the batch of this check was dropped (its runtime shut down)",
+        inner.config.addr
+    ))
 }
 
 /// Takes the runtime of a flush task dropped before it took the queue (its runtime shut
@@ -163,7 +247,7 @@ async fn flush(inner: Arc<Inner>, mut flushing: Flushing) {
         let mut others = Vec::new();
         while taken.len() < n {
             let Some(e) = waiting.entries.pop_front() else { break };
-            if e.answer.is_closed() {
+            if e.left() {
                 left.push(e);
             } else if e.rt == rt {
                 taken.push(e);
@@ -202,25 +286,39 @@ impl Drop for Sent<'_> {
     }
 }
 
-/// Sends `entries` as one script call per (algorithm, slot), all at once, and answers each
-/// entry as soon as its call is back.
+/// Sends `entries` as one script call per (algorithm, slot), and one per slot for the
+/// multi-checks, all at once, and answers each entry as soon as its call is back.
 async fn send(inner: &Inner, mut entries: Vec<Entry>) {
     // Stable: arrival order is kept within a group.
-    entries.sort_by_key(|e| (index(e.check.algorithm), e.slot));
+    entries.sort_by_key(|e| (e.script(), e.slot));
     let mut groups: Vec<Vec<Entry>> = Vec::new();
     for e in entries {
         match groups.last_mut() {
-            Some(g) if g[0].check.algorithm == e.check.algorithm && g[0].slot == e.slot => g.push(e),
+            Some(g) if g[0].script() == e.script() && g[0].slot == e.slot => g.push(e),
             _ => groups.push(vec![e]),
         }
     }
-    join_all(groups.into_iter().map(|g| send_group(inner, g))).await;
+    join_all(groups.into_iter().map(|g| async move {
+        if g[0].script() == MULTI {
+            send_many(inner, g).await;
+        } else {
+            send_group(inner, g).await;
+        }
+    }))
+    .await;
 }
 
 /// One batch script call for `group` (one algorithm, one slot), and its answers.
 async fn send_group(inner: &Inner, group: Vec<Entry>) {
-    let checks: Vec<&Check> = group.iter().map(|e| &e.check).collect();
     let slot = group[0].slot;
+    let (owned, answers): (Vec<Check>, Vec<oneshot::Sender<Answer>>) = group
+        .into_iter()
+        .map(|e| match e.job {
+            Job::One(c, tx) => (c, tx),
+            Job::Many(..) => unreachable!("a multi-check in a single-rule batch"),
+        })
+        .unzip();
+    let checks: Vec<&Check> = owned.iter().collect();
     let result = async {
         let script = SCRIPTS.batch_for(checks[0]).ok_or_else(|| StoreError::Backend("no batch script".into()))?;
         let names = &inner.config.names;
@@ -229,27 +327,74 @@ async fn send_group(inner: &Inner, group: Vec<Entry>) {
         parse_batch(&reply, &checks)
     }
     .await;
-    drop(checks);
     match result {
-        Ok(answers) => {
+        Ok(decided) => {
             let mut alone = Vec::new();
-            for (e, a) in group.into_iter().zip(answers) {
+            for ((c, tx), a) in checks.into_iter().zip(answers).zip(decided) {
                 match a {
                     Batched::Decided(a) => {
-                        let _ = e.answer.send(a);
+                        let _ = tx.send(a);
                     }
-                    Batched::Alone => alone.push(e),
+                    Batched::Alone => alone.push((c, tx)),
                 }
             }
             // One call each, in arrival order (a key's later decisions went alone with it).
-            for e in alone {
-                let a = inner.run_one(&e.check, MODE_CHECK, "no outcome for a check sent on its own").await;
-                let _ = e.answer.send(a);
+            for (c, tx) in alone {
+                let a = inner.run_one(c, MODE_CHECK, "no outcome for a check sent on its own").await;
+                let _ = tx.send(a);
             }
         }
         Err(err) => {
-            for e in group {
-                let _ = e.answer.send(Err(err.clone()));
+            for tx in answers {
+                let _ = tx.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
+/// One multi-check batch script call for `group` (multi-checks of one slot), and its
+/// answers: the straight-line script when every rule of every multi-check is straight-line
+/// (at about half the generic one's work in Redis), else the generic one.
+async fn send_many(inner: &Inner, group: Vec<Entry>) {
+    let slot = group[0].slot;
+    let (lists, answers): (Vec<Box<[Check]>>, Vec<oneshot::Sender<Answers>>) = group
+        .into_iter()
+        .map(|e| match e.job {
+            Job::Many(c, tx) => (c, tx),
+            Job::One(..) => unreachable!("a single-rule check in a multi-check batch"),
+        })
+        .unzip();
+    let refs: Vec<&[Check]> = lists.iter().map(|l| &**l).collect();
+    let script = if refs.iter().all(|l| multi_straight(l)) { &SCRIPTS.multi_single } else { &SCRIPTS.multi_batch };
+    let result = async {
+        let names = &inner.config.names;
+        let reply =
+            inner.eval_cmd(script, slot, |verb, script, now| multi_batch_cmd(verb, script, names, &refs, now)).await?;
+        parse_multi_batch(&reply, &refs)
+    }
+    .await;
+    match result {
+        Ok(decided) => {
+            let mut alone = Vec::new();
+            for ((list, tx), a) in refs.iter().zip(answers).zip(decided) {
+                match a {
+                    Batched::Decided(a) => {
+                        let _ = tx.send(a.map(|o| o.into_vec()));
+                    }
+                    Batched::Alone => alone.push((list, tx)),
+                }
+            }
+            // One call each, in arrival order (the multi-checks sharing a key with one
+            // that went alone went alone with it).
+            for (list, tx) in alone {
+                let checks: Vec<&Check> = list.iter().collect();
+                let a = inner.run_check(&checks, MODE_CHECK).await.map(|r| r.outcomes.into_vec());
+                let _ = tx.send(a);
+            }
+        }
+        Err(err) => {
+            for tx in answers {
+                let _ = tx.send(Err(err.clone()));
             }
         }
     }

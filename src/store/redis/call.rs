@@ -207,6 +207,17 @@ impl Inner {
         }
     }
 
+    /// Runs the release script over `permits` (releases of concurrency rules' permits only,
+    /// all in one slot, or standalone): the refund script's work for them, straight-line.
+    pub(super) async fn run_release(&self, permits: &[&Refund]) -> Result<(), StoreError> {
+        let checks: Vec<&Check> = permits.iter().map(|r| &r.check).collect();
+        let ats: Vec<u64> = permits.iter().map(|r| r.taken.at).collect();
+        match self.eval(&SCRIPTS.release, &checks, &ats, MODE_CHECK).await? {
+            Value::Int(_) => Ok(()),
+            other => Err(StoreError::Backend(format!("unexpected reply from the tollgate release script: {other:?}"))),
+        }
+    }
+
     /// Runs the refund script over `refunds` (all in one slot, or standalone).
     pub(super) async fn run_refund(&self, refunds: &[&Refund]) -> Result<(), StoreError> {
         let checks: Vec<&Check> = refunds.iter().map(|r| &r.check).collect();

@@ -319,7 +319,9 @@ impl RedisStore {
     /// type) is that request's error only. Nothing waits to fill a batch: a decision that
     /// arrives alone goes alone. Batched are the checks of one rule (not rules that block
     /// or are charged; a sliding window log decision that would read past the head of its
-    /// log is sent on its own after its batch, so a batch stays O(1) a decision); on a cluster,
+    /// log is sent on its own after its batch, so a batch stays O(1) a decision), the checks
+    /// of several rules of one input whose keys share a slot and that read no block (each
+    /// all or nothing, in calls of their own), and releases of permits; on a cluster,
     /// only decisions whose keys share a slot, which is why it is off there by default:
     /// with 10,000 keys, or 64, spread over the slots, a cluster store batched 0.2 % or 18 %
     /// of its calls away and ran at 0.85× or 0.90× the rate of one call per decision. Turn

@@ -1,5 +1,6 @@
 //! Group commit of releases (issue 42): permits given back while others are on their
-//! way go to Redis together, one refund script call per cluster slot, as entries go in
+//! way go to Redis together, one release script call per cluster slot (`release_main.lua`,
+//! the refund script's work for permits, straight-line), as entries go in
 //! batches (`batch.rs`). A release names its permit's id, so one call for many is the
 //! same as one call each, in any order.
 //!
@@ -85,7 +86,7 @@ impl Releases {
             }
             let all: Vec<&Refund> = taken.iter().flat_map(|(r, _)| r.iter()).collect();
             let result =
-                inner.per_slot(&all, |r| &r.check.key, |group| async move { inner.run_refund(&group).await }).await;
+                inner.per_slot(&all, |r| &r.check.key, |group| async move { inner.run_release(&group).await }).await;
             drop(all);
             for (_, tx) in taken {
                 let _ = tx.send(result.clone());

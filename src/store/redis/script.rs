@@ -57,10 +57,17 @@ pub(crate) struct Scripts {
     batch: [Script; 7],
     /// Any number of rules of any algorithms, all or nothing.
     pub(crate) multi: Script,
+    /// Group commit of multi-checks: each decided all or nothing, as `multi` decides one.
+    pub(crate) multi_batch: Script,
+    /// The same for multi-checks of straight-line rules only, over the algorithms' own
+    /// `decide` functions.
+    pub(crate) multi_single: Script,
     /// `State::refund` for any number of rules of any algorithms.
     pub(crate) refund: Script,
     /// Renews permits of concurrency rules (issue 42).
     pub(crate) renew: Script,
+    /// `refund` for permits only, straight-line: releases (issue 42).
+    pub(crate) release: Script,
 }
 
 /// A straight-line script: the shared `now` prologue, what the algorithm's script builds on
@@ -95,6 +102,39 @@ macro_rules! log_script {
     };
 }
 
+/// The straight-line multi-check batch script: the log's functions on the shared library
+/// (as `log_script!`), the `now` prologue, then every algorithm's `decide` from its
+/// `<alg>_single.lua`, each in a block of its own and kept in `DECIDE` by its tag, then
+/// `scripts/multi_single_main.lua`.
+macro_rules! multi_single_script {
+    () => {
+        concat!(
+            include_str!("scripts/floordiv.lua"),
+            include_str!("scripts/lib.lua"),
+            include_str!("scripts/sliding_window_log.lua"),
+            include_str!("scripts/single_now.lua"),
+            "local DECIDE = {}\ndo\n",
+            include_str!("scripts/fixed_window_single.lua"),
+            "DECIDE.fw = decide\nend\ndo\n",
+            include_str!("scripts/sliding_window_log_single.lua"),
+            "DECIDE.swl = decide\nend\ndo\n",
+            include_str!("scripts/sliding_window_counter_single.lua"),
+            "DECIDE.swc = decide\nend\ndo\n",
+            include_str!("scripts/tat_single.lua"),
+            include_str!("scripts/token_bucket_single.lua"),
+            "DECIDE.tb = decide\nend\ndo\n",
+            include_str!("scripts/leaky_bucket_single.lua"),
+            "DECIDE.lb = decide\nend\ndo\n",
+            include_str!("scripts/tat_single.lua"),
+            include_str!("scripts/gcra_single.lua"),
+            "DECIDE.gcra = decide\nend\ndo\n",
+            include_str!("scripts/concurrency_single.lua"),
+            "DECIDE.conc = decide\nend\n",
+            include_str!("scripts/multi_single_main.lua")
+        )
+    };
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     // One rule: a straight-line script per algorithm (`scripts/<alg>_single.lua`), with the
     // arguments, reply and writes of the generic one at about half its CPU inside Redis
@@ -118,8 +158,15 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Script::new(single_script!("concurrency", "batch_main")),
     ],
     multi: Script::new(generic_script!("check")),
+    multi_batch: Script::new(generic_script!("multi_batch")),
+    multi_single: Script::new(multi_single_script!()),
     refund: Script::new(generic_script!("refund")),
     renew: Script::new(generic_script!("renew")),
+    release: Script::new(concat!(
+        include_str!("scripts/floordiv.lua"),
+        include_str!("scripts/single_now.lua"),
+        include_str!("scripts/release_main.lua")
+    )),
 });
 
 impl Scripts {
@@ -137,6 +184,20 @@ impl Scripts {
     pub(crate) fn batch_for(&self, check: &Check) -> Option<&Script> {
         straight_line(check).then(|| &self.batch[index(check.algorithm)])
     }
+}
+
+/// Whether the multi-check batch script (`scripts/multi_batch.lua`) decides `checks`
+/// together with other multi-checks: two rules or more, none of which reads a block (a
+/// block's key and its write stay with the generic script). Shadow rules and probes (cost
+/// 0) are decided there as `check.lua` decides them.
+pub(crate) fn multi_batchable(checks: &[Check]) -> bool {
+    checks.len() > 1 && checks.iter().all(|c| !c.params.reads_block())
+}
+
+/// Whether every rule of the multi-check `checks` is straight-line: the straight-line
+/// multi-check batch script (`scripts/multi_single_main.lua`) decides it.
+pub(crate) fn multi_straight(checks: &[Check]) -> bool {
+    checks.iter().all(straight_line)
 }
 
 /// Whether the straight-line scripts (`scripts/<alg>_single.lua`) decide `check`: they know
@@ -271,6 +332,56 @@ pub(crate) fn batch_cmd(
             }
         };
         cmd.arg(2 + n + 8 * j);
+    }
+    for s in &sets {
+        write_rule_args(&mut cmd, s);
+    }
+    cmd
+}
+
+/// `verb` of the multi-check batch script over `lists` (see `scripts/multi_batch.lua`):
+/// `KEYS` are every rule's state name, list after list; `ARGV` the time, the mode (check),
+/// the number of lists, each list's length (and its rules' roles when one is a shadow
+/// rule), each rule's offset of its arguments, then the arguments of each distinct
+/// (algorithm, parameters) once. Call [`validate`] on every check first.
+pub(crate) fn multi_batch_cmd(
+    verb: &str,
+    script: &str,
+    names: &keys::Names,
+    lists: &[&[Check]],
+    now: Option<u64>,
+) -> redis::Cmd {
+    let m = lists.len();
+    let r: usize = lists.iter().map(|l| l.len()).sum();
+    let mut cmd = redis::Cmd::with_capacity(6 + m + 2 * r + 16, script.len() + 16 + 64 * r);
+    cmd.arg(verb).arg(script).arg(r);
+    for c in lists.iter().flat_map(|l| l.iter()) {
+        cmd.arg(names.name(&c.rule, &c.key, c.algorithm));
+    }
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    cmd.arg(MODE_CHECK).arg(m);
+    for l in lists {
+        if l.iter().any(|c| c.params.shadow) {
+            let roles: String = l.iter().map(|c| if c.params.shadow { 's' } else { 'e' }).collect();
+            cmd.arg(format!("{}{roles}", l.len()));
+        } else {
+            cmd.arg(l.len());
+        }
+    }
+    // As in `batch_cmd`: each distinct set of arguments once (a short search).
+    let mut sets: smallvec::SmallVec<[&Check; 4]> = smallvec::SmallVec::new();
+    for c in lists.iter().flat_map(|l| l.iter()) {
+        let j = match sets.iter().take(16).position(|s| s.algorithm == c.algorithm && s.params == c.params) {
+            Some(j) => j,
+            None => {
+                sets.push(c);
+                sets.len() - 1
+            }
+        };
+        cmd.arg(3 + m + r + 8 * j);
     }
     for s in &sets {
         write_rule_args(&mut cmd, s);
@@ -439,11 +550,11 @@ fn concurrency_read(used: u64, median: u64) -> Concurrency {
     s
 }
 
-/// One decision's answer in a batch script's reply.
+/// One decision's answer in a batch script's reply (a multi-check's: `T` its outcomes).
 #[derive(Debug)]
-pub(crate) enum Batched {
+pub(crate) enum Batched<T = Outcome> {
     /// Decided (and committed when it accepted), or failed on its own.
-    Decided(Result<Outcome, StoreError>),
+    Decided(Result<T, StoreError>),
     /// Neither decided nor written: deciding it would have left the O(1) path (the
     /// sliding window log's long expired prefix, or its k-th unit past the head), so it
     /// goes on its own (see `scripts/sliding_window_log_single.lua`).
@@ -483,6 +594,49 @@ pub(crate) fn parse_batch(reply: &Value, checks: &[&Check]) -> Result<Vec<Batche
         )))),
     };
     Ok(checks.iter().zip(items[1..].chunks_exact(4)).map(|(c, f)| one(c, f)).collect())
+}
+
+/// The outcomes of a multi-check batch script's reply (see `scripts/multi_batch.lua`), one
+/// list per multi-check, each on its own and checked as [`parse_check`] checks one call's:
+/// a multi-check the script failed is that multi-check's error only; a malformed reply
+/// fails the whole batch.
+pub(crate) fn parse_multi_batch(reply: &Value, lists: &[&[Check]]) -> Result<Vec<Batched<Outcomes>>, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(bad_reply("not an array", reply));
+    };
+    if items.len() != 1 + lists.iter().map(|l| 1 + 4 * l.len()).sum::<usize>() {
+        return Err(bad_reply("wrong length", reply));
+    }
+    let mut at = 1;
+    let mut out = Vec::with_capacity(lists.len());
+    for list in lists {
+        let part = &items[at..at + 1 + 4 * list.len()];
+        at += part.len();
+        let checks: smallvec::SmallVec<[&Check; 2]> = list.iter().collect();
+        out.push(match int(&part[0]) {
+            Ok(0 | 1) => {
+                // As one call of `check.lua` would have answered (no block is read).
+                let mut one = Vec::with_capacity(2 + 5 * list.len());
+                one.push(items[0].clone());
+                one.push(part[0].clone());
+                for fields in part[1..].chunks_exact(4) {
+                    one.extend(fields.iter().cloned());
+                    one.push(Value::Int(0));
+                }
+                Batched::Decided(parse_check(&Value::Array(one), &checks, MODE_CHECK).map(|r| r.outcomes))
+            }
+            Ok(3) => Batched::Alone,
+            _ => Batched::Decided(Err(StoreError::Backend(format!(
+                "redis refused the check of rules {:?}: {}",
+                list.iter().map(|c| &c.rule).collect::<Vec<_>>(),
+                match &part[1] {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    other => format!("{other:?}"),
+                }
+            )))),
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -41,7 +41,11 @@ impl Store for RedisStore {
     }
 
     async fn check(&self, checks: &[Check]) -> Result<Vec<Option<Outcome>>, StoreError> {
-        let outcomes = self.inner.check(checks).await;
+        // A multi-check in one slot is group-committed as single-rule checks are (`batch.rs`).
+        let outcomes = match batch::Queue::runtime_for_many(&self.inner, checks) {
+            Some(rt) => self.queue.check_many(&self.inner, checks, rt).await,
+            None => self.inner.check(checks).await,
+        };
         self.recount();
         outcomes
     }
