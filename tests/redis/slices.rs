@@ -334,31 +334,6 @@ async fn a_bucket_slice_takes_back_its_last_unit_and_a_reset_or_block_closes_it(
     }
 }
 
-/// While the store is stalled, a server first spends the bucket slices it holds (at their
-/// slots), then the fallback decides.
-#[tokio::test]
-async fn a_stalled_store_leaves_the_bucket_slices_held_then_the_fallback() {
-    let redis = RedisServer::start();
-    let l = Limiter::builder(RedisStore::from_url(&redis.url()).unwrap())
-        .add_rule(Rule::new("hot", hot_quota(), |k: &str| Some(k.to_owned())).slices(true))
-        .algorithm(Algorithm::Gcra)
-        .timeout(Duration::from_millis(50))
-        .build()
-        .unwrap();
-    until_sliced(&l).await;
-    redis.pause();
-    let mut by = Vec::new();
-    for _ in 0..40 {
-        let v = l.check("k").await;
-        by.push(v.decided_by());
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    redis.resume();
-    assert_eq!(by[0], Some(DecidedBy::Slice), "{by:?}");
-    assert!(by.iter().all(|b| matches!(b, Some(DecidedBy::Slice | DecidedBy::Fallback))), "{by:?}");
-    assert!(by.contains(&Some(DecidedBy::Fallback)), "the slice outlived its lapse: {by:?}");
-}
-
 /// 6,000 a second in windows of 10 s: a test that reads the store's count has seconds
 /// before its window ends, even on a loaded machine.
 fn hot_quota() -> Quota {
@@ -541,18 +516,19 @@ async fn a_request_dropped_while_the_store_decides_its_other_rule_gives_its_slic
     assert_eq!(stored(&redis), admitted, "units of dropped requests stayed taken");
 }
 
-/// While the store is stalled, a server first spends the slices it holds, then the
-/// fallback decides: never a pass without a limit.
-#[tokio::test]
-async fn a_stalled_store_leaves_the_slices_held_then_the_fallback() {
+/// While the store is stalled, a server first spends the slices it holds (a bucket's at
+/// their slots), then the fallback decides: never a pass without a limit.
+async fn a_stalled_store_leaves_the_slices_held_then_the_fallback_of(algorithm: Algorithm) {
     let redis = RedisServer::start();
     let l = Limiter::builder(RedisStore::from_url(&redis.url()).unwrap())
         .add_rule(Rule::new("hot", hot_quota(), |k: &str| Some(k.to_owned())).slices(true))
-        .algorithm(Algorithm::FixedWindow)
+        .algorithm(algorithm)
         .timeout(Duration::from_millis(50))
         .build()
         .unwrap();
-    early_in_a_window().await;
+    if algorithm == Algorithm::FixedWindow {
+        early_in_a_window().await;
+    }
     until_sliced(&l).await;
     redis.pause();
     let mut by = Vec::new();
@@ -562,9 +538,19 @@ async fn a_stalled_store_leaves_the_slices_held_then_the_fallback() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     redis.resume();
-    assert_eq!(by[0], Some(DecidedBy::Slice), "{by:?}");
-    assert!(by.iter().all(|b| matches!(b, Some(DecidedBy::Slice | DecidedBy::Fallback))), "{by:?}");
-    assert!(by.contains(&Some(DecidedBy::Fallback)), "the slice outlived its lapse: {by:?}");
+    assert_eq!(by[0], Some(DecidedBy::Slice), "{algorithm}: {by:?}");
+    assert!(by.iter().all(|b| matches!(b, Some(DecidedBy::Slice | DecidedBy::Fallback))), "{algorithm}: {by:?}");
+    assert!(by.contains(&Some(DecidedBy::Fallback)), "{algorithm}: the slice outlived its lapse: {by:?}");
+}
+
+#[tokio::test]
+async fn a_stalled_store_leaves_the_slices_held_then_the_fallback() {
+    a_stalled_store_leaves_the_slices_held_then_the_fallback_of(Algorithm::FixedWindow).await;
+}
+
+#[tokio::test]
+async fn a_stalled_store_leaves_the_bucket_slices_held_then_the_fallback() {
+    a_stalled_store_leaves_the_slices_held_then_the_fallback_of(Algorithm::Gcra).await;
 }
 
 /// Through the HTTP layer, a count-by-outcome rule's unit that a 200 gives back returns to
