@@ -388,29 +388,35 @@ async fn early_in_a_window() {
 /// the store's count is then what was kept.
 #[tokio::test]
 async fn a_refund_returns_to_the_slice_and_close_gives_back_what_is_left() {
-    let redis = RedisServer::start();
-    let l = hot(&redis.url());
-    early_in_a_window().await;
-    let mut verdicts = until_sliced(&l).await;
-    let sliced = verdicts.pop().unwrap();
-    let kept = verdicts.len() as u64 + 1;
-    let before = redis.commandstats().get("evalsha").copied().unwrap_or(0);
-    l.refund(sliced).await.unwrap();
-    assert_eq!(
-        redis.commandstats().get("evalsha").copied().unwrap_or(0),
-        before,
-        "a store call for a refund to an open slice"
-    );
-    // The slice holds the refunded unit: the next decision takes it.
-    let again = l.check("k").await;
-    assert_eq!(again.decided_by(), Some(DecidedBy::Slice));
-    let in_store = stored(&redis);
-    assert!(in_store > kept, "the store counted the slice: {in_store} for {kept} kept");
-    l.close().await.unwrap();
-    assert_eq!(stored(&redis), kept, "close gave back all the slice did not admit");
-    // After close, no slice: every decision asks the store.
-    for _ in 0..50 {
-        assert_eq!(l.check("k").await.decided_by(), Some(DecidedBy::Store));
+    // A slice lapses 100 ms after it was asked for: an attempt in which a loaded machine
+    // spent half of that before the next decision says nothing, and is made again.
+    for attempt in 0.. {
+        let redis = RedisServer::start();
+        let l = hot(&redis.url());
+        early_in_a_window().await;
+        let mut verdicts = until_sliced(&l).await;
+        let opened = std::time::Instant::now();
+        let sliced = verdicts.pop().unwrap();
+        let kept = verdicts.len() as u64 + 1;
+        let before = redis.commandstats().get("evalsha").copied().unwrap_or(0);
+        l.refund(sliced).await.unwrap();
+        let after = redis.commandstats().get("evalsha").copied().unwrap_or(0);
+        // The slice holds the refunded unit: the next decision takes it.
+        let again = l.check("k").await;
+        if opened.elapsed() > Duration::from_millis(50) && attempt < 4 {
+            continue;
+        }
+        assert_eq!(after, before, "a store call for a refund to an open slice");
+        assert_eq!(again.decided_by(), Some(DecidedBy::Slice));
+        let in_store = stored(&redis);
+        assert!(in_store > kept, "the store counted the slice: {in_store} for {kept} kept");
+        l.close().await.unwrap();
+        assert_eq!(stored(&redis), kept, "close gave back all the slice did not admit");
+        // After close, no slice: every decision asks the store.
+        for _ in 0..50 {
+            assert_eq!(l.check("k").await.decided_by(), Some(DecidedBy::Store));
+        }
+        return;
     }
 }
 
