@@ -47,21 +47,9 @@ fn check(rule: &str, key: &str, algorithm: Algorithm, quota: Quota) -> Check {
 /// lapse and Redis's do) on `conc_key`.
 fn entry(algorithm: Algorithm, rate_key: &str, conc_key: &str) -> Vec<Check> {
     vec![
-        check(&format!("rate-{}", algorithm_tag(algorithm)), rate_key, algorithm, Quota::per_minute(3)),
+        check(&format!("rate-{}", algorithm.name()), rate_key, algorithm, Quota::per_minute(3)),
         check("in-flight", conc_key, Algorithm::Concurrent, Quota::new(2, Duration::from_secs(3600))),
     ]
-}
-
-fn algorithm_tag(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::FixedWindow => "fw",
-        Algorithm::SlidingWindowLog => "swl",
-        Algorithm::SlidingWindowCounter => "swc",
-        Algorithm::TokenBucket => "tb",
-        Algorithm::LeakyBucket => "lb",
-        Algorithm::Gcra => "gcra",
-        _ => "other",
-    }
 }
 
 const RATE: [Algorithm; 6] = [
@@ -91,23 +79,10 @@ fn store_on(url: &str, max_batch: usize) -> RedisStore {
     RedisStore::from_url(url).unwrap().response_timeout(Duration::from_secs(2)).max_batch(max_batch).unwrap()
 }
 
-/// `Store::check` of every multi-check, queued together in this order (each polled once
-/// before any is awaited: on a current-thread runtime, before the store's flush task
-/// runs), then awaited.
+/// `Store::check` of every multi-check, queued together in this order
+/// ([`support::queued_together`]).
 async fn together(store: &RedisStore, lists: &[Vec<Check>]) -> Vec<Outcomes> {
-    let mut futures: Vec<Many<'_>> = lists.iter().map(|l| Box::pin(store.check(l)) as Many<'_>).collect();
-    let mut early = Vec::new();
-    for f in &mut futures {
-        early.push(poll_once(f).await);
-    }
-    let mut out = Vec::new();
-    for (f, e) in futures.into_iter().zip(early) {
-        out.push(match e {
-            Some(r) => r,
-            None => f.await,
-        });
-    }
-    out
+    support::queued_together(lists.iter().map(|l| Box::pin(store.check(l)) as Many<'_>).collect()).await
 }
 
 fn admitted(o: &Outcomes) -> bool {

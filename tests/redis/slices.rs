@@ -209,6 +209,39 @@ async fn three_servers_keep_the_token_buckets_bound_with_slices() {
     bucket_bound(Algorithm::TokenBucket).await;
 }
 
+/// Three limiters (each its own `RedisStore`) of one sliced rule "hot" on `cluster`, with
+/// a 100 ms deadline.
+fn cluster_limiters(cluster: &support::redis::RedisCluster, quota: Quota, algorithm: Algorithm) -> Vec<Arc<Hot>> {
+    let build = || {
+        let store = RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_millis(250));
+        Arc::new(
+            Limiter::builder(store)
+                .add_rule(Rule::new("hot", quota, |k: &str| Some(k.to_owned())).algorithm(algorithm))
+                .slices(true)
+                .timeout(Duration::from_millis(100))
+                .build()
+                .unwrap(),
+        )
+    };
+    (0..3).map(|_| build()).collect()
+}
+
+/// The master that holds `key`'s state: the one whose key count grows when the store (not
+/// the fallback of a cluster still settling) decides a request of it.
+async fn node_of(cluster: &support::redis::RedisCluster, l: &Hot, key: &str) -> usize {
+    let sizes = || -> Vec<u64> { (0..3).map(|i| cluster.node(i).cmd(&["DBSIZE"]).trim().parse().unwrap()).collect() };
+    let before = sizes();
+    for _ in 0..100 {
+        assert!(l.check(key).await.is_allowed());
+        let after = sizes();
+        if let Some(node) = (0..3).find(|&i| after[i] > before[i]) {
+            return node;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no master holds {key:?}");
+}
+
 /// Issue 43 on a 3-master cluster, the key's master stalled for 300 ms (three slices'
 /// lives) in the middle: the slices held admit at their slots, then the fallback decides
 /// (its stated share, beside the bound; how much of it depends on how the tasks are
@@ -217,34 +250,9 @@ async fn three_servers_keep_the_token_buckets_bound_with_slices() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bucket_slices_keep_the_bound_on_a_cluster_with_the_keys_master_stalled() {
     let cluster = support::redis::RedisCluster::start(3);
-    let store = || RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_millis(250));
     let quota = Quota::per_second(4_000).burst(400);
-    let build = || {
-        Arc::new(
-            Limiter::builder(store())
-                .add_rule(Rule::new("hot", quota, |k: &str| Some(k.to_owned())).algorithm(Algorithm::Gcra))
-                .slices(true)
-                .timeout(Duration::from_millis(100))
-                .build()
-                .unwrap(),
-        )
-    };
-    let limiters: Vec<Arc<Hot>> = (0..3).map(|_| build()).collect();
-    let sizes = || -> Vec<u64> { (0..3).map(|i| cluster.node(i).cmd(&["DBSIZE"]).trim().parse().unwrap()).collect() };
-    // The key's node: the one whose key count grows when the store (not the fallback of a
-    // cluster still settling) decides the first request.
-    let before = sizes();
-    let mut node = None;
-    for _ in 0..100 {
-        assert!(limiters[0].check("k").await.is_allowed());
-        let after = sizes();
-        node = (0..3).find(|&i| after[i] > before[i]);
-        if node.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let node = node.expect("the key's node");
+    let limiters = cluster_limiters(&cluster, quota, Algorithm::Gcra);
+    let node = node_of(&cluster, &limiters[0], "k").await;
     let run = {
         let limiters = limiters.clone();
         tokio::spawn(async move { stamped(&limiters, "k", Duration::from_millis(2_500)).await })
@@ -614,27 +622,11 @@ async fn a_status_that_does_not_count_gives_the_unit_back_to_its_slice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_with_one_master_stalled() {
     let cluster = support::redis::RedisCluster::start(3);
-    let store = || RedisStore::cluster(cluster.urls()).unwrap().response_timeout(Duration::from_millis(250));
-    let build = || {
-        Arc::new(
-            Limiter::builder(store())
-                .add_rule(Rule::new("hot", Quota::per_second(3_000), |k: &str| Some(k.to_owned())))
-                .algorithm(Algorithm::FixedWindow)
-                .slices(true)
-                .timeout(Duration::from_millis(100))
-                .build()
-                .unwrap(),
-        )
-    };
-    let limiters: Vec<Arc<Hot>> = (0..3).map(|_| build()).collect();
-    // Two keys whose state lives on two masters: the node whose key count grows.
-    let sizes = || -> Vec<u64> { (0..3).map(|i| cluster.node(i).cmd(&["DBSIZE"]).trim().parse().unwrap()).collect() };
+    let limiters = cluster_limiters(&cluster, Quota::per_second(3_000), Algorithm::FixedWindow);
+    // Two keys whose state lives on two masters.
     let mut keys: Vec<(&'static str, usize)> = Vec::new();
     for key in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
-        let before = sizes();
-        assert!(limiters[0].check(key).await.is_allowed());
-        let after = sizes();
-        let node = (0..3).find(|&i| after[i] > before[i]).expect("the key's node");
+        let node = node_of(&cluster, &limiters[0], key).await;
         if keys.iter().all(|&(_, n)| n != node) {
             keys.push((key, node));
         }

@@ -87,15 +87,21 @@ pub type Answer<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<tollgate::store::Outcome, tollgate::StoreError>> + Send + 'a>,
 >;
 
-/// `Store::check_one` of every check, queued together in this order (each polled once
-/// before any is awaited; on a current-thread runtime, before the store's flush task
-/// runs), then awaited.
+/// `Store::check_one` of every check, queued together in this order ([`queued_together`]).
 #[cfg(test)]
 pub async fn together<S: tollgate::store::Store>(
     store: &S,
     checks: &[tollgate::store::Check],
 ) -> Vec<Result<tollgate::store::Outcome, tollgate::StoreError>> {
-    let mut futures: Vec<Answer<'_>> = checks.iter().map(|c| Box::pin(store.check_one(c)) as Answer<'_>).collect();
+    queued_together(checks.iter().map(|c| Box::pin(store.check_one(c)) as Answer<'_>).collect()).await
+}
+
+/// Store calls queued together in this order (each polled once before any is awaited;
+/// on a current-thread runtime, before the store's flush task runs), then awaited.
+#[cfg(test)]
+pub async fn queued_together<T>(
+    mut futures: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + '_>>>,
+) -> Vec<T> {
     let mut early = Vec::new();
     for f in &mut futures {
         early.push(poll_once(f).await);
