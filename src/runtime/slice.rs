@@ -224,19 +224,17 @@ impl Slice {
                 let (free, retry) = (0, used - slots.span);
                 return Grab::Wait(Decision::reject_units(limit, free, slots.t, used, Some(retry)).at(at));
             }
+            let took =
+                Grab::Took(Taken { at: new }, Decision::allow_units(limit, slots.span - used, slots.t, used).at(at));
             if !commit {
-                let decision = Decision::allow_units(limit, slots.span - used, slots.t, used).at(at);
-                return Grab::Took(Taken { at: new }, decision);
+                return took;
             }
             match self.left.compare_exchange_weak(tat, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     if base > tat {
                         self.skipped.fetch_add((base - tat) / slots.t.max(1), Ordering::Relaxed);
                     }
-                    return Grab::Took(
-                        Taken { at: new },
-                        Decision::allow_units(limit, slots.span - used, slots.t, used).at(at),
-                    );
+                    return took;
                 }
                 Err(seen) => tat = seen,
             }
@@ -331,7 +329,7 @@ impl Slice {
     pub(crate) fn refund(&self, units: u64, taken: Taken) -> Refund {
         let mut check = self.check.clone();
         check.params.cost = units;
-        check.params.ahead_us = 0;
+        (check.params.ahead_us, check.params.after_us) = (0, 0);
         Refund { check, taken }
     }
 }
